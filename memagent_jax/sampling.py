@@ -40,6 +40,7 @@ class Generation(NamedTuple):
   sample_logprobs: jax.Array  # [B, N] log p(token) under the sampled distribution (0 if greedy)
   lengths: jax.Array  # [B] generated tokens per row, stop token included
   stopped: jax.Array  # [B] True if the row emitted a stop token (False: hit max_new_tokens)
+  steps: jax.Array  # [] decode iterations run (< N when every row stopped early)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -126,7 +127,7 @@ def generate_tokens(graphdef, state, tokens, valid, stop_tokens, key, temperatur
               tokens=jnp.full((b, n), pad_id, jnp.int32), lp=jnp.zeros((b, n), jnp.float32),
               slp=jnp.zeros((b, n), jnp.float32), lengths=jnp.zeros((b,), jnp.int32))
   c = jax.lax.while_loop(cond, body, init)
-  return Generation(c["tokens"], c["lp"], c["slp"], c["lengths"], c["done"])
+  return Generation(c["tokens"], c["lp"], c["slp"], c["lengths"], c["done"], c["step"])
 
 
 def check_budget(prompt_len: int, max_new_tokens: int, cache_size: int, context: int):

@@ -32,7 +32,7 @@ def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal") -> n
     value = jnp.zeros(shape, dtype)
   else:
     value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
-  return nnx.Param(value, sharding_names=axes, eager_sharding=False)
+  return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
 class RMSNorm(nnx.Module):
