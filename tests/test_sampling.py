@@ -82,17 +82,18 @@ def test_logprobs_equal_full_forward(tiny, params):
 
 def test_stop_tokens_end_rows_early_and_per_row(tiny):
   prompts = _ragged(2, [6, 11], 256)
-  free = tiny.sample(prompts, 20, stop_tokens=[])
+  hot = SamplingParams(temperature=1.0)  # a random tiny model repeats one token when greedy
+  free = tiny.sample(prompts, 20, hot, seed=4, stop_tokens=[])
   assert int(free.steps) == 20 and not free.stopped.any()
-  stop0, stop1 = int(free.tokens[0, 2]), int(free.tokens[1, 4])
-  if stop0 in free.tokens[0, :2] or stop1 in free.tokens[1, :4]:
-    pytest.skip("stop token repeats earlier in the row for this seed")
-  out = tiny.sample(prompts, 20, stop_tokens=[[stop0], [stop1]])
-  assert out.lengths.tolist() == [3, 5]
+  first_new = lambda row: next(j for j in range(2, 20) if row[j] not in row[:j])
+  j0, j1 = first_new(free.tokens[0].tolist()), first_new(free.tokens[1].tolist()[3:]) + 3
+  out = tiny.sample(prompts, 20, hot, seed=4,
+                    stop_tokens=[[int(free.tokens[0, j0])], [int(free.tokens[1, j1])]])
+  assert out.lengths.tolist() == [j0 + 1, j1 + 1]
   assert out.stopped.all()
-  assert int(out.steps) == 5  # the loop exits once every row has stopped
-  np.testing.assert_array_equal(out.tokens[0, :3], free.tokens[0, :3])
-  assert (out.tokens[0, 3:] == 0).all() and (out.logprobs[0, 3:] == 0).all()
+  assert int(out.steps) == max(j0, j1) + 1  # the loop exits once every row has stopped
+  np.testing.assert_array_equal(out.tokens[0, :j0 + 1], free.tokens[0, :j0 + 1])
+  assert (out.tokens[0, j0 + 1:] == 0).all() and (out.logprobs[0, j0 + 1:] == 0).all()
 
 
 def test_seeds_top_k_one_and_tiny_top_p_are_greedy(tiny):

@@ -17,7 +17,7 @@ import numpy as np
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.safetensors_io import WeightsError, save_tensors
 
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 _LAYER_NAMES = {  # GGUF blk.{i}.X -> HF model.layers.{i}.Y
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -45,7 +45,7 @@ def unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:
 def _open(path: str):
   import gguf  # local import: only needed for GGUF sources
   if not os.path.isfile(path):
-    raise WeightsError(f"GGUF file not found: {path}")
+    raise FileNotFoundError(f"GGUF file not found: {path}")
   try:
     return gguf.GGUFReader(path)
   except Exception as e:  # the reader raises assorted errors on corrupt files
@@ -59,6 +59,11 @@ def _field(reader, key, path, default=None):
       return default
     raise WeightsError(f"{path}: GGUF metadata key {key!r} is missing")
   return f.contents()
+
+
+def _f32_to_decimal(x) -> float:
+  """GGUF stores float32 (1e-5 reads as 9.9999997e-06); recover the published decimal."""
+  return float(f"{float(x):.7g}")
 
 
 def gguf_config(reader, path: str) -> ModelConfig:
@@ -78,8 +83,8 @@ def gguf_config(reader, path: str) -> ModelConfig:
       num_heads=heads,
       num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", path, default=heads)),
       head_dim=int(_field(reader, f"{arch}.rope.dimension_count", path, default=hidden // heads)),
-      rope_theta=float(_field(reader, f"{arch}.rope.freq_base", path, default=10000.0)),
-      rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", path)),
+      rope_theta=_f32_to_decimal(_field(reader, f"{arch}.rope.freq_base", path, default=10000.0)),
+      rms_norm_eps=_f32_to_decimal(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", path)),
       max_position_embeddings=int(_field(reader, f"{arch}.context_length", path)),
       tie_word_embeddings="output.weight" not in names,
       attention_bias="blk.0.attn_q.bias" in names)

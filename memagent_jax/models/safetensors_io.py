@@ -30,7 +30,7 @@ _NAMES = {v: k for k, v in DTYPES.items()}
 def read_header(path: str) -> tuple[dict, int]:
   """Returns (tensor entries by name, byte offset of the data section)."""
   if not os.path.isfile(path):
-    raise WeightsError(f"weights file not found: {path}")
+    raise FileNotFoundError(f"weights file not found: {path}")
   size = os.path.getsize(path)
   with open(path, "rb") as f:
     head = f.read(8)
