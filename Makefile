@@ -24,7 +24,7 @@ test-fast: setup
 
 demo: setup
 	$(PY) -m memagent_jax.cli answer --doc experiments/data/demo_document.txt \
-	  --question "In what year did the university's first gymnasium open?"
+	  --question "When did the Scholastic Magazine of Notre Dame begin publishing?"
 
 bench: setup
 	$(PY) experiments/bench_sampler.py

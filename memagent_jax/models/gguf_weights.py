@@ -14,6 +14,8 @@ import tempfile
 
 import numpy as np
 
+from tqdm.auto import tqdm
+
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.safetensors_io import WeightsError, save_tensors
 
@@ -94,7 +96,7 @@ def gguf_tensors(reader, cfg: ModelConfig, path: str) -> dict[str, np.ndarray]:
   """Dequantised float32 tensors under their HF names and HF layout."""
   from gguf.quants import dequantize
   out = {}
-  for t in reader.tensors:
+  for t in tqdm(reader.tensors, desc=f"dequantising {os.path.basename(path)}", unit="tensor"):
     if t.name in _TOP_NAMES:
       name = _TOP_NAMES[t.name]
     else:
@@ -124,10 +126,12 @@ def _cache_key(path: str) -> str:
 
 def convert_gguf(path: str, cache_dir: str | None = None) -> str:
   """Returns an HF-style directory for the GGUF file, converting it once (atomic rename)."""
-  reader = _open(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"GGUF file not found: {path}")
   out_dir = os.path.join(cache_dir or os.path.join(cache_root(), "gguf"), _cache_key(path))
   if os.path.isfile(os.path.join(out_dir, "COMPLETE")):
     return out_dir
+  reader = _open(path)
   cfg = gguf_config(reader, path)
   tensors = gguf_tensors(reader, cfg, path)
   os.makedirs(os.path.dirname(out_dir), exist_ok=True)
@@ -146,8 +150,13 @@ def convert_gguf(path: str, cache_dir: str | None = None) -> str:
     with open(os.path.join(tmp, "COMPLETE"), "w") as f:
       f.write(os.path.abspath(path) + "\n")
     if os.path.isdir(out_dir):  # a stale, incomplete earlier attempt
-      shutil.rmtree(out_dir)
-    os.rename(tmp, out_dir)
+      shutil.rmtree(out_dir, ignore_errors=True)
+    try:
+      os.rename(tmp, out_dir)
+    except OSError:  # another process finished the same conversion first
+      if not os.path.isfile(os.path.join(out_dir, "COMPLETE")):
+        raise
+      shutil.rmtree(tmp, ignore_errors=True)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise

@@ -1,0 +1,123 @@
+"""Sampler benchmark: our compiled decode/prefill vs transformers (PyTorch) on the same prompts.
+
+Prints a markdown table (and writes it with --out). Run: `.venv/bin/python experiments/bench_sampler.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import memagent_jax as mj
+from memagent_jax.models.decoder import causal_mask, positions_from_mask
+
+
+def timed(fn, repeats: int) -> float:
+  """Median wall time of `repeats` calls after one warm-up (compilation) call."""
+  fn()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
+def matmul_peak(dtype=jnp.float32, n: int = 2048) -> float:
+  """Best GFLOP/s of a jitted square matmul: the achievable peak on this machine."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+  f = jax.jit(lambda x, y: x @ y)
+  sec = timed(lambda: f(a, a).block_until_ready(), 5)
+  return 2 * n ** 3 / sec / 1e9
+
+
+def prefill_flops(cfg, t: int) -> float:
+  """Model FLOPs of a causal prefill of t tokens producing last-position logits."""
+  e, d = cfg.hidden_size, cfg.head_dim
+  per_token = cfg.num_layers * (2 * e * d * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+                                + 6 * e * cfg.intermediate_size)
+  attention = cfg.num_layers * cfg.num_heads * d * 4 * (t * (t + 1) / 2)  # QK^T and PV, causal half
+  return per_token * t + attention + 2 * e * cfg.vocab_size
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _prefill_last_logits(graphdef, state, ids):
+  model = nnx.merge(graphdef, state)
+  valid = jnp.ones(ids.shape, bool)
+  hidden, _ = model(ids, positions_from_mask(valid), causal_mask(valid))
+  return model.logits(hidden[:, -1])
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__)
+  ap.add_argument("--model", default="smollm2-135m-instruct")
+  ap.add_argument("--new-tokens", type=int, default=128)
+  ap.add_argument("--batches", default="1,8")
+  ap.add_argument("--prefill", default="1024,4096")
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--out", default="", help="also write the table to this markdown file")
+  args = ap.parse_args(argv)
+
+  import torch
+  from transformers import AutoModelForCausalLM
+  torch.set_num_threads(os.cpu_count())
+  policy = mj.load_policy(args.model)
+  from memagent_jax.models.loading import embedded_gguf_path
+  from memagent_jax.models.gguf_weights import convert_gguf
+  hf_dir = convert_gguf(embedded_gguf_path()) if args.model == "smollm2-135m-instruct" else args.model
+  ref = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+
+  rows = []
+  peak = matmul_peak()
+  rng = np.random.default_rng(0)
+  n = args.new_tokens
+  for b in [int(x) for x in args.batches.split(",")]:
+    prompts = [policy.tokenizer.apply_chat_template(f"Tell me story number {i} about a fox.") for i in range(b)]
+    width = max(len(p) for p in prompts)
+    ids = np.array([[policy.tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ours = timed(lambda: policy.sample(prompts, n, stop_tokens=[]), args.repeats)
+    with torch.no_grad():
+      theirs = timed(lambda: ref.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                                          max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                          pad_token_id=policy.tokenizer.pad_token_id), args.repeats)
+    rows.append((f"generate B={b}, {width}-token prompt + {n} new (greedy)", "tokens/s",
+                 b * n / ours, b * n / theirs, ""))
+  for t in [int(x) for x in args.prefill.split(",")]:
+    ids = rng.integers(0, policy.config.vocab_size, size=(1, t)).astype(np.int32)
+    jids = jnp.asarray(ids)
+    ours = timed(lambda: _prefill_last_logits(policy.graphdef, policy.state, jids).block_until_ready(),
+                 args.repeats)
+    with torch.no_grad():
+      theirs = timed(lambda: ref(torch.tensor(ids), logits_to_keep=1), args.repeats)
+    gflops = prefill_flops(policy.config, t) / ours / 1e9
+    rows.append((f"prefill {t} tokens (B=1)", "tokens/s", t / ours, t / theirs,
+                 f"{gflops:.0f} GFLOP/s = {100 * gflops / peak:.0f}% of peak"))
+
+  lines = [f"Model {args.model} float32; {platform.processor() or platform.machine()}, "
+           f"{os.cpu_count()} CPU cores; jax {jax.__version__}, torch {torch.__version__}; "
+           f"median of {args.repeats} after warm-up.",
+           f"Measured JAX fp32 matmul peak (2048^3): {peak:.0f} GFLOP/s.", "",
+           "| workload | unit | memagent_jax | transformers | ratio | note |",
+           "|---|---|---|---|---|---|"]
+  for name, unit, ours, theirs, note in rows:
+    lines.append(f"| {name} | {unit} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}x | {note} |")
+  table = "\n".join(lines)
+  print(table)
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(f"# Sampler benchmark\n\nCommand: `{' '.join([sys.executable.split('/')[-1]] + sys.argv)}`\n\n{table}\n")
+
+
+if __name__ == "__main__":
+  main()
