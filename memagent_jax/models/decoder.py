@@ -15,12 +15,15 @@ from flax import nnx
 
 from memagent_jax.models.config import ModelConfig
 
+# Prefill attention runs in query blocks of this many tokens, each against only the keys it
+# can see (causal), which halves attention FLOPs and keeps score tensors small.
+QUERY_BLOCK = 512
 # A very negative (finite) score so fully masked rows give a uniform softmax, never NaN.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 class LayerCache(NamedTuple):
-  """Static-shape key/value cache of one layer: k, v [B, S, Hkv, D]."""
+  """Static-shape key/value cache of one layer: k, v [B, K, S, D] (K = kv heads, S = slots)."""
   k: jax.Array
   v: jax.Array
 
@@ -88,19 +91,37 @@ class Attention(nnx.Module):
     if self.q_bias is not None:
       q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
     if cache is not None:
-      idx = (0, write_index, 0, 0)
+      idx = (0, 0, write_index, 0)
       cache = LayerCache(jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
                          jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
       s = mask.shape[-1]
-      k, v = cache.k[:, :s].astype(x.dtype), cache.v[:, :s].astype(x.dtype)
-    b, t, h, d = q.shape
-    q = q.reshape(b, t, self.num_kv_heads, h // self.num_kv_heads, d)  # [B, T, K, G, D]
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) * (d ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
+      k, v = cache.k[:, :, :s].astype(x.dtype), cache.v[:, :, :s].astype(x.dtype)
+    t, s = q.shape[1], mask.shape[-1]
+    if t == s and t > QUERY_BLOCK:  # square masks are causal: skip key blocks after each query block
+      out = jnp.concatenate([
+          attend(q[:, i:i + QUERY_BLOCK], k[:, :, :i + QUERY_BLOCK], v[:, :, :i + QUERY_BLOCK],
+                 mask[:, i:i + QUERY_BLOCK, :i + QUERY_BLOCK]) for i in range(0, t, QUERY_BLOCK)], axis=1)
+    else:
+      out = attend(q, k, v, mask)
     return jnp.einsum("bthd,hde->bte", out, self.o[...]), cache
+
+
+def attend(q, k, v, mask):
+  """Softmax attention. q [B, T, H, D]; k, v [B, K, S, D]; mask [B, T, S] -> [B, T, H, D].
+
+  The G = H / K query heads that share a key head are stacked along the query axis, so each
+  key head is one large matmul (about 4x faster on CPU than G small ones)."""
+  b, t, h, d = q.shape
+  kh = k.shape[1]
+  g = h // kh
+  qm = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)  # [B, K, G*T, D]
+  scores = jnp.einsum("bkmd,bksd->bkms", qm, k).astype(jnp.float32) * (d ** -0.5)  # [B, K, G*T, S]
+  scores = jnp.where(jnp.tile(mask, (1, g, 1))[:, None], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  out = jnp.einsum("bkms,bksd->bkmd", probs, v)  # [B, K, G*T, D]
+  return out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 class MLP(nnx.Module):
@@ -163,7 +184,7 @@ class Decoder(nnx.Module):
 
 def init_cache(cfg: ModelConfig, batch: int, size: int, dtype) -> list[LayerCache]:
   """Zeroed cache of `size` slots per row for every layer."""
-  shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
   return [LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
 
 
