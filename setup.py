@@ -30,8 +30,9 @@ setup(
         "matplotlib>=3.8",
     ],
     extras_require={
-        # torch is only the reference for parity tests; the CPU build is pinned.
-        "test": ["pytest>=8", "torch==2.13.0"],
+        # torch (+ accelerate, which transformers needs to read GGUF) is only the reference
+        # for parity tests; the CPU build of torch is pinned.
+        "test": ["pytest>=8", "torch==2.13.0", "accelerate==1.15.0"],
     },
     entry_points={"console_scripts": ["memagent=memagent_jax.cli:main"]},
 )
