@@ -33,12 +33,19 @@ def timed(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
-def matmul_peak(dtype=jnp.float32, n: int = 2048) -> float:
-  """Best GFLOP/s of a jitted square matmul: the achievable peak on this machine."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
-  f = jax.jit(lambda x, y: x @ y)
-  sec = timed(lambda: f(a, a).block_until_ready(), 5)
-  return 2 * n ** 3 / sec / 1e9
+def matmul_peak(dtype=jnp.float32) -> float:
+  """Best GFLOP/s over jitted matmuls (square, and the model's MLP shape): the achievable peak."""
+  best = 0.0
+  for m, k, n in ((2048, 2048, 2048), (1024, 1024, 1024), (4096, 576, 1536)):
+    a = jax.random.normal(jax.random.PRNGKey(0), (m, k), dtype)
+    b = jax.random.normal(jax.random.PRNGKey(1), (k, n), dtype)
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, b).block_until_ready()
+    for _ in range(10):
+      t = time.perf_counter()
+      f(a, b).block_until_ready()
+      best = max(best, 2 * m * k * n / (time.perf_counter() - t) / 1e9)
+  return best
 
 
 def prefill_flops(cfg, t: int) -> float:
@@ -78,7 +85,7 @@ def main(argv=None):
   ref = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
 
   rows = []
-  peak = matmul_peak()
+  peak_before = matmul_peak()
   rng = np.random.default_rng(0)
   n = args.new_tokens
   for b in [int(x) for x in args.batches.split(",")]:
@@ -100,14 +107,17 @@ def main(argv=None):
                  args.repeats)
     with torch.no_grad():
       theirs = timed(lambda: ref(torch.tensor(ids), logits_to_keep=1), args.repeats)
-    gflops = prefill_flops(policy.config, t) / ours / 1e9
     rows.append((f"prefill {t} tokens (B=1)", "tokens/s", t / ours, t / theirs,
-                 f"{gflops:.0f} GFLOP/s = {100 * gflops / peak:.0f}% of peak"))
+                 prefill_flops(policy.config, t) / ours / 1e9))
+  peak = max(peak_before, matmul_peak())  # measured before and after: the machine's noise varies
+  rows = [r[:4] + (f"{r[4]:.0f} GFLOP/s = {100 * r[4] / peak:.0f}% of peak" if r[4] else "",)
+          for r in rows]
 
   lines = [f"Model {args.model} float32; {platform.processor() or platform.machine()}, "
            f"{os.cpu_count()} CPU cores; jax {jax.__version__}, torch {torch.__version__}; "
            f"median of {args.repeats} after warm-up.",
-           f"Measured JAX fp32 matmul peak (2048^3): {peak:.0f} GFLOP/s.", "",
+           f"Measured JAX fp32 matmul peak (best of 2048^3, 1024^3, 4096x576x1536; before and after): "
+           f"{peak:.0f} GFLOP/s. Prefill FLOPs count causal attention (half the square).", "",
            "| workload | unit | memagent_jax | transformers | ratio | note |",
            "|---|---|---|---|---|---|"]
   for name, unit, ours, theirs, note in rows:

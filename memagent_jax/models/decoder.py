@@ -178,8 +178,9 @@ class Decoder(nnx.Module):
 
   def logits(self, hidden):
     """hidden [..., E] -> float32 logits [..., V]."""
-    w = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-    return (hidden @ w).astype(jnp.float32)
+    if self.lm_head is None:  # tied: contract with the embedding directly, never transpose it
+      return jnp.einsum("...e,ve->...v", hidden, self.embed[...]).astype(jnp.float32)
+    return (hidden @ self.lm_head[...]).astype(jnp.float32)
 
 
 def init_cache(cfg: ModelConfig, batch: int, size: int, dtype) -> list[LayerCache]:
