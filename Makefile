@@ -24,7 +24,7 @@ test-fast: setup
 
 demo: setup
 	$(PY) -m memagent_jax.cli answer --doc experiments/data/demo_document.txt \
-	  --question "When did the Scholastic Magazine of Notre Dame begin publishing?"
+	  --question "How many stories tall is the main library at Notre Dame?"
 
 bench: setup
 	$(PY) experiments/bench_sampler.py

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import memagent_jax as mj
-from conftest import torch_logits
+from conftest import make_tiny_hf_dir, torch_logits
 
 
 def test_tiny_checkpoint_logits_match_transformers(tiny_hf_dir):
@@ -18,12 +18,9 @@ def test_tiny_checkpoint_logits_match_transformers(tiny_hf_dir):
   assert diff <= 1e-4, f"{arch}: max |logits diff| = {diff}"
 
 
-def test_qwen2_biases_are_nonzero_and_used(tiny_hf_dir, tmp_path):
+def test_qwen2_biases_are_nonzero_and_used(tmp_path_factory):
   """The parity above would also pass if biases were ignored and zero; make sure they are not."""
-  arch, path = tiny_hf_dir
-  if arch != "qwen2":
-    pytest.skip("biases exist only in qwen2")
-  policy = mj.load_policy(path)
+  policy = mj.load_policy(make_tiny_hf_dir(tmp_path_factory, "qwen2", seed=5))
   bias = np.asarray(policy.model.layers[0].attn.q_bias[...])
   assert np.abs(bias).max() > 0.01
   ids = np.arange(20)[None] % 128
