@@ -33,17 +33,13 @@ def cmd_answer(args) -> int:
   print(f"[memagent] loaded {args.model} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
   prompt = (f"Read the document and answer the question.\n\n<document>\n{doc.strip()}\n</document>\n\n"
             f"Question: {args.question}\nAnswer briefly.")
-  n_prompt = len(policy.tokenizer.apply_chat_template(prompt))
-  limit = policy.config.max_position_embeddings - args.max_new_tokens
-  if n_prompt > limit:
-    raise SystemExit(f"memagent: document + question take {n_prompt} tokens, over the {limit}-token "
-                     f"budget of {args.model} (context {policy.config.max_position_embeddings} - "
-                     f"{args.max_new_tokens} new tokens)")
   t0 = time.perf_counter()
-  answer = policy.generate([prompt], args.max_new_tokens, temperature=args.temperature,
-                           top_p=args.top_p, seed=args.seed)[0]
-  dt = time.perf_counter() - t0
-  print(f"[memagent] {n_prompt} prompt tokens, answered in {dt:.1f}s (includes compilation)",
+  try:
+    answer = policy.generate([prompt], args.max_new_tokens, temperature=args.temperature,
+                             top_p=args.top_p, seed=args.seed)[0]
+  except ValueError as e:  # e.g. document + question over the model's context window
+    raise SystemExit(f"memagent: {args.doc}: {e}") from None
+  print(f"[memagent] answered in {time.perf_counter() - t0:.1f}s (includes compilation)",
         file=sys.stderr)
   print(f"Q: {args.question}\nA: {answer.strip()}")
   return 0

@@ -40,11 +40,6 @@ class Policy:
   def dtype(self):
     return self.model.dtype
 
-  def set_state(self, state):
-    """Swap in new parameters (e.g. after an optimizer step) without re-tracing."""
-    self.state = state
-    nnx.update(self.model, state)
-
   def _require_tokenizer(self):
     if self.tokenizer is None:
       raise ValueError(f"policy {self.name!r} has no tokenizer (its source shipped none); "

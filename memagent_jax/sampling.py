@@ -89,6 +89,14 @@ def _pick(logits, key, temperature, top_p, *, greedy, top_k, use_top_p):
   return tok, lp, sample_lp
 
 
+def prefill(model, tokens, valid, cache_size: int):
+  """Runs left-padded prompts [B, P] into a fresh cache of `cache_size` slots.
+  Returns (next-token logits [B, V] float32, cache)."""
+  cache = init_cache(model.config, tokens.shape[0], cache_size, model.dtype)
+  hidden, cache = model(tokens, positions_from_mask(valid), causal_mask(valid), cache, 0)
+  return model.logits(hidden[:, -1]), cache
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy",
                                              "top_k", "use_top_p", "pad_id"))
 def generate_tokens(graphdef, state, tokens, valid, stop_tokens, key, temperature, top_p, *,
@@ -98,9 +106,7 @@ def generate_tokens(graphdef, state, tokens, valid, stop_tokens, key, temperatur
   model = nnx.merge(graphdef, state)
   b, p = tokens.shape
   n = max_new_tokens
-  cache = init_cache(model.config, b, cache_size, model.dtype)
-  hidden, cache = model(tokens, positions_from_mask(valid), causal_mask(valid), cache, 0)
-  logits = model.logits(hidden[:, -1])  # [B, V]
+  logits, cache = prefill(model, tokens, valid, cache_size)
   key_valid = jnp.zeros((b, cache_size), bool).at[:, :p].set(valid)
 
   def cond(c):

@@ -12,6 +12,10 @@ class Tokenizer:
     self.bos_token_id = hf_tokenizer.bos_token_id
     self.pad_token_id = (hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None
                          else hf_tokenizer.eos_token_id)
+    # EOS plus the chat turn terminators a chat model may end its reply with.
+    vocab = hf_tokenizer.get_vocab()
+    terminators = {vocab[t] for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>") if t in vocab}
+    self.stop_token_ids = sorted(terminators | {self.eos_token_id} - {None})
 
   @classmethod
   def from_dir(cls, path: str) -> "Tokenizer":
@@ -21,16 +25,6 @@ class Tokenizer:
   @property
   def vocab_size(self) -> int:
     return len(self.hf)
-
-  @property
-  def stop_token_ids(self) -> list[int]:
-    """EOS plus the chat turn terminators a chat model ends its reply with."""
-    ids = {self.eos_token_id}
-    for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-      i = self.hf.convert_tokens_to_ids(tok)
-      if isinstance(i, int) and i != self.hf.unk_token_id and i >= 0:
-        ids.add(i)
-    return sorted(i for i in ids if i is not None)
 
   def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
     return list(self.hf.encode(text, add_special_tokens=add_special_tokens))

@@ -22,3 +22,11 @@ def test_non_utf8_document(tmp_path):
   bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
   with pytest.raises(SystemExit, match=r"latin1.txt is not UTF-8 text \(byte 3"):
     cli.main(["answer", "--doc", str(bad)])
+
+
+def test_document_over_the_context_window(tmp_path):
+  long_doc = tmp_path / "long.txt"
+  long_doc.write_text("The library has fourteen stories. " * 1500)  # about 10K tokens > 8192
+  with pytest.raises(SystemExit, match=r"long.txt: prompt of \d+ tokens \+ max_new_tokens=64 exceeds "
+                                       r"the model's context window of 8192 tokens"):
+    cli.main(["answer", "--doc", str(long_doc)])

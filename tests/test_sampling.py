@@ -129,3 +129,10 @@ def test_temperature_sampling_matches_the_model_distribution():
 def test_generate_returns_text(smollm):
   out = smollm.generate(["What is the capital of France? Answer in one word."], 8)
   assert isinstance(out[0], str) and "Paris" in out[0]
+
+
+def test_chat_stop_tokens_include_every_terminator(smollm):
+  """SmolLM2 ends replies with <|im_end|> (its EOS) but may also emit <|endoftext|> (id 0,
+  which is also its unknown-token id): both must stop generation."""
+  names = smollm.tokenizer.hf.convert_ids_to_tokens(smollm.default_stop_tokens())
+  assert set(names) == {"<|im_end|>", "<|endoftext|>"}

@@ -74,8 +74,7 @@ def test_every_parameter_has_logical_axis_names():
 
 def test_preset_config_round_trips_through_hf_dict():
   for name, cfg in PRESETS.items():
-    if cfg.arch == "qwen2" or cfg.attention_bias is False:
-      assert ModelConfig.from_hf_dict(cfg.to_hf_dict()) == cfg, name
+    assert ModelConfig.from_hf_dict(cfg.to_hf_dict()) == cfg, name
   assert 134e6 < PRESETS["smollm2-135m-instruct"].num_params < 136e6
   assert 7.0e9 < PRESETS["qwen2.5-7b-instruct"].num_params < 7.7e9
   assert 14.0e9 < PRESETS["qwen2.5-14b-instruct"].num_params < 15.0e9

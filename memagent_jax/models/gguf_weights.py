@@ -46,8 +46,6 @@ def unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _open(path: str):
   import gguf  # local import: only needed for GGUF sources
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"GGUF file not found: {path}")
   try:
     return gguf.GGUFReader(path)
   except Exception as e:  # the reader raises assorted errors on corrupt files
