@@ -97,13 +97,14 @@ def prefill(model, tokens, valid, cache_size: int):
   return model.logits(hidden[:, -1]), cache
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy",
-                                             "top_k", "use_top_p", "pad_id"))
-def generate_tokens(graphdef, state, tokens, valid, stop_tokens, key, temperature, top_p, *,
-                    max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
-                    use_top_p: bool, pad_id: int) -> Generation:
-  """tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none). Needs P + N <= cache_size."""
-  model = nnx.merge(graphdef, state)
+def sample_from_prompts(model, tokens, valid, stop_tokens, key, temperature, top_p, done, *,
+                        max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
+                        use_top_p: bool, pad_id: int) -> Generation:
+  """Traceable core of generation (used inside `generate_tokens` and the agent's `lax.scan`).
+
+  tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none); done [B] rows that
+  generate nothing (inactive). Needs P + max_new_tokens <= cache_size.
+  """
   b, p = tokens.shape
   n = max_new_tokens
   logits, cache = prefill(model, tokens, valid, cache_size)
@@ -128,12 +129,25 @@ def generate_tokens(graphdef, state, tokens, valid, stop_tokens, key, temperatur
                 lp=col(c["lp"], jnp.where(live, lp, 0.0)), slp=col(c["slp"], jnp.where(live, slp, 0.0)),
                 lengths=c["lengths"] + live.astype(jnp.int32))
 
-  init = dict(step=jnp.int32(0), done=jnp.zeros((b,), bool), pos=jnp.sum(valid, 1).astype(jnp.int32),
+  init = dict(step=jnp.int32(0), done=done, pos=jnp.sum(valid, 1).astype(jnp.int32),
               key_valid=key_valid, cache=cache, logits=logits,
               tokens=jnp.full((b, n), pad_id, jnp.int32), lp=jnp.zeros((b, n), jnp.float32),
               slp=jnp.zeros((b, n), jnp.float32), lengths=jnp.zeros((b,), jnp.int32))
   c = jax.lax.while_loop(cond, body, init)
-  return Generation(c["tokens"], c["lp"], c["slp"], c["lengths"], c["done"], c["step"])
+  stopped = c["done"] & ~done  # inactive rows neither stopped nor ran
+  return Generation(c["tokens"], c["lp"], c["slp"], c["lengths"], stopped, c["step"])
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy",
+                                             "top_k", "use_top_p", "pad_id"))
+def generate_tokens(graphdef, state, tokens, valid, stop_tokens, key, temperature, top_p, *,
+                    max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
+                    use_top_p: bool, pad_id: int) -> Generation:
+  """tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none). Needs P + N <= cache_size."""
+  return sample_from_prompts(
+      nnx.merge(graphdef, state), tokens, valid, stop_tokens, key, temperature, top_p,
+      jnp.zeros((tokens.shape[0],), bool), max_new_tokens=max_new_tokens, cache_size=cache_size,
+      greedy=greedy, top_k=top_k, use_top_p=use_top_p, pad_id=pad_id)
 
 
 def check_budget(prompt_len: int, max_new_tokens: int, cache_size: int, context: int):

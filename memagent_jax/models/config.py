@@ -143,6 +143,11 @@ PRESETS: dict[str, ModelConfig] = {
         arch="qwen2", vocab_size=256, hidden_size=64, intermediate_size=160, num_layers=2,
         num_heads=4, num_kv_heads=1, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
         max_position_embeddings=512, tie_word_embeddings=False, attention_bias=True),
+    # SmolLM2's vocabulary (so the embedded tokenizer works) on a tiny body: agent tests, scaling bench.
+    "tiny-smollm2": ModelConfig(
+        arch="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0, rms_norm_eps=1e-5,
+        max_position_embeddings=8192, tie_word_embeddings=True, attention_bias=False),
 }
 
 

@@ -22,6 +22,8 @@ HUB_IDS = {
     "qwen2.5-7b-instruct": "Qwen/Qwen2.5-7B-Instruct",
     "qwen2.5-14b-instruct": "Qwen/Qwen2.5-14B-Instruct",
 }
+# Random-weight presets sharing the embedded model's vocabulary get its tokenizer.
+RANDOM_WITH_EMBEDDED_TOKENIZER = ("smollm2-135m-instruct", "tiny-smollm2")
 
 
 def embedded_gguf_path() -> str:
@@ -66,6 +68,19 @@ def _download(hub_id: str) -> str:
                        f"{e}); on an offline machine pass a local model directory or .gguf file") from None
 
 
+def load_tokenizer(source: str = EMBEDDED_DEFAULT):
+  """Only the tokenizer of a model source (embedded default, HF dir or .gguf); no weights read."""
+  from memagent_jax.tokenization import Tokenizer
+  key = source.lower()
+  if key == EMBEDDED_DEFAULT:
+    return Tokenizer.from_dir(convert_gguf(embedded_gguf_path()))
+  if key.endswith(".gguf"):
+    return Tokenizer.from_dir(convert_gguf(source))
+  if os.path.isdir(source):
+    return Tokenizer.from_dir(source)
+  return load_policy(source).tokenizer
+
+
 def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0):
   """Loads a Policy from the embedded default, a preset name, a local HF dir, a .gguf file,
   a hub id, or `random:<preset>` (random weights, no tokenizer; for tests and benchmarks)."""
@@ -75,8 +90,10 @@ def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0):
     return _load_hf_dir(convert_gguf(embedded_gguf_path()), dt, source)
   if key.startswith("random:"):
     from memagent_jax.policy import Policy
-    cfg = get_preset(source.split(":", 1)[1])
-    return Policy(Decoder(cfg, dt, rngs=nnx.Rngs(seed)), None, name=source)
+    preset = source.split(":", 1)[1].lower()
+    cfg = get_preset(preset)
+    tok = load_tokenizer() if preset in RANDOM_WITH_EMBEDDED_TOKENIZER else None
+    return Policy(Decoder(cfg, dt, rngs=nnx.Rngs(seed)), tok, name=source)
   if os.path.isdir(source):
     return _load_hf_dir(source, dt, source)
   if key.endswith(".gguf"):

@@ -1,0 +1,89 @@
+"""`DirectReader`: the no-memory baseline, the whole document in one prompt (for comparisons).
+
+It costs quadratic attention and a KV cache that grows with the document, and stops at the
+model's context window: longer documents are an error, or centre-truncated when asked.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from memagent_jax.agent import chunking
+from memagent_jax.agent.memagent import ContextBudgetError
+from memagent_jax.agent.results import AgentResult, Conversation
+from memagent_jax.agent.templates import DIRECT_TEMPLATE, TemplateSegments, answer_text_to_prediction
+from memagent_jax.sampling import SamplingParams
+
+
+class DirectReader:
+  """Answers from the full document in context (centre-truncated to fit when `truncate`)."""
+
+  def __init__(self, policy, answer_tokens: int = 1024, question_tokens: int = 1024,
+               truncate: bool = False, context_tokens: int | None = None):
+    if answer_tokens < 1:
+      raise ValueError(f"answer_tokens={answer_tokens} must be >= 1")
+    self.policy = policy
+    self.tokenizer = policy._require_tokenizer()
+    self.answer_tokens, self.question_tokens, self.truncate = answer_tokens, question_tokens, truncate
+    self.context = context_tokens or policy.config.max_position_embeddings
+    if self.context > policy.config.max_position_embeddings:
+      raise ValueError(f"context_tokens={self.context} exceeds the model's context window of "
+                       f"{policy.config.max_position_embeddings}")
+    self.segments = TemplateSegments.build(self.tokenizer, DIRECT_TEMPLATE)
+    self.stop_tokens = set(policy.default_stop_tokens())
+
+  def document_budget(self, question_len: int) -> int:
+    """Most document tokens that fit beside the template, the question and the answer cap."""
+    return self.context - self.segments.fixed_tokens - question_len - self.answer_tokens
+
+  def _prompt(self, question: str, document: str, index: int, from_file: bool):
+    q = self.tokenizer.encode(question)
+    if not question.strip():
+      raise ValueError(f"question {index} is empty")
+    if len(q) > self.question_tokens:
+      raise ValueError(f"question {index} has {len(q)} tokens, over the question budget of "
+                       f"{self.question_tokens} tokens")
+    name = document if from_file else f"document {index}"
+    doc = np.concatenate(list(chunking.document_chunks(self.tokenizer, document, 1 << 16, name, from_file)))
+    budget = self.document_budget(len(q))
+    if budget < 1:
+      raise ContextBudgetError(f"question {index}: template {self.segments.fixed_tokens} + question "
+                               f"{len(q)} + answer cap {self.answer_tokens} leave no room in the "
+                               f"context window of {self.context} tokens")
+    if len(doc) > budget:
+      if not self.truncate:
+        raise ContextBudgetError(
+            f"{name} has {len(doc)} tokens but only {budget} fit the context window of "
+            f"{self.context} tokens (template {self.segments.fixed_tokens} + question {len(q)} + "
+            f"answer cap {self.answer_tokens}); pass truncate=True to centre-truncate")
+      kept = chunking.centre_truncate(doc, budget)
+    else:
+      kept = doc
+    return self.segments.assemble(prompt=q, context=kept.tolist()), len(doc)
+
+  def answer_batch(self, questions: Sequence[str], documents: Sequence[str], temperature: float = 0.0,
+                   top_p: float = 1.0, top_k: int = 0, seed: int = 0, *,
+                   from_files: bool = False) -> list[AgentResult]:
+    if len(questions) != len(documents) or not questions:
+      raise ValueError(f"got {len(questions)} questions for {len(documents)} documents")
+    built = [self._prompt(q, d, i, from_files) for i, (q, d) in enumerate(zip(questions, documents))]
+    prompts = [p for p, _ in built]
+    longest = max(len(p) for p in prompts)
+    gen = self.policy.sample(prompts, self.answer_tokens, SamplingParams(temperature, top_p, top_k),
+                             seed, cache_size=longest + self.answer_tokens)
+    from memagent_jax.rl import rewards
+    results = []
+    for i, (prompt, n_doc) in enumerate(built):
+      n = int(gen.lengths[i])
+      conv = Conversation(np.asarray(prompt, np.int32), gen.tokens[i, :n], gen.logprobs[i, :n],
+                          gen.sample_logprobs[i, :n], truncated=not bool(gen.stopped[i]), is_final=True)
+      answer = self.tokenizer.decode([int(t) for t in conv.response_ids if int(t) not in self.stop_tokens])
+      results.append(AgentResult(questions[i], answer, rewards.extract_boxed(answer),
+                                 answer_text_to_prediction(answer, "boxed"), [], [conv], 0, n_doc))
+    return results
+
+  def answer(self, question: str, document: str, temperature: float = 0.0, top_p: float = 1.0,
+             top_k: int = 0, seed: int = 0, **kwargs) -> AgentResult:
+    return self.answer_batch([question], [document], temperature, top_p, top_k, seed, **kwargs)[0]

@@ -1,0 +1,208 @@
+"""`MemAgent`: reads documents chunk by chunk through the compiled recurrence and answers.
+
+The host streams each document's chunks into fixed-size blocks of `block_chunks` scan steps,
+carrying the memory (on device) from block to block, so any length runs at constant device
+memory with a single compilation. All batch rows advance together; a row whose document has
+ended is inactive for the remaining steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from memagent_jax.agent import chunking
+from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_block
+from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
+from memagent_jax.agent.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
+                                          TemplateSegments, answer_text_to_prediction)
+from memagent_jax.sampling import SamplingParams, round_up
+
+QUESTION_BUCKET = 32  # question widths are padded to a multiple of this to bound recompiles
+
+
+class ContextBudgetError(ValueError):
+  """A prompt plus its generation cap does not fit the model's context window."""
+
+
+class MemAgent:
+  """MemAgent workflow around a `Policy`: memory updates over chunks, then a final answer."""
+
+  def __init__(self, policy, chunk_tokens: int = 5000, memory_tokens: int = 1024,
+               answer_tokens: int = 1024, question_tokens: int = 1024, final_template: str = "boxed",
+               block_chunks: int = 8, max_chunks: int | None = None):
+    for name, v in dict(chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
+                        answer_tokens=answer_tokens, question_tokens=question_tokens,
+                        block_chunks=block_chunks).items():
+      if not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"{name}={v!r} must be a positive integer")
+    if final_template not in FINAL_TEMPLATES:
+      raise ValueError(f"final_template={final_template!r}; choose one of {sorted(FINAL_TEMPLATES)}")
+    if max_chunks is not None and max_chunks < 1:
+      raise ValueError(f"max_chunks={max_chunks!r} must be None (no truncation) or >= 1")
+    self.policy = policy
+    self.tokenizer = tok = policy._require_tokenizer()
+    self.chunk_tokens, self.memory_tokens, self.answer_tokens = chunk_tokens, memory_tokens, answer_tokens
+    self.question_tokens, self.block_chunks, self.max_chunks = question_tokens, block_chunks, max_chunks
+    self.final_template = final_template
+    self.memory_segments = TemplateSegments.build(tok, MEMORY_TEMPLATE)
+    self.final_segments = TemplateSegments.build(tok, FINAL_TEMPLATES[final_template])
+    self.initial_memory = np.asarray(tok.encode(NO_MEMORY), np.int32)
+    self.memory_width = max(memory_tokens, len(self.initial_memory))  # M: memory buffer width
+    self.stop_tokens = tuple(policy.default_stop_tokens())
+    self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    self.context = policy.config.max_position_embeddings
+    self.check_budget(question_len=1)
+
+  # ----- budgets -------------------------------------------------------------------------------
+  def prompt_budget(self, question_width: int) -> dict[str, int]:
+    """Worst-case prompt + generation tokens of both conversation kinds for a question width."""
+    return {
+        "memory update": self.memory_segments.fixed_tokens + question_width + self.memory_width
+                         + self.chunk_tokens + self.memory_tokens,
+        "final answer": self.final_segments.fixed_tokens + question_width + self.memory_width
+                        + self.answer_tokens,
+    }
+
+  def check_budget(self, question_len: int):
+    """Raises ContextBudgetError naming every part when a conversation cannot fit the context."""
+    for kind, need in self.prompt_budget(question_len).items():
+      if need > self.context:
+        seg = self.memory_segments if kind == "memory update" else self.final_segments
+        parts = (f"template {seg.fixed_tokens} + question {question_len} + memory "
+                 f"{self.memory_width}" + (f" + chunk {self.chunk_tokens}" if kind == "memory update" else "")
+                 + f" + generation cap {self.memory_tokens if kind == 'memory update' else self.answer_tokens}")
+        raise ContextBudgetError(f"{kind} needs {need} tokens ({parts}) but the model's context "
+                                 f"window is {self.context} tokens; lower chunk_tokens/memory_tokens/answer_tokens")
+
+  def _question_ids(self, questions: Sequence[str]):
+    ids = []
+    for i, q in enumerate(questions):
+      if not isinstance(q, str) or not q.strip():
+        raise ValueError(f"question {i} is empty")
+      qi = self.tokenizer.encode(q)
+      if len(qi) > self.question_tokens:
+        raise ValueError(f"question {i} has {len(qi)} tokens, over the question budget of "
+                         f"{self.question_tokens} tokens (questions are never truncated)")
+      ids.append(qi)
+    longest = max(len(q) for q in ids)
+    self.check_budget(longest)
+    width = round_up(longest, QUESTION_BUCKET)
+    if max(self.prompt_budget(width).values()) > self.context:
+      width = longest
+    q = np.full((len(ids), width), self.pad_id, np.int32)
+    for i, qi in enumerate(ids):
+      q[i, :len(qi)] = qi
+    return q, np.asarray([len(x) for x in ids], np.int32)
+
+  def _chunks(self, document: str, index: int, from_file: bool):
+    name = document if from_file else f"document {index}"
+    stream = chunking.document_chunks(self.tokenizer, document, self.chunk_tokens, name, from_file)
+    if self.max_chunks is None:
+      return stream
+    ids = np.concatenate(list(stream))  # training only: centre-truncate to max_chunks chunks
+    ids = chunking.centre_truncate(ids, self.max_chunks * self.chunk_tokens)
+    return iter([ids[i:i + self.chunk_tokens] for i in range(0, len(ids), self.chunk_tokens)])
+
+  # ----- running -------------------------------------------------------------------------------
+  def _spec(self, params: SamplingParams, keep_prompts: bool) -> RecurrenceSpec:
+    return RecurrenceSpec(self.memory_tokens, self.answer_tokens, self.stop_tokens, self.pad_id,
+                          greedy=params.temperature == 0.0, top_k=params.top_k,
+                          use_top_p=params.top_p < 1.0, keep_prompts=keep_prompts)
+
+  def answer_batch(self, questions: Sequence[str], documents: Sequence[str], temperature: float = 0.0,
+                   top_p: float = 1.0, top_k: int = 0, seed: int = 0, *, from_files: bool = False,
+                   keep_prompts: bool = True, progress: bool = False) -> list[AgentResult]:
+    """Reads documents (texts, or file paths with from_files=True) and answers each question."""
+    if isinstance(questions, str) or isinstance(documents, str):
+      raise TypeError("answer_batch takes lists; use answer() for a single document")
+    if len(questions) != len(documents) or not questions:
+      raise ValueError(f"got {len(questions)} questions for {len(documents)} documents")
+    params = SamplingParams(temperature, top_p, top_k)
+    spec = self._spec(params, keep_prompts)
+    question, q_len = self._question_ids(questions)
+    b = len(questions)
+    streams = [self._chunks(d, i, from_files) for i, d in enumerate(documents)]
+    memory = np.full((b, self.memory_width), self.pad_id, np.int32)
+    memory[:, :len(self.initial_memory)] = self.initial_memory
+    mem_len = jnp.full((b,), len(self.initial_memory), jnp.int32)
+    memory = jnp.asarray(memory)
+    key = jax.random.PRNGKey(seed)
+    temp, tp = jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p)
+    pol = self.policy
+    conversations = [[] for _ in range(b)]
+    memories = [[] for _ in range(b)]
+    doc_tokens = np.zeros(b, np.int64)
+    mem_pieces = tuple(jnp.asarray(p) for p in self.memory_segments.pieces)
+    bar = tqdm(desc="reading", unit="tok", unit_scale=True, disable=not progress, leave=False)
+    while True:
+      rows = [list(itertools.islice(s, self.block_chunks)) for s in streams]
+      if not any(rows):
+        break
+      chunks, lengths = chunking.pack_chunks(rows, self.block_chunks, self.chunk_tokens, self.pad_id)
+      memory, mem_len, key, outs = memory_block(
+          pol.graphdef, pol.state, mem_pieces, jnp.asarray(question), jnp.asarray(q_len), memory,
+          mem_len, jnp.asarray(chunks), jnp.asarray(lengths), key, temp, tp, spec=spec)
+      outs = jax.device_get(outs)
+      self._collect(outs, conversations, memories, is_final=False)
+      doc_tokens += lengths.sum(axis=1)
+      bar.update(int(lengths.sum()))
+    bar.close()
+    fin_pieces = tuple(jnp.asarray(p) for p in self.final_segments.pieces)
+    prompt, valid, gen = answer_block(pol.graphdef, pol.state, fin_pieces, jnp.asarray(question),
+                                      jnp.asarray(q_len), memory, mem_len, key, temp, tp, spec=spec)
+    prompt, valid, gen = jax.device_get((prompt, valid, gen))
+    final = dict(response=gen.tokens[None], logprobs=gen.logprobs[None],
+                 sample_logprobs=gen.sample_logprobs[None], response_len=gen.lengths[None],
+                 stopped=gen.stopped[None], prompt_len=valid.sum(1)[None],
+                 active=np.ones((1, b), bool), prompt=prompt[None])
+    if not keep_prompts:
+      del final["prompt"]
+    self._collect(final, conversations, None, is_final=True)
+    results = []
+    for i in range(b):
+      last = conversations[i][-1]
+      answer = self._text(last.response_ids)
+      from memagent_jax.rl import rewards
+      results.append(AgentResult(
+          question=questions[i], answer=answer, boxed=rewards.extract_boxed(answer),
+          prediction=answer_text_to_prediction(answer, self.final_template), memories=memories[i],
+          conversations=conversations[i], num_chunks=len(memories[i]), document_tokens=int(doc_tokens[i])))
+    return results
+
+  def _text(self, ids) -> str:
+    stops = set(self.stop_tokens)
+    return self.tokenizer.decode([int(t) for t in ids if int(t) not in stops])
+
+  def _collect(self, outs, conversations, memories, is_final: bool):
+    """Per-step stacked outputs [K, B, ...] -> Conversations of the active rows, in order."""
+    k_steps, b = outs["active"].shape
+    for k in range(k_steps):
+      for i in range(b):
+        if not outs["active"][k, i]:
+          continue
+        n, p = int(outs["response_len"][k, i]), int(outs["prompt_len"][k, i])
+        conv = Conversation(
+            prompt_ids=outs["prompt"][k, i, outs["prompt"].shape[2] - p:] if "prompt" in outs else None,
+            response_ids=outs["response"][k, i, :n], response_logprobs=outs["logprobs"][k, i, :n],
+            sample_logprobs=outs["sample_logprobs"][k, i, :n],
+            truncated=not bool(outs["stopped"][k, i]), is_final=is_final)
+        conversations[i].append(conv)
+        if memories is not None:
+          memories[i].append(self._text(conv.response_ids))
+
+  def answer(self, question: str, document: str, temperature: float = 0.0, top_p: float = 1.0,
+             top_k: int = 0, seed: int = 0, **kwargs) -> AgentResult:
+    """Reads one document (text) and answers the question about it."""
+    return self.answer_batch([question], [document], temperature, top_p, top_k, seed, **kwargs)[0]
+
+  def rollout(self, questions, documents, temperature: float = 1.0, top_p: float = 1.0,
+              seed: int = 0, **kwargs) -> tuple[list[AgentResult], ConversationBatch]:
+    """Sampled trajectories and their conversations batched for training."""
+    results = self.answer_batch(questions, documents, temperature, top_p, seed=seed, **kwargs)
+    return results, ConversationBatch.from_results(results, self.pad_id)

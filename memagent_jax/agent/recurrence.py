@@ -1,0 +1,131 @@
+"""The memory recurrence as compiled JAX: one `lax.scan` over chunks, then the final answer.
+
+Each scan step assembles every row's prompt from pre-tokenised template pieces + question +
+memory + chunk, compacts it to left padding (positions follow from the mask), samples the new
+memory and writes it back without its stop token. Rows whose chunk is empty are inactive: they
+generate nothing and keep their memory. A step where no row is active is skipped by `lax.cond`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from memagent_jax.sampling import Generation, sample_from_prompts
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrenceSpec:
+  """Static settings of the compiled recurrence (hashable: part of the jit cache key)."""
+  memory_tokens: int  # new-token cap of each memory update
+  answer_tokens: int  # new-token cap of the final answer
+  stop_tokens: tuple[int, ...]
+  pad_id: int
+  greedy: bool
+  top_k: int = 0
+  use_top_p: bool = False
+  keep_prompts: bool = True  # return the assembled prompts (RL needs them; long reads may not)
+
+
+def pack_left(parts, pad_id: int):
+  """Concatenates ragged parts row by row into left-padded tokens, valid [B, W].
+
+  parts: sequence of (ids [B, w_i], lengths [B]); only the first lengths[b] ids of each part
+  count. W = sum(w_i), so every row fits.
+  """
+  ids = jnp.concatenate([p for p, _ in parts], axis=1)  # [B, W]
+  valid = jnp.concatenate([jnp.arange(p.shape[1])[None, :] < n[:, None] for p, n in parts], axis=1)
+  b, w = ids.shape
+  count = jnp.sum(valid, axis=1)  # [B]
+  target = (w - count)[:, None] + jnp.cumsum(valid, axis=1) - 1
+  target = jnp.where(valid, target, w)  # out of range: dropped
+  rows = jnp.arange(b)[:, None]
+  tokens = jnp.full((b, w), pad_id, jnp.int32).at[rows, target].set(ids, mode="drop")
+  return tokens, jnp.arange(w)[None, :] >= (w - count)[:, None]
+
+
+def _fixed(piece, b):
+  """A template piece [L] as a part of every row."""
+  return jnp.broadcast_to(piece[None, :], (b, piece.shape[0])), jnp.full((b,), piece.shape[0])
+
+
+def _strip_stop(gen: Generation, width: int, pad_id: int):
+  """Generated ids -> memory ids [B, width] without the stop token, and their lengths [B]."""
+  n = gen.tokens.shape[1]
+  length = gen.lengths - gen.stopped.astype(jnp.int32)
+  ids = jnp.where(jnp.arange(n)[None, :] < length[:, None], gen.tokens, pad_id)
+  return jnp.pad(ids, ((0, 0), (0, width - n)), constant_values=pad_id), length
+
+
+def _empty_generation(b: int, n: int, pad_id: int) -> Generation:
+  z = jnp.zeros((b, n), jnp.float32)
+  return Generation(jnp.full((b, n), pad_id, jnp.int32), z, z, jnp.zeros((b,), jnp.int32),
+                    jnp.zeros((b,), bool), jnp.int32(0))
+
+
+def _sample(model, tokens, valid, key, temperature, top_p, inactive, n, spec: RecurrenceSpec):
+  stops = jnp.broadcast_to(jnp.asarray(spec.stop_tokens or (-1,), jnp.int32)[None],
+                           (tokens.shape[0], max(1, len(spec.stop_tokens))))
+  return sample_from_prompts(
+      model, tokens, valid, stops, key, temperature, top_p, inactive, max_new_tokens=n,
+      cache_size=tokens.shape[1] + n, greedy=spec.greedy, top_k=spec.top_k,
+      use_top_p=spec.use_top_p, pad_id=spec.pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def memory_block(graphdef, state, pieces, question, q_len, memory, mem_len, chunks, chunk_len,
+                 key, temperature, top_p, *, spec: RecurrenceSpec):
+  """K memory updates in one scan.
+
+  pieces: 4 template pieces [L_i]; question [B, Q], q_len [B]; memory [B, M], mem_len [B];
+  chunks [B, K, C], chunk_len [B, K] (0 = inactive); key: PRNG key carried across steps.
+  Returns (memory, mem_len, key, per-step outputs stacked [K, B, ...]).
+  """
+  model = nnx.merge(graphdef, state)
+  b, m = memory.shape
+  n = spec.memory_tokens
+
+  def step(carry, xs):
+    memory, mem_len, key = carry
+    chunk, clen = xs  # [B, C], [B]
+    active = clen > 0
+    next_key, sub = jax.random.split(key)
+    key = jnp.where(jnp.any(active), next_key, key)  # padding steps leave the key as it was
+    tokens, valid = pack_left([_fixed(pieces[0], b), (question, q_len), _fixed(pieces[1], b),
+                               (memory, mem_len), _fixed(pieces[2], b), (chunk, clen),
+                               _fixed(pieces[3], b)], spec.pad_id)
+    gen = jax.lax.cond(
+        jnp.any(active),
+        lambda: _sample(model, tokens, valid, sub, temperature, top_p, ~active, n, spec),
+        lambda: _empty_generation(b, n, spec.pad_id))
+    new_memory, new_len = _strip_stop(gen, m, spec.pad_id)
+    memory = jnp.where(active[:, None], new_memory, memory)
+    mem_len = jnp.where(active, new_len, mem_len)
+    out = dict(response=gen.tokens, logprobs=gen.logprobs, sample_logprobs=gen.sample_logprobs,
+               response_len=gen.lengths, stopped=gen.stopped, prompt_len=jnp.sum(valid, axis=1),
+               active=active)
+    if spec.keep_prompts:
+      out["prompt"] = tokens
+    return (memory, mem_len, key), out
+
+  xs = (jnp.swapaxes(chunks, 0, 1), jnp.swapaxes(chunk_len, 0, 1))
+  (memory, mem_len, key), outs = jax.lax.scan(step, (memory, mem_len, key), xs)
+  return memory, mem_len, key, outs
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def answer_block(graphdef, state, pieces, question, q_len, memory, mem_len, key, temperature,
+                 top_p, *, spec: RecurrenceSpec):
+  """The final conversation: question + final memory -> answer. Returns (prompt [B, P], valid, gen)."""
+  model = nnx.merge(graphdef, state)
+  b = question.shape[0]
+  _, sub = jax.random.split(key)
+  tokens, valid = pack_left([_fixed(pieces[0], b), (question, q_len), _fixed(pieces[1], b),
+                             (memory, mem_len), _fixed(pieces[2], b)], spec.pad_id)
+  gen = _sample(model, tokens, valid, sub, temperature, top_p, jnp.zeros((b,), bool),
+                spec.answer_tokens, spec)
+  return tokens, valid, gen

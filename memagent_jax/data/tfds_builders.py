@@ -1,0 +1,173 @@
+"""TFDS builders for RULER-style tasks and long-document QA, written as array_record.
+
+No TensorFlow is needed: tfds serializes examples with its own vendored
+`tf.train.Example` protos and numpy feature encoders, array_record writes the shards,
+and `as_data_source()` / `tfds.data_source` decode records with numpy. Always prepare
+with `file_format="array_record"` (the default tfrecord writer needs TensorFlow):
+
+  b = Ruler(config="niah_single_1_8k", data_dir=d, file_format="array_record")
+  b.download_and_prepare(file_format="array_record")
+  source = b.as_data_source()["test"]          # or tfds.data_source("memagent_ruler/...")
+
+Token counting (RULER lengths) uses the embedded SmolLM2 tokenizer by default; the
+config field `tokenizer` takes any model source `load_tokenizer` accepts, or
+"whitespace" for a model-free count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+from etils import epath
+from tensorflow_datasets.core import utils as tfds_utils
+
+from memagent_jax.data import longqa, ruler
+from memagent_jax.data.tokens import DEFAULT_TOKENIZER, counter_from_name
+
+ARRAY_RECORD = "array_record"
+RULER_LENGTHS_K = (4, 8, 16, 32, 64, 128, 256, 512)  # RULER / MemAgent test lengths (x1024)
+LONGQA_NUM_DOCS = (50, 100, 200, 400, 800, 1600, 3200, 6400, 12800, 25600)
+
+
+class _LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Builder base whose code path is simply this file.
+
+  tfds 4.9.10 resolves `code_path` of a builder inside an installed package through
+  `importlib_resources`, which it only declares for Python < 3.9; this override keeps
+  preparing data free of that (and of TensorFlow).
+  """
+
+  @tfds_utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    return epath.Path(__file__)
+
+
+@dataclasses.dataclass(eq=False)
+class RulerConfig(tfds.core.BuilderConfig):
+  """One (task, length) set; name it e.g. `niah_single_1_8k`."""
+  task: str = "niah_single_1"
+  length: int = 8192  # context token budget
+  num_samples: int = 128
+  seed: int = 0
+  tokenizer: str = DEFAULT_TOKENIZER  # model source for load_tokenizer, or "whitespace"
+
+
+class Ruler(_LocalBuilder):
+  """RULER-style synthetic long-context tasks (single `test` split)."""
+
+  name = "memagent_ruler"
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  BUILDER_CONFIGS = [
+      RulerConfig(name=f"{task}_{k}k", task=task, length=k * 1024,
+                  description=f"{task}, {k}K-token contexts")
+      for task in ruler.TASKS for k in RULER_LENGTHS_K
+  ]
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    # DatasetInfo directly: dataset_info_from_configs would read metadata files next to
+    # this module, which a builder living inside a package does not have.
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description="RULER-style synthetic tasks (arXiv 2404.06654) fitted to a token length.",
+        features=tfds.features.FeaturesDict({
+            "question": tfds.features.Text(),
+            "context": tfds.features.Text(),
+            "answers": tfds.features.Sequence(tfds.features.Text()),
+            "task": tfds.features.Text(),
+            "length": np.int64,
+            "num_tokens": np.int64,
+            "seed": np.int64,
+            "index": np.int64,
+        }),
+        homepage="https://github.com/NVIDIA/RULER",
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # synthetic: nothing to download
+    return {"test": self._generate_examples()}
+
+  def _generate_examples(self):
+    cfg = self.builder_config
+    counter = counter_from_name(cfg.tokenizer)
+    for i in range(cfg.num_samples):
+      s = ruler.generate_one(cfg.task, cfg.length, cfg.seed, i, counter)
+      yield i, {k: s[k] for k in ("question", "context", "answers", "task", "length",
+                                  "num_tokens", "seed", "index")}
+
+
+@dataclasses.dataclass(eq=False)
+class LongQAConfig(tfds.core.BuilderConfig):
+  """A corpus padded to `num_docs` documents per question; name it e.g. `hotpotqa_200`."""
+  corpus: str = "hotpotqa"  # "hotpotqa" | "squad"
+  num_docs: int = 200
+  seed: int = 0
+  max_examples: int = 0  # per split; 0 = all (MemAgent tests on 128 dev questions)
+
+
+# corpus -> split -> file name expected in manual_dir
+LONGQA_FILES = {
+    "squad": {"train": "train-v1.1.json", "validation": "dev-v1.1.json"},
+    "hotpotqa": {"train": "hotpot_train_v1.1.json",
+                 "validation": "hotpot_dev_distractor_v1.json"},
+}
+_LOADERS = {"squad": longqa.load_squad, "hotpotqa": longqa.load_hotpotqa}
+
+
+class LongQA(_LocalBuilder):
+  """MemAgent long-document QA from SQuAD / HotpotQA JSON found in `manual_dir`."""
+
+  name = "memagent_long_qa"
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  MANUAL_DOWNLOAD_INSTRUCTIONS = """
+  Put the original JSON files in `manual_dir` (any subset of splits):
+    SQuAD v1.1 (https://rajpurkar.github.io/SQuAD-explorer/): train-v1.1.json, dev-v1.1.json
+    HotpotQA (https://hotpotqa.github.io/): hotpot_train_v1.1.json,
+      hotpot_dev_distractor_v1.json
+  and pass `download_config=tfds.download.DownloadConfig(manual_dir=...)`.
+  """
+  BUILDER_CONFIGS = [
+      LongQAConfig(name=f"{corpus}_{n}", corpus=corpus, num_docs=n,
+                   description=f"{corpus} questions padded to {n} documents")
+      for corpus in LONGQA_FILES for n in LONGQA_NUM_DOCS
+  ]
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description="Questions hidden among many paragraphs, rendered as 'Document {i}:' blocks.",
+        features=tfds.features.FeaturesDict({
+            "question": tfds.features.Text(),
+            "context": tfds.features.Text(),
+            "answers": tfds.features.Sequence(tfds.features.Text()),
+            "id": tfds.features.Text(),
+            "num_docs": np.int64,
+            "index": np.int64,
+        }),
+        homepage="https://arxiv.org/abs/2507.02259",
+    )
+
+  def _split_generators(self, dl_manager):
+    cfg = self.builder_config
+    if cfg.corpus not in LONGQA_FILES:
+      raise ValueError(f"unknown corpus {cfg.corpus!r}; known: {', '.join(LONGQA_FILES)}")
+    manual = os.fspath(dl_manager.manual_dir)
+    splits = {split: os.path.join(manual, f) for split, f in LONGQA_FILES[cfg.corpus].items()
+              if os.path.isfile(os.path.join(manual, f))}
+    if not splits:
+      raise FileNotFoundError(f"no {cfg.corpus} file in {manual}; expected one of "
+                              f"{sorted(LONGQA_FILES[cfg.corpus].values())}."
+                              f"{self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
+    return {split: self._generate_examples(path) for split, path in splits.items()}
+
+  def _generate_examples(self, path: str):
+    cfg = self.builder_config
+    corpus = _LOADERS[cfg.corpus](path)
+    examples = corpus.examples[:cfg.max_examples or None]
+    for s in longqa.iter_long_qa(examples, cfg.num_docs, cfg.seed, pool=corpus.pool):
+      yield s["index"], s

@@ -1,0 +1,69 @@
+"""Token counting for length fitting: a tokenizer or a plain `str -> int` callable, cached."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Union
+
+
+TokenizerOrCounter = Union[Callable[[str], int], object]  # an object with encode(str) -> list[int]
+
+DEFAULT_TOKENIZER = "smollm2-135m-instruct"  # the embedded model (memagent_jax.models.loading)
+WHITESPACE = "whitespace"  # a model-free counter: one token per whitespace-separated word
+
+
+def whitespace_count(text: str) -> int:
+  """Cheap, tokenizer-free count (tests, toy data)."""
+  return len(text.split())
+
+
+@functools.lru_cache(maxsize=4)
+def cached_tokenizer(source: str = DEFAULT_TOKENIZER):
+  """`load_tokenizer(source)` once per process (the embedded one takes seconds to build)."""
+  from memagent_jax.models.loading import load_tokenizer
+  return load_tokenizer(source)
+
+
+def counter_from_name(name: str) -> Callable[[str], int]:
+  """'whitespace' or a model source that `load_tokenizer` accepts -> a counter."""
+  if name == WHITESPACE:
+    return whitespace_count
+  return as_counter(cached_tokenizer(name))
+
+
+class TokenCounter:
+  """Counts tokens of texts; memoizes short repeated pieces (haystack units, needles)."""
+
+  def __init__(self, tokenizer_or_counter: TokenizerOrCounter | None = None):
+    if tokenizer_or_counter is None:
+      tokenizer_or_counter = cached_tokenizer()
+    if isinstance(tokenizer_or_counter, TokenCounter):
+      tokenizer_or_counter = tokenizer_or_counter.count
+    self._fn = as_counter(tokenizer_or_counter)
+    self._cache: dict[str, int] = {}
+
+  def count(self, text: str) -> int:
+    """Exact token count of a whole text (not cached: texts may be megabytes)."""
+    return self._fn(text)
+
+  def piece(self, text: str) -> int:
+    """Cached count of a short piece, e.g. "\\n" + a haystack sentence."""
+    n = self._cache.get(text)
+    if n is None:
+      n = self._cache[text] = self._fn(text)
+    return n
+
+  __call__ = count
+
+
+def as_counter(tokenizer_or_counter: TokenizerOrCounter) -> Callable[[str], int]:
+  """A tokenizer with `encode` becomes `len(encode(text))`; callables pass through."""
+  if isinstance(tokenizer_or_counter, TokenCounter):
+    return tokenizer_or_counter.count
+  encode = getattr(tokenizer_or_counter, "encode", None)
+  if callable(encode):
+    return lambda text: len(encode(text))
+  if callable(tokenizer_or_counter):
+    return tokenizer_or_counter
+  raise TypeError(f"expected a tokenizer with encode() or a Callable[[str], int], got "
+                  f"{type(tokenizer_or_counter).__name__}")

@@ -1,0 +1,206 @@
+"""The compiled memory recurrence against a plain Python loop, template fidelity, batching."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import memagent_jax as mj
+from memagent_jax.agent import ConversationBatch, MemAgent
+from memagent_jax.agent.recurrence import pack_left
+from memagent_jax.agent.templates import (FINAL_TEMPLATE_BOXED, FINAL_TEMPLATE_EVAL, MEMORY_TEMPLATE,
+                                          NO_MEMORY)
+from memagent_jax.sampling import SamplingParams
+
+SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
+
+
+def squad_paragraphs(n: int) -> list[str]:
+  data = json.load(open(SQUAD))["data"]
+  return [p["context"] for art in data for p in art["paragraphs"]][:n]
+
+
+def python_loop(policy, agent: MemAgent, question: str, document: str):
+  """The reference: tokenise the whole document, then one sampler call per chunk (greedy)."""
+  tok = policy.tokenizer
+  stops = set(policy.default_stop_tokens())
+  q, doc = tok.encode(question), tok.encode(document)
+  c = agent.chunk_tokens
+  memory = tok.encode(NO_MEMORY)
+  convs = []
+  for start in range(0, len(doc), c):
+    prompt = agent.memory_segments.assemble(prompt=q, memory=memory, chunk=doc[start:start + c])
+    gen = policy.sample([prompt], agent.memory_tokens, SamplingParams())
+    response = gen.tokens[0, :gen.lengths[0]].tolist()
+    convs.append((prompt, response, gen.logprobs[0, :gen.lengths[0]]))
+    memory = response[:-1] if response and response[-1] in stops else response
+  prompt = agent.final_segments.assemble(prompt=q, memory=memory)
+  gen = policy.sample([prompt], agent.answer_tokens, SamplingParams())
+  convs.append((prompt, gen.tokens[0, :gen.lengths[0]].tolist(), gen.logprobs[0, :gen.lengths[0]]))
+  return convs
+
+
+QUESTIONS = ["How many stories tall is the main library at Notre Dame?",
+             "What is the Grotto at Notre Dame?",
+             "Which newspaper at Notre Dame is published daily?"]
+
+
+@pytest.fixture(scope="module")
+def documents():
+  paras = squad_paragraphs(9)
+  return ["\n\n".join(paras[:1]), "\n\n".join(paras[1:4]), "\n\n".join(paras[4:9])]
+
+
+@pytest.mark.slow
+def test_recurrence_equals_python_loop_on_a_mixed_batch(smollm, documents):
+  """Greedy: exactly the same prompts and responses as one sampler call per chunk per document,
+  for a batch whose documents have different chunk counts, over several scan blocks."""
+  agent = MemAgent(smollm, chunk_tokens=160, memory_tokens=40, answer_tokens=24, block_chunks=2)
+  results = agent.answer_batch(QUESTIONS, documents)
+  chunk_counts = [r.num_chunks for r in results]
+  assert len(set(chunk_counts)) == 3 and max(chunk_counts) > 2 * agent.block_chunks  # 3 blocks
+  for question, document, res in zip(QUESTIONS, documents, results):
+    ref = python_loop(smollm, agent, question, document)
+    assert len(res.conversations) == len(ref) == res.num_chunks + 1
+    for conv, (prompt, response, logprobs) in zip(res.conversations, ref):
+      assert conv.prompt_ids.tolist() == prompt
+      assert conv.response_ids.tolist() == response
+      np.testing.assert_allclose(conv.response_logprobs, logprobs, atol=2e-3)
+    assert [c.is_final for c in res.conversations] == [False] * res.num_chunks + [True]
+    assert res.document_tokens == len(smollm.tokenizer.encode(document))
+
+
+@pytest.mark.slow
+def test_prompts_are_the_chat_wrapped_templates(smollm, documents):
+  """Decoded prompts equal the chat template applied to the template text with question,
+  previous memory (first: 'No previous memory') and the chunk's text."""
+  tok = smollm.tokenizer
+  agent = MemAgent(smollm, chunk_tokens=200, memory_tokens=32, answer_tokens=16, block_chunks=4)
+  res = agent.answer(QUESTIONS[2], documents[1])
+  doc_ids = tok.encode(documents[1])
+  memory = NO_MEMORY
+  for k, conv in enumerate(res.conversations[:-1]):
+    chunk = tok.decode(doc_ids[k * 200:(k + 1) * 200], skip_special_tokens=False)
+    want = tok.chat_text(MEMORY_TEMPLATE.format(prompt=QUESTIONS[2], memory=memory, chunk=chunk))
+    assert tok.decode(conv.prompt_ids, skip_special_tokens=False) == want
+    memory = res.memories[k]
+  want = tok.chat_text(FINAL_TEMPLATE_BOXED.format(prompt=QUESTIONS[2], memory=memory))
+  assert tok.decode(res.conversations[-1].prompt_ids, skip_special_tokens=False) == want
+  assert "<problem> \n" in want and want.endswith("Your answer:\n<|im_end|>\n<|im_start|>assistant\n")
+  assert "put the answer in \\boxed{}." in want
+
+
+def test_eval_template_variant_and_prediction(tiny_agent_policy):
+  agent = MemAgent(tiny_agent_policy, chunk_tokens=64, memory_tokens=8, answer_tokens=8,
+                   final_template="eval")
+  tok = tiny_agent_policy.tokenizer
+  res = agent.answer("Who?", "Some words here. " * 10)
+  text = tok.decode(res.conversations[-1].prompt_ids, skip_special_tokens=False)
+  assert text == tok.chat_text(FINAL_TEMPLATE_EVAL.format(prompt="Who?", memory=res.memories[-1]))
+  assert 'format your response as follows "Therefore, the answer is (insert answer here)".' in text
+
+
+@pytest.fixture(scope="module")
+def tiny_agent_policy():
+  """Random tiny body with SmolLM2's vocabulary and tokenizer: fast, never stops early."""
+  return mj.load_policy("random:tiny-smollm2", seed=1)
+
+
+def test_blocks_carry_memory_and_key(tiny_agent_policy):
+  """Sampled (T=1) runs are identical whatever the scan block size: memory and PRNG key are
+  carried across blocks exactly as across steps."""
+  doc = " ".join(f"word{i}" for i in range(600))
+  runs = []
+  for block in (1, 3, 8):
+    agent = MemAgent(tiny_agent_policy, chunk_tokens=64, memory_tokens=12, answer_tokens=6,
+                     block_chunks=block)
+    runs.append(agent.answer_batch(["Which word?", "What?"], [doc, doc[:700]], temperature=1.0, seed=5))
+  for other in runs[1:]:
+    for a, b in zip(runs[0], other):
+      assert a.memories == b.memories and a.answer == b.answer
+      for ca, cb in zip(a.conversations, b.conversations):
+        assert ca.prompt_ids.tolist() == cb.prompt_ids.tolist()
+        assert ca.response_ids.tolist() == cb.response_ids.tolist()
+  long, short = runs[0]
+  assert long.num_chunks > short.num_chunks >= 2
+  assert all(c.truncated for c in long.conversations)  # random weights never emit a stop token
+  assert all(len(c.response_ids) == 12 for c in long.conversations[:-1])  # memory capped
+
+
+def test_inactive_rows_keep_their_memory(tiny_agent_policy):
+  """A short document in a batch with a long one ends with the same memory as when run alone."""
+  agent = MemAgent(tiny_agent_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=4, block_chunks=4)
+  long_doc, short_doc = "alpha beta gamma " * 80, "delta epsilon " * 20
+  alone = agent.answer("Q?", short_doc)
+  together = agent.answer_batch(["Q?", "Q?"], [long_doc, short_doc])
+  assert together[1].num_chunks == alone.num_chunks < together[0].num_chunks
+  assert together[1].memories == alone.memories
+  assert together[1].conversations[-1].prompt_ids.tolist() == alone.conversations[-1].prompt_ids.tolist()
+
+
+def test_conversation_batch_rows(tiny_agent_policy):
+  agent = MemAgent(tiny_agent_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=5)
+  results, batch = agent.rollout(["Q?", "R?"], ["one two three " * 20, "four five " * 8], seed=2)
+  assert isinstance(batch, ConversationBatch)
+  assert len(batch) == sum(len(r.conversations) for r in results)
+  assert batch.is_final.sum() == 2 and batch.trajectory.tolist() == sorted(batch.trajectory.tolist())
+  for row in range(len(batch)):
+    conv = results[batch.trajectory[row]].conversations[batch.turn[row]]
+    p = batch.prompt_lengths[row]
+    assert batch.prompt_ids[row, -p:].tolist() == conv.prompt_ids.tolist()
+    assert batch.response_ids[row][batch.response_mask[row]].tolist() == conv.response_ids.tolist()
+    assert (batch.response_mask[row].sum() == (5 if conv.is_final else 8))
+
+
+def test_pack_left_matches_numpy():
+  rng = np.random.default_rng(0)
+  b = 5
+  parts, host = [], [[] for _ in range(b)]
+  for w in (3, 7, 2, 5):
+    ids = rng.integers(1, 100, (b, w)).astype(np.int32)
+    n = rng.integers(0, w + 1, (b,)).astype(np.int32)
+    parts.append((ids, n))
+    for i in range(b):
+      host[i] += ids[i, :n[i]].tolist()
+  tokens, valid = pack_left(parts, pad_id=0)
+  tokens, valid = np.asarray(tokens), np.asarray(valid)
+  for i in range(b):
+    assert tokens[i][valid[i]].tolist() == host[i]
+    assert valid[i].tolist() == sorted(valid[i].tolist())  # left padding
+
+
+def test_bad_inputs(tiny_agent_policy):
+  p = tiny_agent_policy
+  with pytest.raises(ValueError, match="memory_tokens=0 must be a positive integer"):
+    MemAgent(p, memory_tokens=0)
+  with pytest.raises(ValueError, match=r"memory update needs \d+ tokens .*chunk 8000.*context window is 8192"):
+    MemAgent(p, chunk_tokens=8000, memory_tokens=1024, answer_tokens=1024)
+  agent = MemAgent(p, chunk_tokens=64, memory_tokens=8, answer_tokens=8)
+  with pytest.raises(ValueError, match="document 1 is empty"):
+    agent.answer_batch(["Q?", "Q?"], ["text", " \n\n "])
+  with pytest.raises(ValueError, match="document 0 is empty"):
+    agent.answer("Q?", "")
+  with pytest.raises(ValueError, match="question 0 has 1100 tokens, over the question budget of 1024"):
+    agent.answer(" x" * 1100, "text")
+  with pytest.raises(ValueError, match="question 0 is empty"):
+    agent.answer("  ", "text")
+  big = MemAgent(p, chunk_tokens=6000, memory_tokens=1024, answer_tokens=64)
+  with pytest.raises(ValueError, match="question 900"):  # fits the budget, not the context
+    big.answer(" x" * 900, "text")
+
+
+def test_from_file_streams_and_reports_bad_files(tiny_agent_policy, tmp_path):
+  agent = MemAgent(tiny_agent_policy, chunk_tokens=64, memory_tokens=4, answer_tokens=4)
+  text = "\n".join(squad_paragraphs(3))
+  path = tmp_path / "doc.txt"
+  path.write_text(text)
+  a = agent.answer_batch(["Q?"], [str(path)], from_files=True)[0]
+  b = agent.answer("Q?", text)
+  assert a.document_tokens == b.document_tokens and a.memories == b.memories
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(b"fine text \xff\xfe more")
+  with pytest.raises(ValueError, match=r"bad.txt is not UTF-8 text \(invalid byte at offset 10"):
+    agent.answer_batch(["Q?"], [str(bad)], from_files=True)
+  with pytest.raises(FileNotFoundError, match="document not found: .*missing.txt"):
+    agent.answer_batch(["Q?"], [str(tmp_path / "missing.txt")], from_files=True)
