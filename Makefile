@@ -24,6 +24,7 @@ test-fast: setup
 
 demo: setup
 	$(PY) -m memagent_jax.cli answer --doc experiments/data/demo_document.txt \
+	  --chunk-tokens 256 --memory-tokens 64 --answer-tokens 64 --show-memory \
 	  --question "How many stories tall is the main library at Notre Dame?"
 
 bench: setup

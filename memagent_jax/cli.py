@@ -1,64 +1,118 @@
-"""`memagent` command line. `answer` reads a document and answers a question about it."""
+"""`memagent` command line: `answer` reads a document with the memory agent; `eval` scores a task."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
 DEMO_QUESTION = "How many stories tall is the main library at Notre Dame?"  # gold (SQuAD): 14
 
 
-def read_document(path: str) -> str:
-  """Reads a UTF-8 text file ('-' = stdin) with errors that name the file."""
-  if path == "-":
-    return sys.stdin.read()
-  try:
-    with open(path, "rb") as f:
-      raw = f.read()
-  except FileNotFoundError:
-    raise SystemExit(f"memagent: document not found: {path}") from None
-  try:
-    return raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    raise SystemExit(f"memagent: {path} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 4]!r})") from None
+def _fail(msg: str):
+  raise SystemExit(f"memagent: {msg}")
 
 
-def cmd_answer(args) -> int:
-  """Direct reading: the whole document in one prompt (the memory agent replaces this later)."""
+def _reader(args, policy):
   import memagent_jax as mj
-  doc = read_document(args.doc)
+  if args.method == "direct":
+    return mj.DirectReader(policy, answer_tokens=args.answer_tokens, truncate=args.truncate)
+  return mj.MemAgent(policy, chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens,
+                     answer_tokens=args.answer_tokens, final_template=args.final_template,
+                     block_chunks=args.block_chunks)
+
+
+def _load(args):
+  import memagent_jax as mj
   t0 = time.perf_counter()
   policy = mj.load_policy(args.model, dtype=args.dtype)
   print(f"[memagent] loaded {args.model} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-  prompt = (f"Read the document and answer the question.\n\n<document>\n{doc.strip()}\n</document>\n\n"
-            f"Question: {args.question}\nAnswer briefly.")
-  t0 = time.perf_counter()
+  return policy
+
+
+def cmd_answer(args) -> int:
+  """Streams the document (file or stdin) through the reader and prints the answer."""
+  policy = _load(args)
   try:
-    answer = policy.generate([prompt], args.max_new_tokens, temperature=args.temperature,
-                             top_p=args.top_p, seed=args.seed)[0]
-  except ValueError as e:  # e.g. document + question over the model's context window
-    raise SystemExit(f"memagent: {args.doc}: {e}") from None
-  print(f"[memagent] answered in {time.perf_counter() - t0:.1f}s (includes compilation)",
+    reader = _reader(args, policy)
+    t0 = time.perf_counter()
+    kw = dict(from_files=True)
+    if args.method == "memagent":
+      kw.update(progress=not args.quiet, keep_prompts=False)
+    res = reader.answer_batch([args.question], [args.doc], temperature=args.temperature,
+                              top_p=args.top_p, seed=args.seed, **kw)[0]
+  except (ValueError, FileNotFoundError, IsADirectoryError) as e:
+    _fail(str(e))
+  dt = time.perf_counter() - t0
+  if args.show_memory:
+    for k, m in enumerate(res.memories):
+      print(f"--- memory after chunk {k + 1}/{res.num_chunks} ---\n{m}")
+  print(f"[memagent] {args.method}: {res.document_tokens} document tokens, {res.num_chunks} chunks, "
+        f"{dt:.1f}s ({res.document_tokens / max(dt, 1e-9):.0f} tok/s, compilation included)",
         file=sys.stderr)
-  print(f"Q: {args.question}\nA: {answer.strip()}")
+  print(f"Q: {args.question}\nA: {res.answer.strip()}")
+  if res.boxed is not None:
+    print(f"boxed: {res.boxed}")
   return 0
+
+
+def cmd_eval(args) -> int:
+  """Generates the task at the length, runs the reader, prints accuracy, writes JSONL."""
+  from memagent_jax import evaluation
+  policy = _load(args)
+  try:
+    samples = evaluation.make_samples(args.task, args.length, args.n, args.data_seed,
+                                      policy._require_tokenizer(), args.data_dir)
+    reader = _reader(args, policy)
+    out = args.out or f"eval_{args.task}_{args.length}_{args.method}.jsonl"
+    summary = evaluation.run_eval(reader, args.task, samples, out, args.batch_size,
+                                  args.temperature, args.top_p, args.seed, progress=not args.quiet)
+  except (ValueError, FileNotFoundError) as e:
+    _fail(str(e))
+  summary.update(method=args.method, length=args.length, model=args.model, predictions=out)
+  print(json.dumps(summary))
+  print(f"{args.task} @ {args.length} tokens, {args.method}: accuracy {summary['score']:.3f} "
+        f"(n={summary['n']}); predictions in {out}", file=sys.stderr)
+  return 0
+
+
+def _common(p: argparse.ArgumentParser):
+  p.add_argument("--model", default="smollm2-135m-instruct",
+                 help="embedded default, preset/hub id, random:<preset>, HF directory or .gguf file")
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--method", default="memagent", choices=["memagent", "direct"])
+  p.add_argument("--chunk-tokens", type=int, default=5000)
+  p.add_argument("--memory-tokens", type=int, default=1024)
+  p.add_argument("--answer-tokens", type=int, default=1024)
+  p.add_argument("--block-chunks", type=int, default=8, help="scan steps compiled per block")
+  p.add_argument("--final-template", default="boxed", choices=["boxed", "eval"])
+  p.add_argument("--truncate", action="store_true", help="direct: centre-truncate to the context")
+  p.add_argument("--temperature", type=float, default=0.0)
+  p.add_argument("--top-p", type=float, default=1.0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="memagent", description=__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
-  a = sub.add_parser("answer", help="answer a question about a document")
+  a = sub.add_parser("answer", help="answer a question about a document of any length")
   a.add_argument("--doc", required=True, help="UTF-8 text file, or - for stdin")
   a.add_argument("--question", default=DEMO_QUESTION)
-  a.add_argument("--model", default="smollm2-135m-instruct",
-                 help="embedded default, preset/hub id, HF directory or .gguf file")
-  a.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-  a.add_argument("--max-new-tokens", type=int, default=64)
-  a.add_argument("--temperature", type=float, default=0.0)
-  a.add_argument("--top-p", type=float, default=1.0)
-  a.add_argument("--seed", type=int, default=0)
+  a.add_argument("--show-memory", action="store_true", help="print the memory after each chunk")
+  _common(a)
   a.set_defaults(func=cmd_answer)
+  e = sub.add_parser("eval", help="accuracy on a RULER or long-QA task at a length")
+  e.add_argument("--task", required=True, help="niah_single_1 .. fwe, or squad / hotpotqa")
+  e.add_argument("--length", type=int, required=True, help="context tokens per sample")
+  e.add_argument("--n", type=int, default=16)
+  e.add_argument("--data-seed", type=int, default=0)
+  e.add_argument("--data-dir", help="squad/hotpotqa: directory (or file) of the JSON corpus")
+  e.add_argument("--batch-size", type=int, default=4)
+  e.add_argument("--out", help="JSONL of every prediction (default eval_<task>_<length>_<method>.jsonl)")
+  _common(e)
+  e.set_defaults(func=cmd_eval)
   return parser
 
 

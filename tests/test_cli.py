@@ -1,32 +1,79 @@
-"""The `memagent` command line: the demo path end to end, and clear errors on bad documents."""
+"""The `memagent` command line: answer (file and stdin), eval, and clear errors on bad input."""
+
+import io
+import json
+import sys
 
 import pytest
 
 from memagent_jax import cli
 
+TINY = ["--model", "random:tiny-smollm2", "--chunk-tokens", "64", "--memory-tokens", "8",
+        "--answer-tokens", "6", "--quiet"]
 
-def test_answer_on_bundled_document(capsys):
-  cli.main(["answer", "--doc", "experiments/data/demo_document.txt", "--question",
-            "What sits on top of the Main Building at Notre Dame?", "--max-new-tokens", "24"])
-  out = capsys.readouterr().out
-  assert out.startswith("Q: What sits on top") and "\nA: " in out and len(out.split("\nA: ")[1].strip()) > 0
+
+@pytest.mark.slow
+def test_answer_on_bundled_document_with_the_embedded_model(capsys):
+  cli.main(["answer", "--doc", "experiments/data/demo_document.txt", "--chunk-tokens", "512",
+            "--memory-tokens", "24", "--answer-tokens", "16", "--show-memory", "--quiet",
+            "--question", "What sits on top of the Main Building at Notre Dame?"])
+  cap = capsys.readouterr()
+  assert cap.out.count("--- memory after chunk ") == 3  # 1387 tokens / 512
+  assert "\nQ: What sits on top" in cap.out and len(cap.out.split("\nA: ")[1].strip()) > 0
+  assert "1387 document tokens, 3 chunks" in cap.err
+
+
+def test_answer_reads_stdin(capsys, monkeypatch):
+  text = "The grass is green. The sky is blue. " * 40
+  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+  cli.main(["answer", "--doc", "-", "--question", "What is green?", "--show-memory"] + TINY)
+  cap = capsys.readouterr()
+  n_chunks = int(cap.err.split(" chunks")[0].rsplit(" ", 1)[1])
+  assert n_chunks >= 5 and cap.out.count("--- memory after chunk ") == n_chunks
 
 
 def test_missing_document():
   with pytest.raises(SystemExit, match="document not found: /no/such/file.txt"):
-    cli.main(["answer", "--doc", "/no/such/file.txt"])
+    cli.main(["answer", "--doc", "/no/such/file.txt"] + TINY)
 
 
 def test_non_utf8_document(tmp_path):
   bad = tmp_path / "latin1.txt"
   bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
-  with pytest.raises(SystemExit, match=r"latin1.txt is not UTF-8 text \(byte 3"):
-    cli.main(["answer", "--doc", str(bad)])
+  with pytest.raises(SystemExit, match=r"latin1.txt is not UTF-8 text \(invalid byte at offset 3"):
+    cli.main(["answer", "--doc", str(bad)] + TINY)
 
 
-def test_document_over_the_context_window(tmp_path):
+def test_empty_document(tmp_path):
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n \n")
+  with pytest.raises(SystemExit, match=r"empty.txt is empty: there is no text to read"):
+    cli.main(["answer", "--doc", str(empty)] + TINY)
+
+
+def test_direct_reading_over_the_context_window(tmp_path):
   long_doc = tmp_path / "long.txt"
   long_doc.write_text("The library has fourteen stories. " * 1500)  # about 10K tokens > 8192
-  with pytest.raises(SystemExit, match=r"long.txt: prompt of \d+ tokens \+ max_new_tokens=64 exceeds "
-                                       r"the model's context window of 8192 tokens"):
-    cli.main(["answer", "--doc", str(long_doc)])
+  with pytest.raises(SystemExit, match=r"long.txt has \d+ tokens but only \d+ fit the context window "
+                                       r"of 8192 tokens"):
+    cli.main(["answer", "--doc", str(long_doc), "--method", "direct"] + TINY)
+
+
+def test_chunk_and_memory_over_the_context_window(tmp_path):
+  doc = tmp_path / "d.txt"
+  doc.write_text("Some text.")
+  with pytest.raises(SystemExit, match=r"memory update needs \d+ tokens \(template \d+ \+ question "
+                                       r"\d+ \+ memory 1024 \+ chunk 7000 \+ generation cap 1024\)"):
+    cli.main(["answer", "--doc", str(doc), "--model", "random:tiny-smollm2", "--chunk-tokens", "7000"])
+
+
+def test_eval_writes_every_prediction(tmp_path, capsys):
+  out = tmp_path / "preds.jsonl"
+  cli.main(["eval", "--task", "niah_single_1", "--length", "300", "--n", "3", "--batch-size", "2",
+            "--out", str(out)] + TINY)
+  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert len(rows) == 3 and summary["n"] == 3 and summary["task"] == "niah_single_1"
+  assert summary["score"] == pytest.approx(sum(r["score"] for r in rows) / 3)
+  for r in rows:
+    assert r["answers"] and r["question"] and r["num_chunks"] >= 4 and 250 < r["document_tokens"] <= 300

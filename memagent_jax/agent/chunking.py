@@ -8,6 +8,8 @@ tokenising the whole text at once (tested), while host memory stays bounded.
 from __future__ import annotations
 
 import codecs
+import contextlib
+import sys
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -47,14 +49,16 @@ def split_text(text: str, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
 
 
 def read_text_pieces(path: str, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
-  """Streams a UTF-8 file as text pieces; errors name the file and the byte offset."""
+  """Streams a UTF-8 file ('-' = stdin) as text pieces; errors name the file and the byte offset."""
   decoder = codecs.getincrementaldecoder("utf-8")("strict")
   offset, pending = 0, ""
   try:
-    f = open(path, "rb")
+    f = sys.stdin.buffer if path == "-" else open(path, "rb")
   except FileNotFoundError:
     raise FileNotFoundError(f"document not found: {path}") from None
-  with f:
+  except IsADirectoryError:
+    raise IsADirectoryError(f"document is a directory, not a text file: {path}") from None
+  with contextlib.nullcontext(f) if path == "-" else f:
     while True:
       raw = f.read(READ_BYTES)
       try:

@@ -1,0 +1,103 @@
+"""Evaluation: a task at a length -> samples -> MemAgent or direct reading -> scores + JSONL.
+
+RULER tasks are scored with string_match_all (paper Eq. 7); QA tasks with sub_em (the paper's
+test metric), with EM and token F1 logged beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Iterable
+
+from tqdm.auto import tqdm
+
+QA_TASKS = ("squad", "hotpotqa")
+QA_FILES = {"squad": ("train-v1.1.json", "dev-v1.1.json"),
+            "hotpotqa": ("hotpot_dev_distractor_v1.json", "hotpot_train_v1.1.json")}
+
+
+def task_names() -> list[str]:
+  from memagent_jax.data import ruler
+  return list(ruler.TASKS) + list(QA_TASKS)
+
+
+def _qa_file(task: str, data_dir: str | None) -> str:
+  if not data_dir:
+    raise ValueError(f"task {task!r} reads a local corpus: pass --data-dir with one of "
+                     f"{', '.join(QA_FILES[task])}")
+  if os.path.isfile(data_dir):
+    return data_dir
+  for name in QA_FILES[task]:
+    path = os.path.join(data_dir, name)
+    if os.path.isfile(path):
+      return path
+  raise FileNotFoundError(f"no {task} file in {data_dir} (looked for {', '.join(QA_FILES[task])})")
+
+
+def make_samples(task: str, length: int, n: int, seed: int, tokenizer,
+                 data_dir: str | None = None) -> list[dict]:
+  """n samples whose contexts have about `length` tokens (RULER: fitted; QA: padded documents)."""
+  from memagent_jax.data import longqa, ruler
+  if task in ruler.TASKS:
+    return ruler.generate(task, length, n, seed, tokenizer)
+  if task not in QA_TASKS:
+    raise ValueError(f"unknown task {task!r}; known: {', '.join(task_names())}")
+  path = _qa_file(task, data_dir)
+  corpus = longqa.load_squad(path) if task == "squad" else longqa.load_hotpotqa(path)
+  if n > len(corpus):
+    raise ValueError(f"n={n} but {path} has only {len(corpus)} questions")
+  sample_pool = corpus.pool[:200]
+  per_doc = sum(len(tokenizer.encode(p)) for p in sample_pool) / max(1, len(sample_pool))
+  num_docs = max(max(len(e.paragraphs) for e in corpus.examples[:n]), round(length / (per_doc + 5)))
+  return longqa.build_long_qa(longqa.QACorpus(corpus.examples[:n], corpus.pool), num_docs, seed)
+
+
+def score(task: str, prediction: str, answers: list[str]) -> dict[str, float]:
+  from memagent_jax.data import ruler
+  from memagent_jax.rl import rewards
+  if task in ruler.TASKS:
+    return {"score": rewards.string_match_all(prediction, answers)}
+  return {"score": rewards.sub_em(prediction, answers), "em": rewards.exact_match(prediction, answers),
+          "f1": rewards.f1(prediction, answers)}
+
+
+def _batches(items: list, size: int) -> Iterable[list]:
+  for i in range(0, len(items), size):
+    yield items[i:i + size]
+
+
+def run_eval(reader, task: str, samples: list[dict], out_path: str | None, batch_size: int = 4,
+             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+             progress: bool = True) -> dict:
+  """Runs `reader` (MemAgent or DirectReader) over samples; writes one JSON line per sample."""
+  t0 = time.perf_counter()
+  totals: dict[str, float] = {}
+  out = open(out_path, "w") if out_path else None
+  done = 0
+  bar = tqdm(total=len(samples), desc=f"eval {task}", unit="doc", disable=not progress)
+  try:
+    for b, batch in enumerate(_batches(samples, batch_size)):
+      results = reader.answer_batch([s["question"] for s in batch], [s["context"] for s in batch],
+                                    temperature=temperature, top_p=top_p, seed=seed + b)
+      for s, r in zip(batch, results):
+        scores = score(task, r.prediction, list(s["answers"]))
+        for k, v in scores.items():
+          totals[k] = totals.get(k, 0.0) + v
+        if out:
+          out.write(json.dumps({"task": task, "index": s.get("index"), "question": s["question"],
+                                "answers": list(s["answers"]), "prediction": r.prediction,
+                                "answer": r.answer, "boxed": r.boxed, **scores,
+                                "num_chunks": r.num_chunks, "document_tokens": r.document_tokens,
+                                "final_memory": r.memories[-1] if r.memories else None}) + "\n")
+      done += len(batch)
+      bar.update(len(batch))
+      bar.set_postfix(acc=f"{totals.get('score', 0) / done:.3f}")
+  finally:
+    bar.close()
+    if out:
+      out.close()
+  summary = {k: v / len(samples) for k, v in totals.items()}
+  summary.update(task=task, n=len(samples), seconds=round(time.perf_counter() - t0, 2))
+  return summary
