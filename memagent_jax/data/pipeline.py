@@ -13,7 +13,7 @@ import numpy as np
 
 
 def to_python(x: Any) -> Any:
-  """tfds numpy records -> plain Python: bytes -> str, arrays -> lists, numpy scalars -> int/float."""
+  """tfds numpy records -> plain Python: bytes -> str, arrays -> lists, numpy scalars -> numbers."""
   if isinstance(x, bytes):
     return x.decode("utf-8")
   if isinstance(x, dict):

@@ -28,7 +28,8 @@ class NiahSpec:
     if self.haystack not in HAYSTACKS:
       raise ValueError(f"unknown haystack {self.haystack!r}; known: {', '.join(HAYSTACKS)}")
     if not 1 <= self.num_queries <= self.num_keys:
-      raise ValueError(f"need 1 <= num_queries <= num_keys, got {self.num_queries}, {self.num_keys}")
+      raise ValueError(f"need 1 <= num_queries <= num_keys, got {self.num_queries}, "
+                       f"{self.num_keys}")
 
 
 def _question(spec: NiahSpec, keys: list[str]) -> str:

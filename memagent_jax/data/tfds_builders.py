@@ -2,12 +2,14 @@
 
 No TensorFlow is needed: tfds serializes examples with its own vendored
 `tf.train.Example` protos and numpy feature encoders, array_record writes the shards,
-and `as_data_source()` / `tfds.data_source` decode records with numpy. Always prepare
-with `file_format="array_record"` (the default tfrecord writer needs TensorFlow):
+and `as_data_source()` / `tfds.data_source` decode records with numpy. The file
+format must be array_record (tfds' default tfrecord writer needs TensorFlow); these
+builders default to it, and passing it explicitly does no harm:
 
   b = Ruler(config="niah_single_1_8k", data_dir=d, file_format="array_record")
   b.download_and_prepare(file_format="array_record")
-  source = b.as_data_source()["test"]          # or tfds.data_source("memagent_ruler/...")
+  source = b.as_data_source()["test"]
+  source = tfds.data_source("memagent_ruler/niah_single_1_8k", data_dir=d)["test"]  # same
 
 Token counting (RULER lengths) uses the embedded SmolLM2 tokenizer by default; the
 config field `tokenizer` takes any model source `load_tokenizer` accepts, or
@@ -33,12 +35,16 @@ LONGQA_NUM_DOCS = (50, 100, 200, 400, 800, 1600, 3200, 6400, 12800, 25600)
 
 
 class _LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """Builder base whose code path is simply this file.
+  """Builder base that works without TensorFlow out of the box.
 
-  tfds 4.9.10 resolves `code_path` of a builder inside an installed package through
-  `importlib_resources`, which it only declares for Python < 3.9; this override keeps
-  preparing data free of that (and of TensorFlow).
+  - array_record is the default file format (tfds defaults to tfrecord, whose writer
+    is `tf.io.TFRecordWriter`), so `tfds.data_source(name)` can prepare data itself.
+  - tfds 4.9.10 resolves `code_path` of a builder inside an installed package through
+    `importlib_resources`, which it only declares for Python < 3.9: use this file.
   """
+
+  def __init__(self, *, file_format: str | None = None, **kwargs):
+    super().__init__(file_format=file_format or ARRAY_RECORD, **kwargs)
 
   @tfds_utils.classproperty
   @classmethod

@@ -1,0 +1,123 @@
+"""TFDS builders to array_record without TensorFlow, read back and fed through grain."""
+
+import json
+import os
+import sys
+
+import pytest
+import tensorflow_datasets as tfds
+
+from memagent_jax.data import longqa, pipeline, ruler
+from memagent_jax.data import tfds_builders as tb
+from memagent_jax.data.tokens import cached_tokenizer
+
+SQUAD_DIR = os.path.join(os.path.dirname(__file__), "data", "squad_sample")
+N = 6
+
+
+@pytest.fixture(scope="module")
+def ruler_dir(tmp_path_factory):
+  """A tiny RULER set (embedded tokenizer, the builder's default) prepared as array_record."""
+  data_dir = tmp_path_factory.mktemp("tfds")
+  cfg = tb.RulerConfig(name="niah_multivalue_tiny", task="niah_multivalue", length=1024,
+                       num_samples=N, seed=5)
+  builder = tb.Ruler(config=cfg, data_dir=str(data_dir))  # array_record is the default
+  builder.download_and_prepare()
+  return str(data_dir)
+
+
+@pytest.fixture(scope="module")
+def source(ruler_dir):
+  return tfds.data_source("memagent_ruler/niah_multivalue_tiny", data_dir=ruler_dir)["test"]
+
+
+def test_written_as_array_record_without_tensorflow(ruler_dir):
+  # This venv has no TensorFlow at all; where it is installed, it must still not be imported.
+  assert "tensorflow" not in sys.modules
+  files = os.listdir(os.path.join(ruler_dir, "memagent_ruler", "niah_multivalue_tiny", "1.0.0"))
+  assert any(".array_record-" in f for f in files), files
+  assert not any("tfrecord" in f for f in files)
+
+
+def test_records_equal_the_generator(source):
+  assert len(source) == N
+  records = sorted((pipeline.to_python(source[i]) for i in range(N)), key=lambda r: r["index"])
+  expected = ruler.generate("niah_multivalue", 1024, n=N, seed=5, tokenizer=cached_tokenizer())
+  for r, e in zip(records, expected):
+    assert isinstance(r["context"], str) and isinstance(r["answers"][0], str)
+    for k in ("question", "context", "answers", "task", "length", "num_tokens", "seed", "index"):
+      assert r[k] == e[k], k
+
+
+def test_builder_configs_registered():
+  names = {c.name for c in tb.Ruler.BUILDER_CONFIGS}
+  assert len(names) == len(ruler.TASKS) * len(tb.RULER_LENGTHS_K)
+  assert {"niah_single_1_8k", "vt_128k", "fwe_512k"} <= names
+  assert tb.Ruler.builder_configs["niah_single_1_8k"].length == 8192
+  assert "hotpotqa_200" in {c.name for c in tb.LongQA.BUILDER_CONFIGS}
+  registered = set(tfds.list_builders(with_community_datasets=False))
+  assert {"memagent_ruler", "memagent_long_qa"} <= registered
+
+
+def test_grain_pipeline_epochs_and_determinism(source):
+  batches = list(pipeline.make_iterator(source, batch_size=4, seed=0, num_epochs=2))
+  assert [len(b["index"]) for b in batches] == [4, 2, 4, 2]  # batches never straddle epochs
+  epoch1 = batches[0]["index"] + batches[1]["index"]
+  epoch2 = batches[2]["index"] + batches[3]["index"]
+  assert sorted(epoch1) == sorted(epoch2) == list(range(N))
+  assert epoch1 != epoch2  # reshuffled each epoch
+  assert all(isinstance(q, str) for b in batches for q in b["question"])
+  assert all(isinstance(a, list) and isinstance(a[0], str) for b in batches for a in b["answers"])
+  again = list(pipeline.make_iterator(source, batch_size=4, seed=0, num_epochs=2))
+  assert again == batches
+  other = [b["index"] for b in pipeline.make_iterator(source, batch_size=4, seed=1, num_epochs=2)]
+  assert other != [b["index"] for b in batches]
+
+
+def test_resume_from_saved_state(source):
+  it = pipeline.make_iterator(source, batch_size=2, seed=3, num_epochs=3)
+  for _ in range(4):
+    next(it)
+  state = json.loads(json.dumps(it.get_state()))  # survives a JSON checkpoint
+  rest = list(it)
+  resumed = pipeline.make_iterator(source, batch_size=2, seed=3, num_epochs=3)
+  resumed.set_state(state)
+  assert next(resumed) == rest[0]
+  assert list(resumed) == rest[1:] and len(rest) == 9 - 4
+
+
+def test_pipeline_over_a_list_and_sharding():
+  data = [{"question": f"q{i}".encode(), "n": i} for i in range(10)]
+  shard0 = [x for b in pipeline.make_iterator(data, 3, seed=0, shard_index=0, shard_count=2)
+            for x in b["n"]]
+  shard1 = [x for b in pipeline.make_iterator(data, 3, seed=0, shard_index=1, shard_count=2)
+            for x in b["n"]]
+  assert sorted(shard0 + shard1) == list(range(10)) and not set(shard0) & set(shard1)
+  ordered = list(pipeline.make_iterator(data, 4, shuffle=False, drop_remainder=True))
+  assert [b["n"] for b in ordered] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  assert ordered[0]["question"][0] == "q0"
+  with pytest.raises(ValueError, match="empty"):
+    pipeline.make_dataset([], 2)
+
+
+def test_long_qa_from_manual_dir(tmp_path):
+  cfg = tb.LongQAConfig(name="squad_tiny", corpus="squad", num_docs=8, max_examples=5)
+  builder = tb.LongQA(config=cfg, data_dir=str(tmp_path), file_format="array_record")
+  builder.download_and_prepare(file_format="array_record",
+                               download_config=tfds.download.DownloadConfig(manual_dir=SQUAD_DIR))
+  splits = builder.as_data_source()
+  assert set(splits) == {"train"}  # only the files present in manual_dir become splits
+  records = sorted((pipeline.to_python(r) for r in splits["train"]), key=lambda r: r["index"])
+  corpus = longqa.load_squad(os.path.join(SQUAD_DIR, "train-v1.1.json"))
+  expected = longqa.build_long_qa(corpus.examples[:5], 8, seed=0, pool=corpus.pool)
+  assert [r["context"] for r in records] == [e["context"] for e in expected]
+  assert all(r["context"].count("Document ") == 8 and r["num_docs"] == 8 for r in records)
+
+  empty = tmp_path / "manual"
+  empty.mkdir()
+  (empty / "README.txt").write_text("not the data")
+  other = tb.LongQA(config=tb.LongQAConfig(name="hotpotqa_tiny", corpus="hotpotqa", num_docs=5),
+                    data_dir=str(tmp_path), file_format="array_record")
+  with pytest.raises(FileNotFoundError, match="hotpot_train_v1.1.json"):
+    other.download_and_prepare(file_format="array_record",
+                               download_config=tfds.download.DownloadConfig(manual_dir=str(empty)))
