@@ -7,11 +7,25 @@ import json
 import sys
 import time
 
-DEMO_QUESTION = "How many stories tall is the main library at Notre Dame?"  # gold (SQuAD): 14
-
-
 def _fail(msg: str):
   raise SystemExit(f"memagent: {msg}")
+
+
+MEMAGENT_ONLY = ("chunk_tokens", "memory_tokens", "block_chunks", "final_template", "show_memory")
+DEFAULTS = dict(chunk_tokens=5000, memory_tokens=1024, block_chunks=8, final_template="boxed")
+
+
+def _check_flags(args):
+  """Flags that would do nothing with the chosen method are errors, not silently ignored."""
+  if args.method == "direct":
+    used = [f for f in MEMAGENT_ONLY if getattr(args, f, None) not in (None, False)]
+    if used:
+      _fail(f"--{used[0].replace('_', '-')} has no effect with --method direct")
+  elif args.truncate:
+    _fail("--truncate applies to --method direct only (the memory agent reads everything)")
+  for f, v in DEFAULTS.items():
+    if getattr(args, f) is None:
+      setattr(args, f, v)
 
 
 def _reader(args, policy):
@@ -33,6 +47,7 @@ def _load(args):
 
 def cmd_answer(args) -> int:
   """Streams the document (file or stdin) through the reader and prints the answer."""
+  _check_flags(args)
   policy = _load(args)
   try:
     reader = _reader(args, policy)
@@ -52,14 +67,15 @@ def cmd_answer(args) -> int:
         f"{dt:.1f}s ({res.document_tokens / max(dt, 1e-9):.0f} tok/s, compilation included)",
         file=sys.stderr)
   print(f"Q: {args.question}\nA: {res.answer.strip()}")
-  if res.boxed is not None:
-    print(f"boxed: {res.boxed}")
+  if res.prediction is not None:
+    print(f"answer: {res.prediction}")
   return 0
 
 
 def cmd_eval(args) -> int:
   """Generates the task at the length, runs the reader, prints accuracy, writes JSONL."""
   from memagent_jax import evaluation
+  _check_flags(args)
   policy = _load(args)
   try:
     samples = evaluation.make_samples(args.task, args.length, args.n, args.data_seed,
@@ -82,11 +98,11 @@ def _common(p: argparse.ArgumentParser):
                  help="embedded default, preset/hub id, random:<preset>, HF directory or .gguf file")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--method", default="memagent", choices=["memagent", "direct"])
-  p.add_argument("--chunk-tokens", type=int, default=5000)
-  p.add_argument("--memory-tokens", type=int, default=1024)
+  p.add_argument("--chunk-tokens", type=int, help="memagent: tokens per chunk (default 5000)")
+  p.add_argument("--memory-tokens", type=int, help="memagent: memory cap in tokens (default 1024)")
   p.add_argument("--answer-tokens", type=int, default=1024)
-  p.add_argument("--block-chunks", type=int, default=8, help="scan steps compiled per block")
-  p.add_argument("--final-template", default="boxed", choices=["boxed", "eval"])
+  p.add_argument("--block-chunks", type=int, help="memagent: scan steps compiled per block (default 8)")
+  p.add_argument("--final-template", choices=["boxed", "eval"], help="memagent: final prompt (default boxed)")
   p.add_argument("--truncate", action="store_true", help="direct: centre-truncate to the context")
   p.add_argument("--temperature", type=float, default=0.0)
   p.add_argument("--top-p", type=float, default=1.0)
@@ -99,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
   sub = parser.add_subparsers(dest="command", required=True)
   a = sub.add_parser("answer", help="answer a question about a document of any length")
   a.add_argument("--doc", required=True, help="UTF-8 text file, or - for stdin")
-  a.add_argument("--question", default=DEMO_QUESTION)
+  a.add_argument("--question", required=True)
   a.add_argument("--show-memory", action="store_true", help="print the memory after each chunk")
   _common(a)
   a.set_defaults(func=cmd_answer)

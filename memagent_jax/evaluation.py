@@ -1,20 +1,23 @@
 """Evaluation: a task at a length -> samples -> MemAgent or direct reading -> scores + JSONL.
 
-RULER tasks are scored with string_match_all (paper Eq. 7); QA tasks with sub_em (the paper's
-test metric), with EM and token F1 logged beside it.
+RULER tasks are scored with string_match_all (paper Eq. 7) on the extracted answer, or on the
+whole response when it has none (RULER's convention); QA tasks with sub_em (the paper's test
+metric) on the extracted answer only (no \\boxed{} / "the answer is" = wrong), with EM and token
+F1 logged beside it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from typing import Iterable
 
 from tqdm.auto import tqdm
 
 QA_TASKS = ("squad", "hotpotqa")
-QA_FILES = {"squad": ("train-v1.1.json", "dev-v1.1.json"),
+QA_FILES = {"squad": ("dev-v1.1.json", "train-v1.1.json"),
             "hotpotqa": ("hotpot_dev_distractor_v1.json", "hotpot_train_v1.1.json")}
 
 
@@ -48,17 +51,21 @@ def make_samples(task: str, length: int, n: int, seed: int, tokenizer,
   corpus = longqa.load_squad(path) if task == "squad" else longqa.load_hotpotqa(path)
   if n > len(corpus):
     raise ValueError(f"n={n} but {path} has only {len(corpus)} questions")
+  chosen = random.Random(f"eval:{task}:{seed}").sample(range(len(corpus)), n)  # spread over articles
+  examples = [corpus.examples[i] for i in chosen]
   sample_pool = corpus.pool[:200]
   per_doc = sum(len(tokenizer.encode(p)) for p in sample_pool) / max(1, len(sample_pool))
-  num_docs = max(max(len(e.paragraphs) for e in corpus.examples[:n]), round(length / (per_doc + 5)))
-  return longqa.build_long_qa(longqa.QACorpus(corpus.examples[:n], corpus.pool), num_docs, seed)
+  num_docs = max(max(len(e.paragraphs) for e in examples), round(length / (per_doc + 5)))
+  return longqa.build_long_qa(longqa.QACorpus(tuple(examples), corpus.pool), num_docs, seed)
 
 
-def score(task: str, prediction: str, answers: list[str]) -> dict[str, float]:
+def score(task: str, result, answers: list[str]) -> dict[str, float]:
+  """Scores an AgentResult against the reference answers."""
   from memagent_jax.data import ruler
   from memagent_jax.rl import rewards
+  prediction = result.prediction
   if task in ruler.TASKS:
-    return {"score": rewards.string_match_all(prediction, answers)}
+    return {"score": rewards.string_match_all(result.answer if prediction is None else prediction, answers)}
   return {"score": rewards.sub_em(prediction, answers), "em": rewards.exact_match(prediction, answers),
           "f1": rewards.f1(prediction, answers)}
 
@@ -75,14 +82,15 @@ def run_eval(reader, task: str, samples: list[dict], out_path: str | None, batch
   t0 = time.perf_counter()
   totals: dict[str, float] = {}
   out = open(out_path, "w") if out_path else None
-  done = 0
+  done = doc_tokens = 0
   bar = tqdm(total=len(samples), desc=f"eval {task}", unit="doc", disable=not progress)
   try:
     for b, batch in enumerate(_batches(samples, batch_size)):
       results = reader.answer_batch([s["question"] for s in batch], [s["context"] for s in batch],
                                     temperature=temperature, top_p=top_p, seed=seed + b)
       for s, r in zip(batch, results):
-        scores = score(task, r.prediction, list(s["answers"]))
+        scores = score(task, r, list(s["answers"]))
+        doc_tokens += r.document_tokens
         for k, v in scores.items():
           totals[k] = totals.get(k, 0.0) + v
         if out:
@@ -99,5 +107,6 @@ def run_eval(reader, task: str, samples: list[dict], out_path: str | None, batch
     if out:
       out.close()
   summary = {k: v / len(samples) for k, v in totals.items()}
-  summary.update(task=task, n=len(samples), seconds=round(time.perf_counter() - t0, 2))
+  summary.update(task=task, n=len(samples), mean_document_tokens=round(doc_tokens / len(samples)),
+                 seconds=round(time.perf_counter() - t0, 2))
   return summary

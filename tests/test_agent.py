@@ -1,5 +1,6 @@
 """The compiled memory recurrence against a plain Python loop, template fidelity, batching."""
 
+import hashlib
 import json
 import os
 
@@ -7,11 +8,12 @@ import numpy as np
 import pytest
 
 import memagent_jax as mj
-from memagent_jax.agent import ConversationBatch, MemAgent
-from memagent_jax.agent.recurrence import pack_left
+from memagent_jax.agent import ConversationBatch, DirectReader, MemAgent
+from memagent_jax.agent import templates
+from memagent_jax.agent.recurrence import _strip_stop, pack_left
 from memagent_jax.agent.templates import (FINAL_TEMPLATE_BOXED, FINAL_TEMPLATE_EVAL, MEMORY_TEMPLATE,
                                           NO_MEMORY)
-from memagent_jax.sampling import SamplingParams
+from memagent_jax.sampling import Generation, SamplingParams
 
 SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
 
@@ -91,7 +93,27 @@ def test_prompts_are_the_chat_wrapped_templates(smollm, documents):
   assert "put the answer in \\boxed{}." in want
 
 
-def test_eval_template_variant_and_prediction(tiny_agent_policy):
+def test_templates_are_the_released_text():
+  """sha256 of each template with its placeholders, checked byte for byte against
+  MEMAGENT_FACTS.md section 1 when written; guards against accidental edits."""
+  raw = lambda t: t.format(prompt="{prompt}", memory="{memory}", chunk="{chunk}")
+  digest = lambda t: hashlib.sha256(raw(t).encode()).hexdigest()
+  assert digest(MEMORY_TEMPLATE) == "49fa58187bb7d23e58b08ed1a15732c71008196a1f633be2b4a3be507ee366b3"
+  assert digest(FINAL_TEMPLATE_BOXED) == "64632c4a5ae63b70e018366632a44d6a4ac7cb62cef4f977bf8afa30eb0a6622"
+  assert digest(FINAL_TEMPLATE_EVAL) == "76c0395b111bb18000345701c14ceaafc8a9776fb76577676df0c15274d1235e"
+  assert "<problem> \n{prompt}\n</problem>" in raw(MEMORY_TEMPLATE)
+  assert raw(MEMORY_TEMPLATE).endswith("</section>\n\nUpdated memory:\n")
+  assert raw(FINAL_TEMPLATE_BOXED).endswith("</memory>\n\nYour answer:\n")
+
+
+def test_prediction_follows_the_final_template():
+  assert templates.answer_text_to_prediction("so \\boxed{Paris}.", "boxed") == "Paris"
+  assert templates.answer_text_to_prediction("It is Paris.", "boxed") is None
+  assert templates.answer_text_to_prediction("Therefore, the answer is Paris.", "eval") == "Paris"
+  assert templates.answer_text_to_prediction("\\boxed{Paris}", "eval") is None
+
+
+def test_eval_template_variant(tiny_agent_policy):
   agent = MemAgent(tiny_agent_policy, chunk_tokens=64, memory_tokens=8, answer_tokens=8,
                    final_template="eval")
   tok = tiny_agent_policy.tokenizer
@@ -99,6 +121,16 @@ def test_eval_template_variant_and_prediction(tiny_agent_policy):
   text = tok.decode(res.conversations[-1].prompt_ids, skip_special_tokens=False)
   assert text == tok.chat_text(FINAL_TEMPLATE_EVAL.format(prompt="Who?", memory=res.memories[-1]))
   assert 'format your response as follows "Therefore, the answer is (insert answer here)".' in text
+
+
+def test_strip_stop_removes_only_an_emitted_stop_token():
+  """Rows: stopped after 2 tokens + stop; capped (no stop); inactive (nothing generated)."""
+  tokens = np.array([[5, 6, 2, 0], [7, 8, 9, 10], [0, 0, 0, 0]], np.int32)
+  gen = Generation(tokens, np.zeros((3, 4)), np.zeros((3, 4)), np.array([3, 4, 0]),
+                   np.array([True, False, False]), 4)
+  ids, length = _strip_stop(gen, 6, pad_id=0)
+  assert np.asarray(length).tolist() == [2, 4, 0]
+  assert np.asarray(ids).tolist() == [[5, 6, 0, 0, 0, 0], [7, 8, 9, 10, 0, 0], [0] * 6]
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +171,25 @@ def test_inactive_rows_keep_their_memory(tiny_agent_policy):
   assert together[1].conversations[-1].prompt_ids.tolist() == alone.conversations[-1].prompt_ids.tolist()
 
 
+def test_direct_reader_prompt_budget_and_truncation(tiny_agent_policy):
+  tok = tiny_agent_policy.tokenizer
+  doc = " ".join(f"w{i}" for i in range(3000))
+  reader = DirectReader(tiny_agent_policy, answer_tokens=8, context_tokens=1024)
+  with pytest.raises(ValueError, match=r"document 0 has \d+ tokens but only \d+ fit the context window of 1024"):
+    reader.answer("Q?", doc)
+  short = " ".join(f"w{i}" for i in range(50))
+  res = reader.answer("Q?", short)
+  want = tok.chat_text(templates.DIRECT_TEMPLATE.format(prompt="Q?", context=short))
+  assert tok.decode(res.conversations[0].prompt_ids, skip_special_tokens=False) == want
+  assert res.memories == [] and len(res.conversations) == 1 and len(res.conversations[0].response_ids) == 8
+  cut = DirectReader(tiny_agent_policy, answer_tokens=8, context_tokens=1024, truncate=True).answer("Q?", doc)
+  ids = tok.encode(doc)
+  budget = 1024 - 8 - len(tok.encode("Q?")) - reader.segments.fixed_tokens
+  kept = np.concatenate([ids[:budget // 2], ids[len(ids) - (budget - budget // 2):]]).tolist()
+  assert cut.conversations[0].prompt_ids.tolist() == reader.segments.assemble(prompt=tok.encode("Q?"), context=kept)
+  assert cut.document_tokens == len(ids)
+
+
 def test_conversation_batch_rows(tiny_agent_policy):
   agent = MemAgent(tiny_agent_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=5)
   results, batch = agent.rollout(["Q?", "R?"], ["one two three " * 20, "four five " * 8], seed=2)
@@ -151,6 +202,11 @@ def test_conversation_batch_rows(tiny_agent_policy):
     assert batch.prompt_ids[row, -p:].tolist() == conv.prompt_ids.tolist()
     assert batch.response_ids[row][batch.response_mask[row]].tolist() == conv.response_ids.tolist()
     assert (batch.response_mask[row].sum() == (5 if conv.is_final else 8))
+  fixed = ConversationBatch.from_results(results, agent.pad_id, prompt_width=512, response_width=16)
+  assert fixed.prompt_ids.shape == (len(batch), 512) and fixed.response_ids.shape == (len(batch), 16)
+  np.testing.assert_array_equal(fixed.prompt_ids[:, -batch.prompt_ids.shape[1]:], batch.prompt_ids)
+  with pytest.raises(ValueError, match="need prompt width"):
+    ConversationBatch.from_results(results, 0, prompt_width=8)
 
 
 def test_pack_left_matches_numpy():

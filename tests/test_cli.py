@@ -8,7 +8,7 @@ import pytest
 
 from memagent_jax import cli
 
-TINY = ["--model", "random:tiny-smollm2", "--chunk-tokens", "64", "--memory-tokens", "8",
+TINY = ["--question", "What?", "--model", "random:tiny-smollm2", "--chunk-tokens", "64", "--memory-tokens", "8",
         "--answer-tokens", "6", "--quiet"]
 
 
@@ -26,7 +26,7 @@ def test_answer_on_bundled_document_with_the_embedded_model(capsys):
 def test_answer_reads_stdin(capsys, monkeypatch):
   text = "The grass is green. The sky is blue. " * 40
   monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
-  cli.main(["answer", "--doc", "-", "--question", "What is green?", "--show-memory"] + TINY)
+  cli.main(["answer", "--doc", "-", "--show-memory"] + TINY)
   cap = capsys.readouterr()
   n_chunks = int(cap.err.split(" chunks")[0].rsplit(" ", 1)[1])
   assert n_chunks >= 5 and cap.out.count("--- memory after chunk ") == n_chunks
@@ -56,7 +56,8 @@ def test_direct_reading_over_the_context_window(tmp_path):
   long_doc.write_text("The library has fourteen stories. " * 1500)  # about 10K tokens > 8192
   with pytest.raises(SystemExit, match=r"long.txt has \d+ tokens but only \d+ fit the context window "
                                        r"of 8192 tokens"):
-    cli.main(["answer", "--doc", str(long_doc), "--method", "direct"] + TINY)
+    cli.main(["answer", "--doc", str(long_doc), "--method", "direct", "--question", "Q?",
+              "--model", "random:tiny-smollm2", "--answer-tokens", "64"])
 
 
 def test_chunk_and_memory_over_the_context_window(tmp_path):
@@ -64,16 +65,27 @@ def test_chunk_and_memory_over_the_context_window(tmp_path):
   doc.write_text("Some text.")
   with pytest.raises(SystemExit, match=r"memory update needs \d+ tokens \(template \d+ \+ question "
                                        r"\d+ \+ memory 1024 \+ chunk 7000 \+ generation cap 1024\)"):
-    cli.main(["answer", "--doc", str(doc), "--model", "random:tiny-smollm2", "--chunk-tokens", "7000"])
+    cli.main(["answer", "--doc", str(doc), "--question", "Q?", "--model", "random:tiny-smollm2",
+              "--chunk-tokens", "7000"])
+
+
+def test_flags_that_would_do_nothing_are_errors(tmp_path):
+  doc = tmp_path / "d.txt"
+  doc.write_text("Some text.")
+  with pytest.raises(SystemExit, match="--chunk-tokens has no effect with --method direct"):
+    cli.main(["answer", "--doc", str(doc), "--method", "direct"] + TINY)
+  with pytest.raises(SystemExit, match="--truncate applies to --method direct only"):
+    cli.main(["answer", "--doc", str(doc), "--truncate"] + TINY)
 
 
 def test_eval_writes_every_prediction(tmp_path, capsys):
   out = tmp_path / "preds.jsonl"
   cli.main(["eval", "--task", "niah_single_1", "--length", "300", "--n", "3", "--batch-size", "2",
-            "--out", str(out)] + TINY)
+            "--out", str(out)] + TINY[2:])
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert len(rows) == 3 and summary["n"] == 3 and summary["task"] == "niah_single_1"
   assert summary["score"] == pytest.approx(sum(r["score"] for r in rows) / 3)
+  assert 250 < summary["mean_document_tokens"] <= 300
   for r in rows:
     assert r["answers"] and r["question"] and r["num_chunks"] >= 4 and 250 < r["document_tokens"] <= 300

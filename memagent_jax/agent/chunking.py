@@ -1,14 +1,16 @@
 """Documents -> contiguous, non-overlapping token chunks, streamed so length is unbounded.
 
-Text is read and tokenised in pieces cut where a byte-level BPE tokenizer has a token boundary
-anyway (before a word's leading space, after a newline), so streaming gives the same ids as
-tokenising the whole text at once (tested), while host memory stays bounded.
+Text is read and tokenised in pieces, cut only where cutting is verified not to change the ids
+(candidates: after a newline, before a word's leading space; each checked by tokenising its
+neighbourhood joined and split), so streaming gives the same ids as tokenising the whole text
+at once, for any tokenizer, while host memory stays bounded.
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import re
 import sys
 from typing import Iterable, Iterator, Sequence
 
@@ -16,40 +18,59 @@ import numpy as np
 
 PIECE_CHARS = 1 << 16  # text characters tokenised at a time
 READ_BYTES = 1 << 20  # file bytes read at a time
+CUT_MARGIN = 64  # characters of context on each side used to verify a cut
+CUT_TRIES = 16  # candidate cuts verified per window before looking further ahead
+# Candidate cuts: after a single newline between non-spaces, or before " word" after a non-space.
+_CANDIDATE = re.compile(r"(?<=\S\n)(?=\S)|(?<=\S)(?= \S)")
 
 
 class EmptyDocumentError(ValueError):
   """A document with no text to read."""
 
 
-def _safe_cut(text: str, limit: int) -> int:
-  """An index <= limit where the tokenizer's pre-tokenizer splits anyway; 0 if none found."""
-  floor = limit // 2
-  i = text.rfind("\n", floor, limit)
-  while i != -1 and i + 1 < len(text) and text[i + 1].isspace():
-    i = text.rfind("\n", floor, i)
-  if i != -1 and i + 1 < len(text):
-    return i + 1
-  i = text.rfind(" ", floor, limit)
-  while i > 0 and (text[i - 1].isspace() or i + 1 >= len(text) or text[i + 1].isspace()):
-    i = text.rfind(" ", floor, i)
-  return max(i, 0)
+def is_clean_cut(tokenizer, text: str, i: int, margin: int = CUT_MARGIN) -> bool:
+  """True if cutting `text` at i leaves the ids around the cut unchanged (pre-tokenizers and BPE
+  merges only look a few characters around a boundary, so the margin decides it)."""
+  left, right = text[max(0, i - margin):i], text[i:i + margin]
+  return tokenizer.encode(left + right) == tokenizer.encode(left) + tokenizer.encode(right)
 
 
-def split_text(text: str, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
-  """Cuts a string into pieces of about `piece_chars` at tokenizer-safe boundaries."""
+def find_cut(tokenizer, text: str, lo: int, hi: int) -> int:
+  """The last verified clean cut in [lo, hi], or -1."""
+  tries = 0
+  for m in reversed(list(_CANDIDATE.finditer(text, lo, min(len(text), hi + 1)))):
+    i = m.start()
+    if lo < i <= hi:
+      if is_clean_cut(tokenizer, text, i):
+        return i
+      tries += 1
+      if tries == CUT_TRIES:
+        break
+  return -1
+
+
+def split_text(text: str, tokenizer, piece_chars: int = PIECE_CHARS, final: bool = True) -> Iterator[str]:
+  """Cuts a string into pieces of about `piece_chars` at verified clean cuts, so tokenising the
+  pieces gives the same ids as the whole text. Without a clean cut a piece grows (never a blind
+  cut). With final=False the tail (which may continue in unread text) is yielded last, uncut."""
   start = 0
-  while len(text) - start > piece_chars:
-    window = text[start:start + piece_chars + 1]
-    cut = _safe_cut(window, piece_chars) or piece_chars  # no safe boundary: hard cut, nothing lost
-    yield window[:cut]
-    start += cut
+  stop = len(text) if final else len(text) - CUT_MARGIN  # cuts need context on both sides
+  while stop - start > piece_chars:
+    lo, hi = start + piece_chars // 2, start + piece_chars
+    cut = find_cut(tokenizer, text, lo, hi)
+    while cut < 0 and hi < stop:  # no clean boundary here: look further ahead
+      lo, hi = hi, min(stop, hi + piece_chars)
+      cut = find_cut(tokenizer, text, lo, hi)
+    if cut < 0:
+      break
+    yield text[start:cut]
+    start = cut
   if start < len(text):
     yield text[start:]
 
 
-def read_text_pieces(path: str, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
-  """Streams a UTF-8 file ('-' = stdin) as text pieces; errors name the file and the byte offset."""
+def read_text_pieces(path: str, tokenizer, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
+  """Streams a UTF-8 file ('-' = stdin) as clean-cut text pieces; errors name the file and byte."""
   decoder = codecs.getincrementaldecoder("utf-8")("strict")
   offset, pending = 0, ""
   try:
@@ -61,32 +82,27 @@ def read_text_pieces(path: str, piece_chars: int = PIECE_CHARS) -> Iterator[str]
   with contextlib.nullcontext(f) if path == "-" else f:
     while True:
       raw = f.read(READ_BYTES)
+      held = decoder.getstate()[0]  # bytes of a character split across reads
       try:
         pending += decoder.decode(raw, final=not raw)
       except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (invalid byte at offset {offset + e.start}: "
-                         f"{raw[e.start:e.start + 4]!r})") from None
+        data = held + raw
+        raise ValueError(f"{path} is not UTF-8 text (invalid byte at offset "
+                         f"{offset - len(held) + e.start}: {data[e.start:e.start + 4]!r})") from None
       offset += len(raw)
       if not raw:
         break
-      pieces = list(split_text(pending, piece_chars))
+      pieces = list(split_text(pending, tokenizer, piece_chars, final=False))
       pending = pieces.pop() if pieces else ""
       yield from pieces
-  yield from split_text(pending, piece_chars)
-
-
-def supports_streaming(tokenizer) -> bool:
-  """True if tokenising at our cut points gives the same ids as tokenising the whole text."""
-  probe = "Alpha beta.\nGamma delta epsilon"
-  parts = ["Alpha", " beta.\n", "Gamma", " delta", " epsilon"]
-  return tokenizer.encode(probe) == [t for p in parts for t in tokenizer.encode(p)]
+  yield from split_text(pending, tokenizer, piece_chars)
 
 
 def token_stream(tokenizer, pieces: Iterable[str], name: str = "document") -> Iterator[np.ndarray]:
   """Token ids [n] int32 per text piece; raises EmptyDocumentError if there is no text at all."""
   seen_text = False
   for piece in pieces:
-    seen_text = seen_text or not piece.isspace()
+    seen_text = seen_text or bool(piece.strip())
     ids = tokenizer.encode(piece)
     if ids:
       yield np.asarray(ids, np.int32)
@@ -108,15 +124,8 @@ def chunk_stream(token_arrays: Iterable[np.ndarray], chunk_tokens: int) -> Itera
 
 def document_chunks(tokenizer, document: str, chunk_tokens: int, name: str = "document",
                     from_file: bool = False) -> Iterator[np.ndarray]:
-  """Chunks of a document given as text, or as a file path when `from_file`."""
-  if from_file:
-    pieces = read_text_pieces(document)
-  elif supports_streaming(tokenizer):
-    pieces = split_text(document)
-  else:
-    pieces = [document]
-  if from_file and not supports_streaming(tokenizer):
-    pieces = ["".join(pieces)]
+  """Chunks of a document given as text, or as a file path ('-' = stdin) when `from_file`."""
+  pieces = read_text_pieces(document, tokenizer) if from_file else split_text(document, tokenizer)
   return chunk_stream(token_stream(tokenizer, pieces, name), chunk_tokens)
 
 

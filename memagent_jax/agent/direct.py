@@ -39,9 +39,9 @@ class DirectReader:
     return self.context - self.segments.fixed_tokens - question_len - self.answer_tokens
 
   def _prompt(self, question: str, document: str, index: int, from_file: bool):
-    q = self.tokenizer.encode(question)
-    if not question.strip():
+    if not isinstance(question, str) or not question.strip():
       raise ValueError(f"question {index} is empty")
+    q = self.tokenizer.encode(question)
     if len(q) > self.question_tokens:
       raise ValueError(f"question {index} has {len(q)} tokens, over the question budget of "
                        f"{self.question_tokens} tokens")
@@ -64,7 +64,7 @@ class DirectReader:
     return self.segments.assemble(prompt=q, context=kept.tolist()), len(doc)
 
   def answer_batch(self, questions: Sequence[str], documents: Sequence[str], temperature: float = 0.0,
-                   top_p: float = 1.0, top_k: int = 0, seed: int = 0, *,
+                   top_p: float = 1.0, seed: int = 0, *, top_k: int = 0,
                    from_files: bool = False) -> list[AgentResult]:
     if len(questions) != len(documents) or not questions:
       raise ValueError(f"got {len(questions)} questions for {len(documents)} documents")
@@ -85,5 +85,5 @@ class DirectReader:
     return results
 
   def answer(self, question: str, document: str, temperature: float = 0.0, top_p: float = 1.0,
-             top_k: int = 0, seed: int = 0, **kwargs) -> AgentResult:
-    return self.answer_batch([question], [document], temperature, top_p, top_k, seed, **kwargs)[0]
+             seed: int = 0, **kwargs) -> AgentResult:
+    return self.answer_batch([question], [document], temperature, top_p, seed, **kwargs)[0]

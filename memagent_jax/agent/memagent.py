@@ -116,7 +116,7 @@ class MemAgent:
                           use_top_p=params.top_p < 1.0, keep_prompts=keep_prompts)
 
   def answer_batch(self, questions: Sequence[str], documents: Sequence[str], temperature: float = 0.0,
-                   top_p: float = 1.0, top_k: int = 0, seed: int = 0, *, from_files: bool = False,
+                   top_p: float = 1.0, seed: int = 0, *, top_k: int = 0, from_files: bool = False,
                    keep_prompts: bool = True, progress: bool = False) -> list[AgentResult]:
     """Reads documents (texts, or file paths with from_files=True) and answers each question."""
     if isinstance(questions, str) or isinstance(documents, str):
@@ -164,11 +164,10 @@ class MemAgent:
     if not keep_prompts:
       del final["prompt"]
     self._collect(final, conversations, None, is_final=True)
+    from memagent_jax.rl import rewards
     results = []
     for i in range(b):
-      last = conversations[i][-1]
-      answer = self._text(last.response_ids)
-      from memagent_jax.rl import rewards
+      answer = self._text(conversations[i][-1].response_ids)
       results.append(AgentResult(
           question=questions[i], answer=answer, boxed=rewards.extract_boxed(answer),
           prediction=answer_text_to_prediction(answer, self.final_template), memories=memories[i],
@@ -197,12 +196,12 @@ class MemAgent:
           memories[i].append(self._text(conv.response_ids))
 
   def answer(self, question: str, document: str, temperature: float = 0.0, top_p: float = 1.0,
-             top_k: int = 0, seed: int = 0, **kwargs) -> AgentResult:
-    """Reads one document (text) and answers the question about it."""
-    return self.answer_batch([question], [document], temperature, top_p, top_k, seed, **kwargs)[0]
+             seed: int = 0, **kwargs) -> AgentResult:
+    """Reads one document (text; a path with from_files=True) and answers the question about it."""
+    return self.answer_batch([question], [document], temperature, top_p, seed, **kwargs)[0]
 
   def rollout(self, questions, documents, temperature: float = 1.0, top_p: float = 1.0,
               seed: int = 0, **kwargs) -> tuple[list[AgentResult], ConversationBatch]:
     """Sampled trajectories and their conversations batched for training."""
-    results = self.answer_batch(questions, documents, temperature, top_p, seed=seed, **kwargs)
+    results = self.answer_batch(questions, documents, temperature, top_p, seed, **kwargs)
     return results, ConversationBatch.from_results(results, self.pad_id)

@@ -25,7 +25,7 @@ class AgentResult:
   question: str
   answer: str  # final response text
   boxed: str | None  # the extracted \boxed{} content
-  prediction: str  # what the answer claims (boxed, or text after "the answer is")
+  prediction: str | None  # what the answer claims (boxed, or after "the answer is"); None: no format
   memories: list[str]  # memory text after each chunk
   conversations: list[Conversation]  # every memory update in order, then the final answer
   num_chunks: int
@@ -50,7 +50,9 @@ class ConversationBatch:
   turn: np.ndarray  # [R] int32 conversation index within its trajectory
 
   @classmethod
-  def from_results(cls, results: Sequence[AgentResult], pad_id: int) -> "ConversationBatch":
+  def from_results(cls, results: Sequence[AgentResult], pad_id: int, prompt_width: int | None = None,
+                   response_width: int | None = None) -> "ConversationBatch":
+    """Pads to the longest prompt/response, or to fixed widths (static shapes: no recompiles)."""
     convs = [(i, t, c) for i, r in enumerate(results) for t, c in enumerate(r.conversations)]
     if not convs:
       raise ValueError("no conversations to batch")
@@ -58,6 +60,10 @@ class ConversationBatch:
       raise ValueError("these results were run with keep_prompts=False; RL needs the prompts")
     p = max(len(c.prompt_ids) for _, _, c in convs)
     n = max(len(c.response_ids) for _, _, c in convs)
+    if (prompt_width or p) < p or (response_width or n) < n:
+      raise ValueError(f"conversations need prompt width {p} and response width {n}; got "
+                       f"prompt_width={prompt_width}, response_width={response_width}")
+    p, n = prompt_width or p, response_width or n
     r = len(convs)
     out = cls(np.full((r, p), pad_id, np.int32), np.zeros(r, np.int32),
               np.full((r, n), pad_id, np.int32), np.zeros((r, n), bool),

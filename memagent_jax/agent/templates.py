@@ -111,11 +111,10 @@ class TemplateSegments:
     return out + self.pieces[-1].tolist()
 
 
-def answer_text_to_prediction(answer: str, final_template: str) -> str:
-  """What the final answer claims: boxed content (training variant) or text after 'the answer is'."""
+def answer_text_to_prediction(answer: str, final_template: str) -> str | None:
+  """What the final answer claims: the boxed content (training variant) or the text after the
+  last 'the answer is' (evaluation variant); None when the answer does not follow its format."""
   from memagent_jax.rl import rewards
   if final_template == "eval":
-    found = rewards.answer_after_marker(answer)
-  else:
-    found = rewards.extract_boxed(answer)
-  return answer.strip() if found is None else found
+    return rewards.answer_after_marker(answer)
+  return rewards.extract_boxed(answer)
