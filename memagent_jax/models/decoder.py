@@ -18,6 +18,8 @@ from memagent_jax.models.config import ModelConfig
 # Prefill attention runs in query blocks of this many tokens, each against only the keys it
 # can see (causal), which halves attention FLOPs and keeps score tensors small.
 QUERY_BLOCK = 512
+# Square (prefill) attention longer than this runs block by block in a loop (bounded memory).
+SCAN_PREFILL_FROM = 8192
 # A very negative (finite) score so fully masked rows give a uniform softmax, never NaN.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -99,13 +101,34 @@ class Attention(nnx.Module):
       s = mask.shape[-1]
       k, v = cache.k[:, :, :s].astype(x.dtype), cache.v[:, :, :s].astype(x.dtype)
     t, s = q.shape[1], mask.shape[-1]
-    if t == s and t > QUERY_BLOCK:  # square masks are causal: skip key blocks after each query block
+    if t == s and t > SCAN_PREFILL_FROM:  # long: bounded memory (all keys per block, 2x FLOPs)
+      out = causal_attend_scan(q, k, v, mask[:, -1, :])
+    elif t == s and t > QUERY_BLOCK:  # square masks are causal: skip key blocks after each query block
       out = jnp.concatenate([
           attend(q[:, i:i + QUERY_BLOCK], k[:, :, :i + QUERY_BLOCK], v[:, :, :i + QUERY_BLOCK],
                  mask[:, i:i + QUERY_BLOCK, :i + QUERY_BLOCK]) for i in range(0, t, QUERY_BLOCK)], axis=1)
     else:
       out = attend(q, k, v, mask)
     return jnp.einsum("bthd,hde->bte", out, self.o[...]), cache
+
+
+def causal_attend_scan(q, k, v, key_valid):
+  """Causal attention one query block at a time inside `lax.map`, each block against all keys
+  with its mask built from key_valid [B, S]: memory O(block x S) instead of O(S^2), since XLA
+  keeps every unrolled block's scores alive at once (2.6 GB at 16K tokens for a tiny model)."""
+  b, t, h, d = q.shape
+  n = -(-t // QUERY_BLOCK)
+  qp = jnp.pad(q, ((0, 0), (0, n * QUERY_BLOCK - t), (0, 0), (0, 0)))  # rows past t are dropped
+  qb = qp.reshape(b, n, QUERY_BLOCK, h, d).swapaxes(0, 1)  # [n, B, QB, H, D]
+
+  def block(args):
+    i, qi = args
+    rows = i * QUERY_BLOCK + jnp.arange(QUERY_BLOCK)
+    m = (rows[:, None] >= jnp.arange(t)[None, :])[None] & key_valid[:, None, :]  # [B, QB, S]
+    return attend(qi, k, v, m)
+
+  out = jax.lax.map(block, (jnp.arange(n), qb))  # [n, B, QB, H, D]
+  return out.swapaxes(0, 1).reshape(b, n * QUERY_BLOCK, h, d)[:, :t]
 
 
 def attend(q, k, v, mask):
