@@ -57,13 +57,12 @@ def worker(kind: str, n: int) -> dict:
       per = len(policy.tokenizer.encode(SENTENCE))
       for _ in range(max(1, n // per) // 1000):
         f.write(SENTENCE * 1000)
-    rss_before = peak_rss_mb()
     t = time.perf_counter()
     cli.main(["answer", "--doc", path, "--question", q, "--model", "random:tiny-smollm2",
               "--chunk-tokens", str(CHUNK * 4), "--memory-tokens", str(MEMORY),
               "--answer-tokens", str(ANSWER), "--block-chunks", str(BLOCK), "--quiet"])
     return dict(kind=kind, tokens=n, seconds=time.perf_counter() - t, rss_mb=peak_rss_mb(),
-                rss_before_mb=rss_before, file_mb=os.path.getsize(path) / 2**20)
+                file_mb=os.path.getsize(path) / 2**20)
   if kind == "interleaved":  # 8 chunks vs n chunks alternately in one process, min of 3 each
     reader = mj.MemAgent(policy, CHUNK, MEMORY, ANSWER, block_chunks=BLOCK)
     docs = {8: document(policy.tokenizer, 8 * CHUNK), n // CHUNK: document(policy.tokenizer, n)}
@@ -156,7 +155,6 @@ def main():
            "Times exclude compilation (one warm-up call); each point is a fresh process.", "",
            "| document tokens | chunks | MemAgent s | ms / chunk | vs 8 chunks | MemAgent peak RSS MB "
            "| direct s | direct peak RSS MB |", "|---|---|---|---|---|---|---|---|"]
-  by_tokens = {r["tokens"]: r for r in dirs}
   for r in mem:
     per = r["seconds"] / r["chunks"]
     d = min(dirs, key=lambda x: abs(x["tokens"] - r["tokens"]))
@@ -177,7 +175,6 @@ def main():
   for r in cli_rows:
     lines.append(f"| {r['tokens']} | {r.get('file_mb', 0):.1f} | {r.get('seconds', 0):.1f} | "
                  f"{r.get('rss_mb', 0):.0f} |" if "error" not in r else f"| {r['tokens']} | error: {r['error']} |")
-  del by_tokens
   for r in results:
     if r["kind"] == "interleaved" and "error" not in r:
       (a, ta), (b, tb) = r["ms_per_chunk"].items()

@@ -103,11 +103,7 @@ class Policy:
     ids = [tok.apply_chat_template(p) if chat else tok.encode(p, add_special_tokens=True)
            for p in prompts]
     out = self.sample(ids, max_new_tokens, sampling.SamplingParams(temperature, top_p, top_k), seed)
-    stops = set(self.default_stop_tokens())
-    texts = []
-    for row, n in zip(out.tokens, out.lengths):
-      texts.append(tok.decode([t for t in row[:n] if t not in stops]))
-    return texts
+    return [tok.decode_response(row[:n]) for row, n in zip(out.tokens, out.lengths)]
 
   def export(self, out_dir: str, dtype: str = "float32"):
     """Writes an HF safetensors directory that transformers loads with equal logits."""

@@ -32,6 +32,11 @@ class Tokenizer:
   def decode(self, ids, skip_special_tokens: bool = True) -> str:
     return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+  def decode_response(self, ids) -> str:
+    """Generated ids -> text, without the stop tokens (and other special tokens)."""
+    stops = set(self.stop_token_ids)
+    return self.decode([int(t) for t in ids if int(t) not in stops])
+
   def chat_text(self, user_text: str) -> str:
     """One user turn wrapped by the chat template, ending with the generation prompt."""
     return self.hf.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,

@@ -8,7 +8,7 @@ import pytest
 
 from memagent_jax.data import haystack, ruler
 from memagent_jax.data.fitting import fit_size
-from memagent_jax.data.tokens import cached_tokenizer
+from memagent_jax.models.loading import load_tokenizer
 
 NEEDLE_RE = re.compile(r"One of the special magic (numbers|uuids|words) for (\S+) is: (\S+)\.")
 NIAH = [t for t in ruler.TASKS if t.startswith("niah")]
@@ -17,7 +17,7 @@ NIAH = [t for t in ruler.TASKS if t.startswith("niah")]
 @pytest.fixture(scope="module")
 def tok():
   """The embedded SmolLM2 tokenizer (`load_tokenizer()`, cached once per process)."""
-  return cached_tokenizer()
+  return load_tokenizer()
 
 
 def _queried_keys(question: str) -> list[str]:

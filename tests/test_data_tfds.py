@@ -9,7 +9,7 @@ import tensorflow_datasets as tfds
 
 from memagent_jax.data import longqa, pipeline, ruler
 from memagent_jax.data import tfds_builders as tb
-from memagent_jax.data.tokens import cached_tokenizer
+from memagent_jax.models.loading import load_tokenizer
 
 SQUAD_DIR = os.path.join(os.path.dirname(__file__), "data", "squad_sample")
 N = 6
@@ -42,7 +42,7 @@ def test_written_as_array_record_without_tensorflow(ruler_dir):
 def test_records_equal_the_generator(source):
   assert len(source) == N
   records = sorted((pipeline.to_python(source[i]) for i in range(N)), key=lambda r: r["index"])
-  expected = ruler.generate("niah_multivalue", 1024, n=N, seed=5, tokenizer=cached_tokenizer())
+  expected = ruler.generate("niah_multivalue", 1024, n=N, seed=5, tokenizer=load_tokenizer())
   for r, e in zip(records, expected):
     assert isinstance(r["context"], str) and isinstance(r["answers"][0], str)
     for k in ("question", "context", "answers", "task", "length", "num_tokens", "seed", "index"):

@@ -11,9 +11,10 @@ from typing import Sequence
 import numpy as np
 
 from memagent_jax.agent import chunking
-from memagent_jax.agent.memagent import ContextBudgetError
+from memagent_jax.agent.memagent import ContextBudgetError, encode_question
 from memagent_jax.agent.results import AgentResult, Conversation
 from memagent_jax.agent.templates import DIRECT_TEMPLATE, TemplateSegments, answer_text_to_prediction
+from memagent_jax.rl import rewards
 from memagent_jax.sampling import SamplingParams
 
 
@@ -32,21 +33,17 @@ class DirectReader:
       raise ValueError(f"context_tokens={self.context} exceeds the model's context window of "
                        f"{policy.config.max_position_embeddings}")
     self.segments = TemplateSegments.build(self.tokenizer, DIRECT_TEMPLATE)
-    self.stop_tokens = set(policy.default_stop_tokens())
 
   def document_budget(self, question_len: int) -> int:
     """Most document tokens that fit beside the template, the question and the answer cap."""
     return self.context - self.segments.fixed_tokens - question_len - self.answer_tokens
 
   def _prompt(self, question: str, document: str, index: int, from_file: bool):
-    if not isinstance(question, str) or not question.strip():
-      raise ValueError(f"question {index} is empty")
-    q = self.tokenizer.encode(question)
-    if len(q) > self.question_tokens:
-      raise ValueError(f"question {index} has {len(q)} tokens, over the question budget of "
-                       f"{self.question_tokens} tokens")
+    q = encode_question(self.tokenizer, question, index, self.question_tokens)
     name = document if from_file else f"document {index}"
-    doc = np.concatenate(list(chunking.document_chunks(self.tokenizer, document, 1 << 16, name, from_file)))
+    pieces = (chunking.read_text_pieces(document, self.tokenizer) if from_file
+              else chunking.split_text(document, self.tokenizer))
+    doc = np.concatenate(list(chunking.token_stream(self.tokenizer, pieces, name)))
     budget = self.document_budget(len(q))
     if budget < 1:
       raise ContextBudgetError(f"question {index}: template {self.segments.fixed_tokens} + question "
@@ -73,13 +70,12 @@ class DirectReader:
     longest = max(len(p) for p in prompts)
     gen = self.policy.sample(prompts, self.answer_tokens, SamplingParams(temperature, top_p, top_k),
                              seed, cache_size=longest + self.answer_tokens)
-    from memagent_jax.rl import rewards
     results = []
     for i, (prompt, n_doc) in enumerate(built):
       n = int(gen.lengths[i])
       conv = Conversation(np.asarray(prompt, np.int32), gen.tokens[i, :n], gen.logprobs[i, :n],
                           gen.sample_logprobs[i, :n], truncated=not bool(gen.stopped[i]), is_final=True)
-      answer = self.tokenizer.decode([int(t) for t in conv.response_ids if int(t) not in self.stop_tokens])
+      answer = self.tokenizer.decode_response(conv.response_ids)
       results.append(AgentResult(questions[i], answer, rewards.extract_boxed(answer),
                                  answer_text_to_prediction(answer, "boxed"), [], [conv], 0, n_doc))
     return results

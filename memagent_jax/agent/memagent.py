@@ -21,6 +21,7 @@ from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_b
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
 from memagent_jax.agent.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
                                           TemplateSegments, answer_text_to_prediction)
+from memagent_jax.rl import rewards
 from memagent_jax.sampling import SamplingParams, round_up
 
 QUESTION_BUCKET = 32  # question widths are padded to a multiple of this to bound recompiles
@@ -28,6 +29,17 @@ QUESTION_BUCKET = 32  # question widths are padded to a multiple of this to boun
 
 class ContextBudgetError(ValueError):
   """A prompt plus its generation cap does not fit the model's context window."""
+
+
+def encode_question(tokenizer, question: str, index: int, budget: int) -> list[int]:
+  """Question ids; an empty question or one over the budget is an error (never truncated)."""
+  if not isinstance(question, str) or not question.strip():
+    raise ValueError(f"question {index} is empty")
+  ids = tokenizer.encode(question)
+  if len(ids) > budget:
+    raise ValueError(f"question {index} has {len(ids)} tokens, over the question budget of "
+                     f"{budget} tokens (questions are never truncated)")
+  return ids
 
 
 class MemAgent:
@@ -52,6 +64,8 @@ class MemAgent:
     self.final_template = final_template
     self.memory_segments = TemplateSegments.build(tok, MEMORY_TEMPLATE)
     self.final_segments = TemplateSegments.build(tok, FINAL_TEMPLATES[final_template])
+    self._memory_pieces = tuple(jnp.asarray(p) for p in self.memory_segments.pieces)  # on device once
+    self._final_pieces = tuple(jnp.asarray(p) for p in self.final_segments.pieces)
     self.initial_memory = np.asarray(tok.encode(NO_MEMORY), np.int32)
     self.memory_width = max(memory_tokens, len(self.initial_memory))  # M: memory buffer width
     self.stop_tokens = tuple(policy.default_stop_tokens())
@@ -81,15 +95,7 @@ class MemAgent:
                                  f"window is {self.context} tokens; lower chunk_tokens/memory_tokens/answer_tokens")
 
   def _question_ids(self, questions: Sequence[str]):
-    ids = []
-    for i, q in enumerate(questions):
-      if not isinstance(q, str) or not q.strip():
-        raise ValueError(f"question {i} is empty")
-      qi = self.tokenizer.encode(q)
-      if len(qi) > self.question_tokens:
-        raise ValueError(f"question {i} has {len(qi)} tokens, over the question budget of "
-                         f"{self.question_tokens} tokens (questions are never truncated)")
-      ids.append(qi)
+    ids = [encode_question(self.tokenizer, q, i, self.question_tokens) for i, q in enumerate(questions)]
     longest = max(len(q) for q in ids)
     self.check_budget(longest)
     width = round_up(longest, QUESTION_BUCKET)
@@ -138,7 +144,6 @@ class MemAgent:
     conversations = [[] for _ in range(b)]
     memories = [[] for _ in range(b)]
     doc_tokens = np.zeros(b, np.int64)
-    mem_pieces = tuple(jnp.asarray(p) for p in self.memory_segments.pieces)
     bar = tqdm(desc="reading", unit="tok", unit_scale=True, disable=not progress, leave=False)
     while True:
       rows = [list(itertools.islice(s, self.block_chunks)) for s in streams]
@@ -146,15 +151,14 @@ class MemAgent:
         break
       chunks, lengths = chunking.pack_chunks(rows, self.block_chunks, self.chunk_tokens, self.pad_id)
       memory, mem_len, key, outs = memory_block(
-          pol.graphdef, pol.state, mem_pieces, jnp.asarray(question), jnp.asarray(q_len), memory,
+          pol.graphdef, pol.state, self._memory_pieces, jnp.asarray(question), jnp.asarray(q_len), memory,
           mem_len, jnp.asarray(chunks), jnp.asarray(lengths), key, temp, tp, spec=spec)
       outs = jax.device_get(outs)
       self._collect(outs, conversations, memories, is_final=False)
       doc_tokens += lengths.sum(axis=1)
       bar.update(int(lengths.sum()))
     bar.close()
-    fin_pieces = tuple(jnp.asarray(p) for p in self.final_segments.pieces)
-    prompt, valid, gen = answer_block(pol.graphdef, pol.state, fin_pieces, jnp.asarray(question),
+    prompt, valid, gen = answer_block(pol.graphdef, pol.state, self._final_pieces, jnp.asarray(question),
                                       jnp.asarray(q_len), memory, mem_len, key, temp, tp, spec=spec)
     prompt, valid, gen = jax.device_get((prompt, valid, gen))
     final = dict(response=gen.tokens[None], logprobs=gen.logprobs[None],
@@ -164,19 +168,14 @@ class MemAgent:
     if not keep_prompts:
       del final["prompt"]
     self._collect(final, conversations, None, is_final=True)
-    from memagent_jax.rl import rewards
     results = []
     for i in range(b):
-      answer = self._text(conversations[i][-1].response_ids)
+      answer = self.tokenizer.decode_response(conversations[i][-1].response_ids)
       results.append(AgentResult(
           question=questions[i], answer=answer, boxed=rewards.extract_boxed(answer),
           prediction=answer_text_to_prediction(answer, self.final_template), memories=memories[i],
           conversations=conversations[i], num_chunks=len(memories[i]), document_tokens=int(doc_tokens[i])))
     return results
-
-  def _text(self, ids) -> str:
-    stops = set(self.stop_tokens)
-    return self.tokenizer.decode([int(t) for t in ids if int(t) not in stops])
 
   def _collect(self, outs, conversations, memories, is_final: bool):
     """Per-step stacked outputs [K, B, ...] -> Conversations of the active rows, in order."""
@@ -193,7 +192,7 @@ class MemAgent:
             truncated=not bool(outs["stopped"][k, i]), is_final=is_final)
         conversations[i].append(conv)
         if memories is not None:
-          memories[i].append(self._text(conv.response_ids))
+          memories[i].append(self.tokenizer.decode_response(conv.response_ids))
 
   def answer(self, question: str, document: str, temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, **kwargs) -> AgentResult:

@@ -12,6 +12,8 @@ import re
 
 import numpy as np
 
+from memagent_jax.rl import rewards
+
 NO_MEMORY = "No previous memory"
 
 MEMORY_TEMPLATE = """You are presented with a problem, a section of an article that may contain the answer to the problem, and a previous memory. Please read the provided section carefully and update the memory with the new information that helps to answer the problem. Be sure to retain all relevant details from the previous memory while adding any new, useful information.
@@ -44,19 +46,12 @@ FINAL_TEMPLATE_BOXED = """You are presented with a problem and a previous memory
 Your answer:
 """
 
-# The released evaluation variant: the answer is the text after the last "the answer is".
-FINAL_TEMPLATE_EVAL = """You are presented with a problem and a previous memory. Please answer the problem based on the previous memory and format your response as follows "Therefore, the answer is (insert answer here)".
-
-<problem> 
-{prompt}
-</problem>
-
-<memory>
-{memory}
-</memory>
-
-Your answer:
-"""
+# The released evaluation variant replaces the instruction sentence; its answer is the text
+# after the last "the answer is".
+BOXED_INSTRUCTION = "put the answer in \\boxed{{}}."
+EVAL_INSTRUCTION = ('format your response as follows "Therefore, the answer is (insert answer '
+                    'here)".')
+FINAL_TEMPLATE_EVAL = FINAL_TEMPLATE_BOXED.replace(BOXED_INSTRUCTION, EVAL_INSTRUCTION)
 
 # Baseline without memory: the whole (or centre-truncated) document in one prompt.
 DIRECT_TEMPLATE = """You are presented with a problem and an article that may contain the answer to the problem. Please read the article carefully and answer the problem based on it and put the answer in \\boxed{{}}.
@@ -114,7 +109,6 @@ class TemplateSegments:
 def answer_text_to_prediction(answer: str, final_template: str) -> str | None:
   """What the final answer claims: the boxed content (training variant) or the text after the
   last 'the answer is' (evaluation variant); None when the answer does not follow its format."""
-  from memagent_jax.rl import rewards
   if final_template == "eval":
     return rewards.answer_after_marker(answer)
   return rewards.extract_boxed(answer)

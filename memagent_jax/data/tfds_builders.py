@@ -52,6 +52,16 @@ class _LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     return epath.Path(__file__)
 
 
+def _sample_features(**extra) -> tfds.features.FeaturesDict:
+  """Every task's question / context / answers, plus its own metadata fields."""
+  return tfds.features.FeaturesDict({
+      "question": tfds.features.Text(),
+      "context": tfds.features.Text(),
+      "answers": tfds.features.Sequence(tfds.features.Text()),
+      **extra,
+  })
+
+
 @dataclasses.dataclass(eq=False)
 class RulerConfig(tfds.core.BuilderConfig):
   """One (task, length) set; name it e.g. `niah_single_1_8k`."""
@@ -80,16 +90,8 @@ class Ruler(_LocalBuilder):
     return tfds.core.DatasetInfo(
         builder=self,
         description="RULER-style synthetic tasks (arXiv 2404.06654) fitted to a token length.",
-        features=tfds.features.FeaturesDict({
-            "question": tfds.features.Text(),
-            "context": tfds.features.Text(),
-            "answers": tfds.features.Sequence(tfds.features.Text()),
-            "task": tfds.features.Text(),
-            "length": np.int64,
-            "num_tokens": np.int64,
-            "seed": np.int64,
-            "index": np.int64,
-        }),
+        features=_sample_features(task=tfds.features.Text(), length=np.int64, num_tokens=np.int64,
+                                  seed=np.int64, index=np.int64),
         homepage="https://github.com/NVIDIA/RULER",
     )
 
@@ -147,14 +149,7 @@ class LongQA(_LocalBuilder):
     return tfds.core.DatasetInfo(
         builder=self,
         description="Questions hidden among many paragraphs, rendered as 'Document {i}:' blocks.",
-        features=tfds.features.FeaturesDict({
-            "question": tfds.features.Text(),
-            "context": tfds.features.Text(),
-            "answers": tfds.features.Sequence(tfds.features.Text()),
-            "id": tfds.features.Text(),
-            "num_docs": np.int64,
-            "index": np.int64,
-        }),
+        features=_sample_features(id=tfds.features.Text(), num_docs=np.int64, index=np.int64),
         homepage="https://arxiv.org/abs/2507.02259",
     )
 

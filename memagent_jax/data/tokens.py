@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Union
 
 
@@ -17,18 +16,12 @@ def whitespace_count(text: str) -> int:
   return len(text.split())
 
 
-@functools.lru_cache(maxsize=4)
-def cached_tokenizer(source: str = DEFAULT_TOKENIZER):
-  """`load_tokenizer(source)` once per process (the embedded one takes seconds to build)."""
-  from memagent_jax.models.loading import load_tokenizer
-  return load_tokenizer(source)
-
-
 def counter_from_name(name: str) -> Callable[[str], int]:
   """'whitespace' or a model source that `load_tokenizer` accepts -> a counter."""
   if name == WHITESPACE:
     return whitespace_count
-  return as_counter(cached_tokenizer(name))
+  from memagent_jax.models.loading import load_tokenizer  # lazy: keeps data imports light
+  return as_counter(load_tokenizer(name))
 
 
 class TokenCounter:
@@ -36,7 +29,8 @@ class TokenCounter:
 
   def __init__(self, tokenizer_or_counter: TokenizerOrCounter | None = None):
     if tokenizer_or_counter is None:
-      tokenizer_or_counter = cached_tokenizer()
+      from memagent_jax.models.loading import load_tokenizer
+      tokenizer_or_counter = load_tokenizer(DEFAULT_TOKENIZER)
     if isinstance(tokenizer_or_counter, TokenCounter):
       tokenizer_or_counter = tokenizer_or_counter.count
     self._fn = as_counter(tokenizer_or_counter)

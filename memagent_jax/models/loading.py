@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -68,8 +69,10 @@ def _download(hub_id: str) -> str:
                        f"{e}); on an offline machine pass a local model directory or .gguf file") from None
 
 
+@functools.lru_cache(maxsize=8)
 def load_tokenizer(source: str = EMBEDDED_DEFAULT):
-  """Only the tokenizer of a model source (embedded default, HF dir or .gguf); no weights read."""
+  """Only the tokenizer of a model source (embedded default, HF dir or .gguf); no weights read.
+  Cached per source: building one takes seconds, and tokenizers are read-only."""
   from memagent_jax.tokenization import Tokenizer
   key = source.lower()
   if key == EMBEDDED_DEFAULT:
