@@ -28,6 +28,7 @@ setup(
         "array_record==0.8.6",
         "tqdm>=4.66",
         "matplotlib>=3.8",
+        "tensorboardX==2.6.5",  # TensorBoard event files without TensorFlow
     ],
     extras_require={
         # torch (+ accelerate, which transformers needs to read GGUF) is only the reference

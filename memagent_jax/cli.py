@@ -1,4 +1,5 @@
-"""`memagent` command line: `answer` reads a document with the memory agent; `eval` scores a task."""
+"""`memagent` command line: `answer` reads a document with the memory agent; `eval` scores a task;
+`export` writes a training checkpoint as a transformers model directory."""
 
 from __future__ import annotations
 
@@ -93,6 +94,19 @@ def cmd_eval(args) -> int:
   return 0
 
 
+def cmd_export(args) -> int:
+  """Exports the params of a checkpoint step (latest complete one by default) to an HF dir."""
+  from memagent_jax import checkpointing
+  try:
+    step = checkpointing.export_checkpoint(args.ckpt, args.out, step=args.step, dtype=args.dtype)
+  except (ValueError, FileNotFoundError, checkpointing.CheckpointCorruptError) as e:
+    _fail(str(e))
+  except KeyError as e:  # an unknown tokenizer_source recorded in the checkpoint
+    _fail(str(e.args[0]))
+  print(f"[memagent] exported step {step} of {args.ckpt} to {args.out}", file=sys.stderr)
+  return 0
+
+
 def _common(p: argparse.ArgumentParser):
   p.add_argument("--model", default="smollm2-135m-instruct",
                  help="embedded default, preset/hub id, random:<preset>, HF directory or .gguf file")
@@ -129,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
   e.add_argument("--out", help="JSONL of every prediction (default eval_<task>_<length>_<method>.jsonl)")
   _common(e)
   e.set_defaults(func=cmd_eval)
+  x = sub.add_parser("export", help="write a training checkpoint as a transformers model directory")
+  x.add_argument("--ckpt", required=True, help="checkpoint directory written by training")
+  x.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
+  x.add_argument("--step", type=int, help="checkpoint step (default: the latest complete one)")
+  x.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  x.set_defaults(func=cmd_export)
   return parser
 
 

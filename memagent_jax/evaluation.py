@@ -3,7 +3,8 @@
 RULER tasks are scored with string_match_all (paper Eq. 7) on the extracted answer, or on the
 whole response when it has none (RULER's convention); QA tasks with sub_em (the paper's test
 metric) on the extracted answer only (no \\boxed{} / "the answer is" = wrong), with EM and token
-F1 logged beside it.
+F1 logged beside it; the toy task (data.toy) with exact match of the extracted answer, sub_em
+beside it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ QA_FILES = {"squad": ("dev-v1.1.json", "train-v1.1.json"),
 
 
 def task_names() -> list[str]:
-  from memagent_jax.data import ruler
-  return list(ruler.TASKS) + list(QA_TASKS)
+  from memagent_jax.data import ruler, toy
+  return list(ruler.TASKS) + list(QA_TASKS) + [toy.TASK]
 
 
 def _qa_file(task: str, data_dir: str | None) -> str:
@@ -42,9 +43,11 @@ def _qa_file(task: str, data_dir: str | None) -> str:
 def make_samples(task: str, length: int, n: int, seed: int, tokenizer,
                  data_dir: str | None = None) -> list[dict]:
   """n samples whose contexts have about `length` tokens (RULER: fitted; QA: padded documents)."""
-  from memagent_jax.data import longqa, ruler
+  from memagent_jax.data import longqa, ruler, toy
   if task in ruler.TASKS:
     return ruler.generate(task, length, n, seed, tokenizer)
+  if task == toy.TASK:  # lengths in toy (word) tokens, whatever the tokenizer
+    return toy.generate(n, length, seed)
   if task not in QA_TASKS:
     raise ValueError(f"unknown task {task!r}; known: {', '.join(task_names())}")
   path = _qa_file(task, data_dir)
@@ -61,9 +64,11 @@ def make_samples(task: str, length: int, n: int, seed: int, tokenizer,
 
 def score(task: str, result, answers: list[str]) -> dict[str, float]:
   """Scores an AgentResult against the reference answers."""
-  from memagent_jax.data import ruler
+  from memagent_jax.data import ruler, toy
   from memagent_jax.rl import rewards
   prediction = result.prediction
+  if task == toy.TASK:  # one-word answers: exact match of the extracted answer
+    return {"score": rewards.exact_match(prediction, answers), "sub_em": rewards.sub_em(prediction, answers)}
   if task in ruler.TASKS:
     return {"score": rewards.string_match_all(result.answer if prediction is None else prediction, answers)}
   return {"score": rewards.sub_em(prediction, answers), "em": rewards.exact_match(prediction, answers),

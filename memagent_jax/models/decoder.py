@@ -188,12 +188,18 @@ class Decoder(nnx.Module):
     self.lm_head = (None if cfg.tie_word_embeddings else
                     _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
 
-  def __call__(self, tokens, positions, mask, cache=None, write_index=0):
-    """tokens, positions [B, T]; mask [B, T, S] -> (hidden [B, T, E], new cache list or None)."""
+  def __call__(self, tokens, positions, mask, cache=None, write_index=0, remat: bool = False):
+    """tokens, positions [B, T]; mask [B, T, S] -> (hidden [B, T, E], new cache list or None).
+
+    remat=True (training, no cache) recomputes each block's activations in the backward pass
+    instead of storing them: memory per layer drops to its input."""
     x = jnp.take(self.embed[...], tokens, axis=0)
     cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
     new_cache = [] if cache is not None else None
     for i, layer in enumerate(self.layers):
+      if remat and cache is None:
+        x = nnx.remat(lambda blk, h: blk(h, cos, sin, mask, None, 0)[0])(layer, x)
+        continue
       x, layer_cache = layer(x, cos, sin, mask, None if cache is None else cache[i], write_index)
       if cache is not None:
         new_cache.append(layer_cache)

@@ -23,8 +23,16 @@ HUB_IDS = {
     "qwen2.5-7b-instruct": "Qwen/Qwen2.5-7B-Instruct",
     "qwen2.5-14b-instruct": "Qwen/Qwen2.5-14B-Instruct",
 }
-# Random-weight presets sharing the embedded model's vocabulary get its tokenizer.
-RANDOM_WITH_EMBEDDED_TOKENIZER = ("smollm2-135m-instruct", "tiny-smollm2")
+# The toy world's word-level tokenizer (memagent_jax.word_tokenizer).
+TOY_TOKENIZER = "toy-words"
+# Random-weight presets sharing a known vocabulary get that tokenizer (a load_tokenizer source).
+RANDOM_WITH_TOKENIZER = {"smollm2-135m-instruct": EMBEDDED_DEFAULT, "tiny-smollm2": EMBEDDED_DEFAULT,
+                         "toy-1m": TOY_TOKENIZER, "toy-tiny": TOY_TOKENIZER}
+
+
+def tokenizer_source_for_preset(preset: str) -> str | None:
+  """The load_tokenizer source attached to `random:<preset>`, or None (no tokenizer)."""
+  return RANDOM_WITH_TOKENIZER.get(preset.lower())
 
 
 def embedded_gguf_path() -> str:
@@ -71,12 +79,15 @@ def _download(hub_id: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(source: str = EMBEDDED_DEFAULT):
-  """Only the tokenizer of a model source (embedded default, HF dir or .gguf); no weights read.
+  """Only the tokenizer of a model source (embedded default, toy-words, HF dir or .gguf); no weights read.
   Cached per source: building one takes seconds, and tokenizers are read-only."""
   from memagent_jax.tokenization import Tokenizer
   key = source.lower()
   if key == EMBEDDED_DEFAULT:
     return Tokenizer.from_dir(convert_gguf(embedded_gguf_path()))
+  if key == TOY_TOKENIZER:
+    from memagent_jax.word_tokenizer import toy_tokenizer
+    return toy_tokenizer()
   if key.endswith(".gguf"):
     return Tokenizer.from_dir(convert_gguf(source))
   if os.path.isdir(source):
@@ -86,7 +97,8 @@ def load_tokenizer(source: str = EMBEDDED_DEFAULT):
 
 def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0):
   """Loads a Policy from the embedded default, a preset name, a local HF dir, a .gguf file,
-  a hub id, or `random:<preset>` (random weights, no tokenizer; for tests and benchmarks)."""
+  a hub id, or `random:<preset>` (random weights for tests, benchmarks and the toy world; only
+  presets sharing a known vocabulary get a tokenizer)."""
   dt = _dtype(dtype)
   key = source.lower()
   if key == EMBEDDED_DEFAULT:
@@ -95,7 +107,8 @@ def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0):
     from memagent_jax.policy import Policy
     preset = source.split(":", 1)[1].lower()
     cfg = get_preset(preset)
-    tok = load_tokenizer() if preset in RANDOM_WITH_EMBEDDED_TOKENIZER else None
+    source_tok = tokenizer_source_for_preset(preset)
+    tok = load_tokenizer(source_tok) if source_tok else None
     return Policy(Decoder(cfg, dt, rngs=nnx.Rngs(seed)), tok, name=source)
   if os.path.isdir(source):
     return _load_hf_dir(source, dt, source)

@@ -1,2 +1,4 @@
-"""RL pieces of MemAgent: rule-based rewards and evaluation metrics for the final answer."""
+"""RL pieces of MemAgent: rewards and metrics, group advantages, and token-level losses."""
+from memagent_jax.rl import advantages
+from memagent_jax.rl import losses
 from memagent_jax.rl import rewards

@@ -1,0 +1,72 @@
+"""Defaults shared by every training config; experiment files override what differs.
+
+Every field is read by the trainer (`memagent_jax/rl/trainer.py`); a field that nothing
+reads would be a flag that does nothing, so there are none.
+"""
+
+import ml_collections
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  del variant
+  c = ml_collections.ConfigDict()
+
+  c.model = ml_collections.ConfigDict(dict(
+      source="random:tiny-smollm2",  # load_policy source: preset, HF dir, .gguf, hub id, random:<preset>
+      dtype="float32",  # float32 on CPU; bfloat16 on accelerators
+      seed=0,  # init seed for random:<preset>
+      remat=False,  # recompute block activations in the backward pass (saves memory)
+  ))
+  c.agent = ml_collections.ConfigDict(dict(
+      chunk_tokens=5000, memory_tokens=1024, answer_tokens=1024, question_tokens=1024,
+      final_template="boxed", block_chunks=8,
+      max_chunks=0,  # training-time centre truncation to this many chunks; 0 = read everything
+  ))
+  c.data = ml_collections.ConfigDict(dict(
+      task="niah_single_1",  # a memagent_jax.evaluation task (RULER, squad, hotpotqa, toy)
+      length=4096,  # context tokens of training documents
+      data_dir="",  # local corpus for QA tasks
+      train_size=1024,  # questions in the training pool (reshuffled every epoch)
+      seed=0,
+  ))
+  c.rl = ml_collections.ConfigDict(dict(
+      group_size=16,  # G trajectories per question
+      questions_per_step=128,
+      ppo_mini_batch=8,  # questions per optimizer update -> questions_per_step / ppo_mini_batch updates
+      micro_batches=1,  # gradient accumulation per update
+      rollout_batch=256,  # trajectories per agent call (a multiple of group_size)
+      temperature=1.0, top_p=1.0,
+      reward="memagent_verifier",
+      advantage="mean_centred",  # released MemAgent: r - mean; "grpo": (r - mean) / (std + eps)
+      eps=1e-6,
+      loss="ppo_clip", agg="token-mean",
+      clip_low=0.2, clip_high=0.2, clip_c=3.0,  # clip_c 0 disables the dual clip
+      kl_coef=0.001, kl_kind="low_var_kl",
+      entropy_coef=0.0,
+      recompute_old_logprobs=True,  # old log-probs from the training forward (as verl), not the sampler
+      dynamic_sampling=False, max_extra_gen_batches=0,
+      on_insufficient="fail",  # when dynamic sampling runs out: "fail" or "proceed" with fewer groups
+      mask_truncated=False,  # drop conversations that hit their token cap from the loss
+      overlong=ml_collections.ConfigDict(dict(enable=False, max_tokens=1024, cache_tokens=256)),
+  ))
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=1e-6, schedule="constant", warmup_steps=20, min_lr_ratio=0.0,
+      weight_decay=0.01, grad_clip=1.0, b1=0.9, b2=0.999, eps=1e-8,
+  ))
+  c.train = ml_collections.ConfigDict(dict(
+      steps=200, seed=0, workdir="runs/default",
+      save_every=10, keep_checkpoints=3, async_checkpoint=True,
+      log_every=1, max_nan_steps=3,  # consecutive non-finite updates before training stops
+      progress=True,
+  ))
+  c.eval = ml_collections.ConfigDict(dict(
+      every=0,  # steps between evaluations on the held-out split; 0 = off
+      size=64, seed=12345, length=0,  # length 0 = the training length
+      temperature=1.0, top_p=0.7, batch_size=16,  # released validation sampling
+  ))
+  c.mesh = ml_collections.ConfigDict(dict(
+      data=-1, fsdp=1, tensor=1,  # -1: the remaining devices
+      rules=(),  # extra (logical, mesh axis) rules overriding the defaults in parallel.py
+  ))
+  c.distributed = ml_collections.ConfigDict(dict(num_processes=1, coordinator_address="", process_id=0))
+  return c

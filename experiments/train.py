@@ -1,0 +1,40 @@
+"""Multi-Conv DAPO training from a config file.
+
+  python experiments/train.py --config=configs/toy_cpu.py
+  python experiments/train.py --config=configs/memagent_qwen2_5_7b.py:dapo --config.rl.clip_high=0.28
+  python experiments/train.py --config=configs/toy_cpu.py:tiny --workdir=/tmp/run
+
+Resumes from the latest complete checkpoint in <workdir>/checkpoints; metrics go to
+<workdir>/logs/metrics.jsonl and TensorBoard events in <workdir>/logs/tensorboard.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `configs` package
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "training config file[:variant]",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: config.train.workdir)")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from memagent_jax.rl.trainer import Trainer
+  cfg = _CONFIG.value
+  trainer = Trainer(cfg, workdir=_WORKDIR.value)
+  out = trainer.train()
+  last = out["history"][-1] if out["history"] else {}
+  summary = {"step": out["step"], "workdir": trainer.workdir,
+             **{k: last[k] for k in ("reward_mean", "accuracy", "kept_group_frac") if k in last}}
+  print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)

@@ -1,0 +1,356 @@
+"""Orbax checkpoints of the full training state (async, keep-N, atomic) and export to HF.
+
+A step directory `<dir>/<step>/` holds two orbax items: `state` (a pytree of arrays saved
+with StandardSave: params, optimizer state, ref params, step, PRNG key data) and `meta`
+(a JSON dict: data position, model config, sources, training config). nnx.State values
+are stored as pure dicts (`nnx.to_pure_dict`), so a checkpoint is plain nested dicts and
+lists of arrays that restore without flax's Variable classes.
+
+Finalized: orbax 0.12.8 on a local filesystem writes into `<step>.orbax-checkpoint-tmp`,
+writes `commit_success.txt` into it last, then renames it to `<step>`; on GCS it writes in
+place and `commit_success.txt` last. Orbax's own listing only checks the name on local
+disks, so a copied or half-synced `<step>/` would load. We count a step as complete only if
+its name is a plain integer AND it holds `commit_success.txt`; every other step directory
+is skipped with a warning, and the writer removes such leftovers before its next save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from flax import nnx
+
+log = logging.getLogger(__name__)
+
+COMMIT_FILE = "commit_success.txt"  # orbax.checkpoint._src.path.atomicity_types.COMMIT_SUCCESS_FILE
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax.checkpoint._src.path.atomicity_types.TMP_DIR_SUFFIX
+_STEP_RE = re.compile(r"^(0|[1-9]\d*)$")
+
+
+class CheckpointMismatchError(ValueError):
+  """The stored checkpoint does not fit what the caller wants to restore it into."""
+
+
+class CheckpointCorruptError(RuntimeError):
+  """A committed step could not be read back (truncated or garbled files)."""
+
+
+# --- PRNG keys and nnx params --------------------------------------------------------
+def key_to_data(key) -> jax.Array:
+  """uint32 data of a typed key (`jax.random.key`) or a raw uint32 key, for checkpoints."""
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return jax.random.key_data(key)
+  return key
+
+
+def key_from_data(data, typed: bool = True, impl: str | None = None):
+  """The key back from `key_to_data`: typed (impl as `str(jax.random.key_impl(key))`,
+  default impl if None) or, with typed=False, the raw uint32 array unchanged."""
+  if not typed:
+    return jnp.asarray(data, jnp.uint32)
+  return jax.random.wrap_key_data(data, impl=impl)
+
+
+def params_to_tree(model: nnx.Module) -> dict:
+  """The model's nnx.Param values as a pure nested dict (what checkpoints store)."""
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def load_params_into(model: nnx.Module, tree: dict) -> None:
+  """Writes a pure-dict param tree (int or str layer keys) into `model`, shapes checked."""
+  state = nnx.state(model, nnx.Param)
+  _check_tree(_flat_shapes(tree), params_to_tree(model), "the params tree")
+  nnx.replace_by_pure_dict(state, tree)
+  nnx.update(model, state)
+
+
+def _to_pure(tree):
+  """Replaces nnx.State / nnx.Variable nodes by pure dicts / raw values."""
+  def conv(x):
+    if isinstance(x, nnx.State):
+      return nnx.to_pure_dict(x)
+    if isinstance(x, nnx.Variable):
+      return x.get_value()
+    return x
+  return jax.tree.map(conv, tree, is_leaf=lambda x: isinstance(x, (nnx.State, nnx.Variable)))
+
+
+# --- tree comparison -------------------------------------------------------------------
+def _key_name(k) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
+def _flat_shapes(tree) -> dict[str, tuple]:
+  """'a/b/0/c' -> shape for every leaf; int, str, attribute and index keys all print alike,
+  so a target with namedtuples and int keys matches orbax's metadata (dicts, lists, str keys)."""
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {"/".join(_key_name(k) for k in path): tuple(v.shape) if hasattr(v, "shape") else np.shape(v)
+          for path, v in flat}
+
+
+def _check_tree(stored: dict[str, tuple], target, where: str):
+  """Raises CheckpointMismatchError naming the first target leaf missing from or shaped
+  differently in `stored`, then any stored leaf the target lacks."""
+  expected = _flat_shapes(target)
+  diffs = []
+  for name, shape in expected.items():
+    if name not in stored:
+      diffs.append(f"leaf {name!r} (expected shape {shape}) is not in the checkpoint")
+    elif tuple(stored[name]) != tuple(shape):
+      diffs.append(f"leaf {name!r} has shape {tuple(stored[name])} in the checkpoint but the "
+                   f"target expects {tuple(shape)}")
+  diffs += [f"leaf {n!r} (shape {tuple(s)}) is in the checkpoint but not in the target"
+            for n, s in stored.items() if n not in expected]
+  if diffs:
+    more = f" (and {len(diffs) - 1} more differing leaves)" if len(diffs) > 1 else ""
+    raise CheckpointMismatchError(f"{where} does not fit the restore target: {diffs[0]}{more}; "
+                                  "is this a checkpoint of another model shape?")
+
+
+def _check_model_config(stored, expected, where: str):
+  if dataclasses.is_dataclass(expected):
+    expected = dataclasses.asdict(expected)
+  expected = json.loads(json.dumps(expected))  # tuples -> lists, as stored
+  if stored is None:
+    raise CheckpointMismatchError(f"{where}: meta has no 'model_config' to compare")
+  fields = sorted(set(stored) | set(expected))
+  diff = [f"{f}: checkpoint {stored.get(f, '<missing>')!r} vs expected {expected.get(f, '<missing>')!r}"
+          for f in fields if stored.get(f, "<missing>") != expected.get(f, "<missing>")]
+  if diff:
+    raise CheckpointMismatchError(f"{where}: model_config differs from the expected one in "
+                                  f"{len(diff)} field(s): " + "; ".join(diff))
+
+
+def _abstract(target, keep_sharding: bool = True):
+  """Arrays / ShapeDtypeStructs / orbax ArrayMetadata -> ShapeDtypeStructs with a sharding
+  (the leaf's own if `keep_sharding`, else the first local device), so orbax restores jax
+  arrays of exactly those shapes, dtypes and shardings."""
+  default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+  def one(x):
+    dtype = getattr(x, "dtype", None)
+    dtype = np.asarray(x).dtype if dtype is None else dtype
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+      raise ValueError("typed PRNG keys cannot be checkpointed; store key_to_data(key)")
+    sharding = (getattr(x, "sharding", None) if keep_sharding else None) or default
+    return jax.ShapeDtypeStruct(tuple(getattr(x, "shape", np.shape(x))), dtype, sharding=sharding)
+  return jax.tree.map(one, target)
+
+
+# --- the checkpointer ----------------------------------------------------------------------
+class Checkpointer:
+  """Async, keep-N, atomic checkpoints of (state pytree, JSON meta) per step.
+
+  One process tree writes a directory (the trainer); any number may read it. Directories
+  that are not complete (see the module docstring) are never listed nor restored.
+  """
+
+  def __init__(self, directory, keep: int = 3, async_save: bool = True, save_interval_steps: int = 1):
+    self.directory = epath.Path(directory)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, save_interval_steps=save_interval_steps,
+        enable_async_checkpointing=async_save, create=False)  # created lazily by the first save
+    handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    self._warned: set[str] = set()
+
+  # listing
+  def _scan(self) -> tuple[list[int], list[epath.Path]]:
+    """(complete steps sorted, incomplete step directories) on disk right now."""
+    if not self.directory.is_dir():
+      return [], []
+    complete, incomplete = [], []
+    for p in self.directory.iterdir():
+      if _STEP_RE.match(p.name) and p.is_dir():
+        if (p / COMMIT_FILE).exists():
+          complete.append(int(p.name))
+        else:
+          incomplete.append(p)
+      elif TMP_SUFFIX in p.name:
+        incomplete.append(p)
+    for p in incomplete:
+      if str(p) not in self._warned:
+        self._warned.add(str(p))
+        log.warning("skipping checkpoint directory %s: not finalized (no %s; save in progress "
+                    "or interrupted)", p, COMMIT_FILE)
+    return sorted(complete), incomplete
+
+  def all_steps(self) -> list[int]:
+    return self._scan()[0]
+
+  def latest_step(self) -> int | None:
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def step_dir(self, step: int) -> epath.Path:
+    return self.directory / str(step)
+
+  # saving
+  def save(self, step: int, state, meta: dict, force: bool = False) -> bool:
+    """Starts saving (returns at once when async; `wait()` blocks). Returns whether orbax
+    saved (False for steps off `save_interval_steps` or not after the latest step)."""
+    try:
+      json.dumps(meta)
+    except (TypeError, ValueError) as e:
+      raise TypeError(f"checkpoint meta must be JSON-serialisable: {e}") from None
+    state = _to_pure(state)
+    for leaf in jax.tree.leaves(state):
+      if jax.dtypes.issubdtype(getattr(leaf, "dtype", np.dtype(np.float32)), jax.dtypes.prng_key):
+        raise ValueError("typed PRNG keys cannot be checkpointed; store key_to_data(key)")
+    self._mngr.wait_until_finished()  # nothing of ours in flight while we clean up
+    self._remove_incomplete(step)
+    return self._mngr.save(step, force=force, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+
+  def _remove_incomplete(self, step: int):
+    """Deletes leftovers of interrupted saves; else orbax counts a stale `<step>/` as the
+    latest checkpoint and silently skips every save up to it."""
+    _, incomplete = self._scan()
+    if jax.process_index() == 0:
+      for p in incomplete:
+        log.warning("removing unfinished checkpoint directory %s", p)
+        p.rmtree(missing_ok=True)
+    if jax.process_count() > 1:
+      ocp.multihost.sync_global_processes(f"memagent_checkpoint_cleanup_{step}")
+    if incomplete:
+      self._mngr.reload()
+
+  def wait(self):
+    """Blocks until the last async save is on disk (re-raises its error, if any)."""
+    self._mngr.wait_until_finished()
+
+  def close(self):
+    """Waits for the last save, then releases orbax's threads."""
+    self._mngr.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  # restoring
+  def _resolve(self, step: int | None) -> int:
+    if not self.directory.is_dir():
+      raise FileNotFoundError(f"checkpoint directory not found: {self.directory}")
+    steps = self.all_steps()
+    if step is None:
+      if not steps:
+        raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+      return steps[-1]
+    if step not in steps:
+      raise FileNotFoundError(f"no complete checkpoint for step {step} in {self.directory}; "
+                              f"complete steps: {steps or 'none'}")
+    return step
+
+  def _read(self, step: int, what: str, fn):
+    try:
+      return fn()
+    except (CheckpointMismatchError, FileNotFoundError):
+      raise
+    except Exception as e:  # orbax / tensorstore / json errors from a damaged step
+      raise CheckpointCorruptError(f"checkpoint {self.step_dir(step)} could not be read ({what}); "
+                                   f"it may be corrupt: {type(e).__name__}: {e}") from e
+
+  def restore_meta(self, step: int | None = None) -> tuple[int, dict]:
+    """(step, meta) of a complete step (latest if None), without reading any array."""
+    step = self._resolve(step)
+    out = self._read(step, "meta", lambda: self._mngr.restore(
+        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())))
+    return step, out["meta"]
+
+  def _state_metadata(self, step: int):
+    """The stored state tree with orbax ArrayMetadata leaves (shape, dtype); no array read."""
+    md = self._read(step, "metadata", lambda: self._mngr.item_metadata(step)["state"])
+    return getattr(md, "tree", md)
+
+  def stored_shapes(self, step: int) -> dict[str, tuple]:
+    """'params/layers/0/attn/k' -> shape of every stored state leaf."""
+    return _flat_shapes(self._state_metadata(step))
+
+  def restore(self, step: int | None = None, target=None, expect_model_config=None):
+    """(state, meta) of a complete step (latest if None). With `target` (arrays or
+    ShapeDtypeStructs, shardings honoured) the state has exactly its structure, shapes,
+    dtypes and shardings; without one, nested dicts/lists on the first local device."""
+    step, meta = self.restore_meta(step)
+    where = f"checkpoint {self.step_dir(step)}"
+    if expect_model_config is not None:
+      _check_model_config(meta.get("model_config"), expect_model_config, where)
+    stored = self._state_metadata(step)
+    if target is None:
+      abstract = _abstract(stored, keep_sharding=False)
+    else:
+      target = _to_pure(target)
+      _check_tree(_flat_shapes(stored), target, where)
+      abstract = _abstract(target)
+    out = self._read(step, "state", lambda: self._mngr.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))))
+    return out["state"], meta
+
+  def restore_params(self, target, step: int | None = None, expect_model_config=None):
+    """(state["params"], meta): reads only the params arrays (orbax partial restore)."""
+    step, meta = self.restore_meta(step)
+    where = f"checkpoint {self.step_dir(step)}"
+    if expect_model_config is not None:
+      _check_model_config(meta.get("model_config"), expect_model_config, where)
+    stored = {k[len("params/"):]: v for k, v in self.stored_shapes(step).items()
+              if k.startswith("params/")}
+    target = _to_pure(target)
+    _check_tree(stored, target, f"{where} (params)")
+    item = {"params": _abstract(target)}
+
+    def read():
+      args = ocp.args.PyTreeRestore(item=item, partial_restore=True,
+                                    restore_args=ocp.checkpoint_utils.construct_restore_args(item))
+      ckptr = ocp.PyTreeCheckpointer()
+      try:
+        return ckptr.restore(self.step_dir(step) / "state", args=args)
+      finally:
+        ckptr.close()
+    return self._read(step, "params", read)["params"], meta
+
+
+# --- export ----------------------------------------------------------------------------------
+def export_checkpoint(ckpt_dir, out_dir, step: int | None = None, dtype: str = "float32") -> int:
+  """Writes the params of a checkpoint step as an HF directory (config.json + safetensors
+  [+ tokenizer]) that transformers loads; returns the exported step."""
+  from memagent_jax.models.config import ModelConfig
+  from memagent_jax.models.decoder import Decoder
+  from memagent_jax.models.hf_weights import export_hf
+  from memagent_jax.models.loading import load_tokenizer
+
+  if not epath.Path(ckpt_dir).is_dir():
+    raise FileNotFoundError(f"checkpoint directory not found: {ckpt_dir}")
+  ckpt = Checkpointer(ckpt_dir, async_save=False)
+  try:
+    step, meta = ckpt.restore_meta(step)
+    mc = meta.get("model_config")
+    if not isinstance(mc, dict):
+      raise ValueError(f"checkpoint {ckpt.step_dir(step)}: meta has no 'model_config' dict")
+    try:
+      cfg = ModelConfig(**mc)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"checkpoint {ckpt.step_dir(step)}: model_config is not a valid "
+                       f"ModelConfig ({e})") from None
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, jnp.float32, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    params, _ = ckpt.restore_params(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)), step)
+  finally:
+    ckpt.close()
+  nnx.replace_by_pure_dict(state, params)
+  model = nnx.merge(graphdef, state)
+  source = meta.get("tokenizer_source")
+  tokenizer = load_tokenizer(source).hf if source else None
+  export_hf(model, str(out_dir), tokenizer, dtype)
+  return step

@@ -1,0 +1,395 @@
+"""Device mesh, logical axis rules, and sharding of params, optimizer state and batches.
+
+Every parameter names its dimensions logically (`out_sharding` metadata, e.g.
+("embed", "q_heads", "head_dim")); rules map those names to the mesh axes
+("data", "fsdp", "tensor"), so one model runs on a laptop or a pod by config alone.
+Batches are split by rows over ("data", "fsdp"); multi-host runs feed each process's
+own rows through `host_local_batch_to_global`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Rows of a batch are split over both data-parallel axes (FSDP is data parallel too).
+BATCH_AXES = ("data", "fsdp")
+
+# (logical name, mesh axis / tuple of axes / None). The first rule for a name whose mesh
+# axes are still unused in the spec wins (as in flax.linen's logical rules).
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("q_heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("norm", None),
+    # Activations.
+    ("batch", BATCH_AXES),
+    ("length", None),
+)
+
+_log = logging.getLogger(__name__)
+
+
+def _get(cfg, key: str, default=None):
+  """Reads `key` from a dict or ml_collections ConfigDict (None/missing -> default)."""
+  if cfg is None:
+    return default
+  value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+  return default if value is None else value
+
+
+# ---------------------------------------------------------------------------------------
+# Mesh
+# ---------------------------------------------------------------------------------------
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
+  """Resolves (data, fsdp, tensor) sizes; at most one may be -1 ("the rest")."""
+  sizes = [int(_get(mesh_cfg, name, 1)) for name in MESH_AXES]
+  desc = " x ".join(f"{n}={s}" for n, s in zip(MESH_AXES, sizes))
+  if sizes.count(-1) > 1:
+    raise ValueError(f"mesh {desc}: at most one axis may be -1 (the rest of the devices)")
+  if any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f"mesh {desc}: sizes must be positive (or one -1)")
+  fixed = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % fixed:
+      raise ValueError(f"mesh {desc}: the fixed axes ({fixed}) do not divide the "
+                       f"{num_devices} available devices")
+    sizes[sizes.index(-1)] = num_devices // fixed
+  elif fixed != num_devices:
+    raise ValueError(f"mesh {desc} = {fixed} does not match the {num_devices} available devices")
+  return tuple(sizes)
+
+
+def make_mesh(mesh_cfg=None, devices: Sequence[Any] | None = None) -> Mesh:
+  """A ("data", "fsdp", "tensor") mesh over `devices` (default: all global devices).
+
+  Axes are Auto (XLA's partitioner propagates shardings), so model code needs no
+  explicit-sharding annotations. Devices are in process order, so the outer `data`
+  axis spans hosts and `tensor` stays within one host when sizes allow.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(mesh_cfg if mesh_cfg is not None else {"data": -1}, len(devices))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                       devices=devices)
+
+
+# ---------------------------------------------------------------------------------------
+# Logical axis rules
+# ---------------------------------------------------------------------------------------
+
+
+def _axes_tuple(target) -> tuple[str, ...]:
+  if target is None:
+    return ()
+  return (target,) if isinstance(target, str) else tuple(target)
+
+
+def axis_rules(overrides=None) -> tuple[tuple[str, Any], ...]:
+  """Default rules with `overrides` (pairs, or a config with `axis_rules`) replacing names.
+
+  A logical name that appears in the overrides loses all its default rules, so
+  `[("embed", None)]` turns FSDP off for weights.
+  """
+  if overrides is not None and not isinstance(overrides, (list, tuple)):
+    overrides = _get(overrides, "axis_rules", None)
+  if not overrides:
+    return DEFAULT_RULES
+  pairs = []
+  for pair in overrides:
+    if len(pair) != 2:
+      raise ValueError(f"axis rule {pair!r} must be a (logical_name, mesh_axis) pair")
+    name, target = pair
+    target = target if target is None or isinstance(target, str) else tuple(target)
+    for axis in _axes_tuple(target):
+      if axis not in MESH_AXES:
+        raise ValueError(f"axis rule {name!r} -> {axis!r}: mesh axes are {MESH_AXES}")
+    pairs.append((str(name), target))
+  named = {name for name, _ in pairs}
+  return tuple(pairs) + tuple(r for r in DEFAULT_RULES if r[0] not in named)
+
+
+def logical_to_spec(logical_axes: Sequence[str | None], rules=DEFAULT_RULES) -> PartitionSpec:
+  """("embed", "mlp") -> PartitionSpec("fsdp", "tensor"); a mesh axis is used at most once."""
+  used: set[str] = set()
+  spec = []
+  for name in logical_axes:
+    if name is None:
+      spec.append(None)
+      continue
+    candidates = [target for rule_name, target in rules if rule_name == name]
+    if not candidates:
+      raise KeyError(f"logical axis {name!r} has no rule; rules cover "
+                     f"{sorted({n for n, _ in rules})}")
+    chosen = None
+    for target in candidates:
+      axes = _axes_tuple(target)
+      if not used.intersection(axes):
+        chosen = target
+        used.update(axes)
+        break
+    spec.append(chosen)
+  return PartitionSpec(*spec)
+
+
+# ---------------------------------------------------------------------------------------
+# Parameters and optimizer state
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Fallback:
+  """A parameter dimension left replicated because its size does not divide the mesh axes."""
+  path: str
+  dim: int
+  logical: str
+  mesh_axes: tuple[str, ...]
+  size: int
+  mesh_size: int
+
+  def __str__(self):
+    return (f"{self.path} dim {self.dim} ({self.logical}={self.size}) not divisible by "
+            f"{'x'.join(self.mesh_axes)}={self.mesh_size}: replicated")
+
+
+def _is_var(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def _plan(state, mesh: Mesh, rules):
+  """Per-leaf PartitionSpecs (same tree as `state`) and the list of fallbacks."""
+  rules = axis_rules(rules) if rules is not None else DEFAULT_RULES
+  fallbacks: list[Fallback] = []
+
+  def spec_for(path, leaf):
+    value = leaf.get_value() if _is_var(leaf) else leaf
+    shape = tuple(getattr(value, "shape", ()))
+    logical = leaf.get_metadata("out_sharding", None) if _is_var(leaf) else None
+    if not logical:
+      spec = PartitionSpec()
+    else:
+      if len(logical) != len(shape):
+        raise ValueError(f"param {jax.tree_util.keystr(path)} has shape {shape} but "
+                         f"{len(logical)} logical axes {tuple(logical)}")
+      entries = list(logical_to_spec(logical, rules))
+      for dim, (name, target) in enumerate(zip(logical, entries)):
+        axes = _axes_tuple(target)
+        size = math.prod(mesh.shape[a] for a in axes)
+        if shape[dim] % size:
+          fallbacks.append(Fallback(jax.tree_util.keystr(path), dim, name, axes, shape[dim], size))
+          entries[dim] = None
+      spec = PartitionSpec(*entries)
+    return leaf.replace(spec) if _is_var(leaf) else spec
+
+  specs = jax.tree_util.tree_map_with_path(spec_for, state, is_leaf=_is_var)
+  return specs, fallbacks
+
+
+def param_specs(state, mesh: Mesh, rules=None):
+  """PartitionSpec tree mirroring `state` (an nnx State of Params, concrete or abstract)."""
+  return _plan(state, mesh, rules)[0]
+
+
+def sharding_fallbacks(state, mesh: Mesh, rules=None) -> list[Fallback]:
+  """Which param dimensions are replicated because they do not divide their mesh axes."""
+  return _plan(state, mesh, rules)[1]
+
+
+def param_shardings(state, mesh: Mesh, rules=None):
+  """NamedSharding tree mirroring `state`, from each Param's logical axes.
+
+  Leaves without `out_sharding` metadata (or plain arrays) are replicated. A
+  non-divisible dimension (e.g. 4 kv heads on tensor=8) is replicated and logged.
+  """
+  specs, fallbacks = _plan(state, mesh, rules)
+  for fb in fallbacks:
+    _log.warning("sharding fallback: %s", fb)
+  to_named = lambda s: NamedSharding(mesh, s)
+  return jax.tree.map(to_named, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def _shape(x) -> tuple[int, ...]:
+  return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def _place(tree, shardings):
+  """device_put that also places host values onto shardings spanning other processes."""
+
+  def put(x, s):
+    if s.is_fully_addressable:
+      return jax.device_put(x, s)
+    host = np.asarray(x)  # identical on every process (same init / same checkpoint)
+    return jax.make_array_from_callback(host.shape, s, lambda idx: host[idx])
+
+  return jax.tree.map(put, tree, shardings)
+
+
+def shard_params(state, mesh: Mesh, rules=None):
+  """`state` with every array placed by its logical-axis sharding."""
+  return _place(state, param_shardings(state, mesh, rules))
+
+
+def opt_state_shardings(opt_state, params, shardings, mesh: Mesh):
+  """Shardings for an optax state: subtrees mirroring `params` get the param shardings.
+
+  A subtree mirrors the params when it has their leaf count and leaf shapes in flatten
+  order, as adam's mu/nu from `tx.init(params)` do (whether params are an nnx State or
+  a pure dict). Every other leaf (count, schedule state) is replicated.
+  """
+  p_def = jax.tree.structure(params)
+  p_shapes = [_shape(x) for x in jax.tree.leaves(params)]
+  s_leaves = jax.tree.leaves(shardings)
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def mirrors(node) -> bool:
+    node_def = jax.tree.structure(node)
+    if node_def.num_leaves != len(p_shapes) or (node_def != p_def and node_def.num_nodes == 1):
+      return False
+    return [_shape(x) for x in jax.tree.leaves(node)] == p_shapes
+
+  def assign(node):
+    if mirrors(node):
+      return jax.tree.unflatten(jax.tree.structure(node), s_leaves)
+    return replicated
+
+  return jax.tree.map(assign, opt_state, is_leaf=mirrors)
+
+
+def shard_opt_state(opt_state, params, shardings, mesh: Mesh):
+  """`opt_state` placed alongside params sharded by `shardings` (see opt_state_shardings)."""
+  return _place(opt_state, opt_state_shardings(opt_state, params, shardings, mesh))
+
+
+# ---------------------------------------------------------------------------------------
+# Batches
+# ---------------------------------------------------------------------------------------
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Rows over ("data", "fsdp"), other dims replicated; a 0-d value is replicated."""
+  if ndim == 0:
+    return NamedSharding(mesh, PartitionSpec())
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def _batch_ways(mesh: Mesh) -> int:
+  return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def shard_batch(tree, mesh: Mesh):
+  """Places every array of `tree` with its leading (row) axis split over ("data", "fsdp")."""
+  ways = _batch_ways(mesh)
+
+  def put(path, x):
+    x = x if hasattr(x, "shape") else np.asarray(x)
+    if x.ndim and x.shape[0] % ways:
+      raise ValueError(f"batch array {jax.tree_util.keystr(path) or 'input'} has "
+                       f"{x.shape[0]} rows, not divisible by data x fsdp = "
+                       f"{mesh.shape['data']} x {mesh.shape['fsdp']} = {ways}")
+    return jax.device_put(x, batch_sharding(mesh, x.ndim))
+
+  return jax.tree_util.tree_map_with_path(put, tree)
+
+
+def batch_shards(mesh: Mesh) -> int:
+  """Ways the row axis is split (data x fsdp): row counts must be multiples of it."""
+  return _batch_ways(mesh)
+
+
+def shard_micro_batches(x, mesh: Mesh):
+  """[M, r, ...] host array -> global array with rows r over ("data", "fsdp"), M replicated.
+
+  Built from the full host value with make_array_from_callback, so it also works when the
+  mesh spans processes (every process holds the same rollout batch)."""
+  x = np.asarray(x)
+  if x.shape[1] % _batch_ways(mesh):
+    raise ValueError(f"micro-batches of {x.shape[1]} rows do not split over data x fsdp = {_batch_ways(mesh)}")
+  sharding = NamedSharding(mesh, PartitionSpec(None, BATCH_AXES, *([None] * (x.ndim - 2))))
+  return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def _local_batch_shards(mesh: Mesh) -> int:
+  """How many distinct row blocks this process's devices hold."""
+  me = jax.process_index()
+  names = list(mesh.axis_names)
+  blocks = set()
+  for idx in np.ndindex(*mesh.devices.shape):
+    if mesh.devices[idx].process_index == me:
+      blocks.add(tuple(idx[names.index(a)] for a in BATCH_AXES))
+  return len(blocks)
+
+
+def host_local_batch_to_global(tree, mesh: Mesh):
+  """Global batch arrays from each process's own rows (multi-host input pipelines).
+
+  Each process passes only its own rows (global rows / number of processes when the
+  batch axes span all hosts); global row order follows the mesh's process order. With
+  one process this equals `shard_batch`.
+  """
+  local_blocks = _local_batch_shards(mesh)
+
+  def put(path, x):
+    x = np.asarray(x)
+    if x.ndim and x.shape[0] % local_blocks:
+      raise ValueError(f"host-local batch array {jax.tree_util.keystr(path) or 'input'} has "
+                       f"{x.shape[0]} rows, not divisible by the {local_blocks} row blocks "
+                       f"this process holds (data x fsdp = {_batch_ways(mesh)} over "
+                       f"{jax.process_count()} processes)")
+    return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim), x)
+
+  return jax.tree_util.tree_map_with_path(put, tree)
+
+
+# ---------------------------------------------------------------------------------------
+# Multi-process
+# ---------------------------------------------------------------------------------------
+
+
+def initialize_distributed(cfg=None) -> bool:
+  """Starts jax.distributed when more than one process is asked for; True if it runs.
+
+  Reads `num_processes`, `coordinator_address`, `process_id` (and optionally
+  `local_device_ids`, `initialization_timeout`) from `cfg`, else from the env vars
+  JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID. Must run before any other
+  JAX call; calling it again is a no-op.
+  """
+  num = int(_get(cfg, "num_processes", os.environ.get("JAX_NUM_PROCESSES", 1)))
+  if jax.distributed.is_initialized():
+    return True
+  if num <= 1:
+    return False
+  address = _get(cfg, "coordinator_address", os.environ.get("JAX_COORDINATOR_ADDRESS"))
+  pid = _get(cfg, "process_id", os.environ.get("JAX_PROCESS_ID"))
+  if address is None or pid is None:
+    raise ValueError(f"num_processes={num} needs coordinator_address (got {address!r}) and "
+                     f"process_id (got {pid!r}), in the config or JAX_COORDINATOR_ADDRESS / "
+                     "JAX_PROCESS_ID")
+  pid = int(pid)
+  if not 0 <= pid < num:
+    raise ValueError(f"process_id={pid} must be in [0, num_processes={num})")
+  kwargs = {}
+  if (ids := _get(cfg, "local_device_ids")) is not None:
+    kwargs["local_device_ids"] = list(ids)
+  if (timeout := _get(cfg, "initialization_timeout")) is not None:
+    kwargs["initialization_timeout"] = int(timeout)
+  try:
+    jax.distributed.initialize(coordinator_address=str(address), num_processes=num,
+                               process_id=pid, **kwargs)
+  except RuntimeError as e:
+    raise RuntimeError(f"jax.distributed.initialize failed ({e}); it must run before any "
+                       "other JAX computation in the process") from e
+  return True

@@ -1,0 +1,233 @@
+"""Token-level RL losses for Multi-Conv DAPO: clipped surrogate, KL, entropy, SFT.
+
+Pure jax.numpy functions, jit-compatible; string/float knobs (`agg`, `kind`, `clip_c`)
+are static Python values. Shapes: R rows (one conversation each), T response tokens,
+V vocabulary. Definitions follow verl's `core_algos.py` (which MemAgent forks).
+
+Loss registry (`get_policy_loss(cfg.loss)`): every registered loss has the one signature
+
+  fn(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.28, clip_c=None)
+      -> (loss_mat [R, T], metrics: dict[str, scalar])
+
+so a trainer can call any of them the same way and then reduce with `aggregate`. Losses
+that do not use an argument ignore it ("sft" ignores old_logp, advantages and the clips).
+Metrics are masked means over the tokens of this call (local, not mini-batch, stats).
+
+Gradient accumulation: pass `denominator=agg_denominator(minibatch_mask, agg)` to every
+micro-batch's `aggregate` and SUM the micro-batch results; that equals the aggregate of
+the whole mini-batch (a mean of micro-batch means would not).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+             "seq-mean-token-sum-norm")
+KL_KINDS = ("kl", "mse", "low_var_kl", "abs")
+KL_ALIASES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
+LOG_RATIO_CLAMP = 20.0  # verl clamps log-ratios before exp so one bad token cannot overflow.
+K3_CLAMP = 10.0  # verl clamps the k3 estimate to keep rare huge values out of the gradient.
+
+
+def _f32(x) -> jax.Array:
+  return jnp.asarray(x, jnp.float32)
+
+
+def _check_agg(agg: str) -> None:
+  if agg not in AGG_MODES:
+    raise ValueError(f"unknown loss aggregation {agg!r}; modes: {list(AGG_MODES)}")
+
+
+def _safe_div(num: jax.Array, den: jax.Array) -> jax.Array:
+  """num / den, but 0 where den == 0 (an all-masked batch contributes nothing, not NaN)."""
+  ok = den > 0
+  return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
+
+
+def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+  return _safe_div(jnp.sum(jnp.where(mask > 0, x, 0.0) * mask), jnp.sum(mask))
+
+
+def agg_denominator(mask, agg: str = "token-mean") -> jax.Array:
+  """The local normaliser of `aggregate`, so callers can compute it over a mini-batch.
+
+  token-mean: number of masked tokens; seq-mean-*: number of rows with >= 1 token (sum
+  these over micro-batches); seq-mean-token-sum-norm: the horizon T = mask.shape[-1],
+  which is NOT additive: pass the same constant (e.g. the max response length) to every
+  micro-batch.
+  """
+  _check_agg(agg)
+  mask = _f32(mask)  # [R, T]
+  if agg == "token-mean":
+    return jnp.sum(mask)
+  if agg == "seq-mean-token-sum-norm":
+    return jnp.asarray(mask.shape[-1], jnp.float32)
+  return jnp.sum((jnp.sum(mask, axis=-1) > 0).astype(jnp.float32))
+
+
+def aggregate(loss_mat, mask, agg: str = "token-mean",
+              denominator: Optional[jax.Array] = None) -> jax.Array:
+  """Reduces a per-token loss [R, T] to a scalar the way verl's `agg_loss` does.
+
+  Modes:
+    token-mean: sum(loss * mask) / sum(mask)  (DAPO; the MemAgent default).
+    seq-mean-token-mean: mean over non-empty rows of each row's token mean (GRPO).
+    seq-mean-token-sum: mean over non-empty rows of each row's token sum.
+    seq-mean-token-sum-norm: sum(loss * mask) / T (Dr.GRPO; verl divides by the padded
+      horizon loss_mask.shape[-1], which should stay constant through training).
+  Rows with no tokens are left out of the seq-mean modes (as current verl does).
+  `denominator`, when given, replaces the local one (see `agg_denominator`).
+  """
+  _check_agg(agg)
+  mask = _f32(mask)  # [R, T]
+  loss = jnp.where(mask > 0, _f32(loss_mat), 0.0) * mask  # [R, T]; padding may hold inf/NaN
+  den = agg_denominator(mask, agg) if denominator is None else _f32(denominator)
+  if agg == "token-mean" or agg == "seq-mean-token-sum-norm":
+    return _safe_div(jnp.sum(loss), den)
+  row_sum = jnp.sum(loss, axis=-1)  # [R]
+  if agg == "seq-mean-token-mean":
+    row_sum = _safe_div(row_sum, jnp.sum(mask, axis=-1))  # [R] row token means
+  return _safe_div(jnp.sum(row_sum), den)
+
+
+def _row_advantages(advantages, shape) -> jax.Array:
+  """[R] per-row advantages broadcast over T, or [R, T] passed through."""
+  adv = _f32(advantages)
+  if adv.ndim == 1:
+    adv = adv[:, None]  # [R, 1]
+  return jnp.broadcast_to(adv, shape)
+
+
+def policy_loss_terms(logp, old_logp, advantages, mask, clip_low: float = 0.2,
+                      clip_high: float = 0.28, clip_c: Optional[float] = None):
+  """Per-token PPO clipped surrogate (clip-higher, optional dual clip) and its diagnostics.
+
+  Args:
+    logp: [R, T] log-probs of the sampled tokens under the policy being trained.
+    old_logp: [R, T] log-probs under the rollout (behaviour) policy.
+    advantages: [R] per row, or [R, T].
+    mask: [R, T] 1 on response tokens.
+    clip_low, clip_high: ratio clipped to [1 - clip_low, 1 + clip_high] (DAPO: 0.2/0.28).
+    clip_c: dual-clip constant (> 1); bounds the loss of negative-advantage tokens at
+      -A * clip_c. None disables it.
+
+  Returns:
+    (loss_mat [R, T], metrics) with metrics "clipfrac" (share of tokens where the clipped
+    branch is active), "clipfrac_lower" (share where the dual clip binds) and "ppo_kl"
+    (mean of old_logp - logp over masked tokens, from the clamped log-ratio as in verl).
+  """
+  if clip_c is not None and not clip_c > 1.0:
+    raise ValueError(f"dual-clip constant clip_c must be > 1, got {clip_c}")
+  logp, old_logp, mask = _f32(logp), _f32(old_logp), _f32(mask)
+  adv = _row_advantages(advantages, logp.shape)  # [R, T]
+  log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [R, T]
+  ratio = jnp.exp(log_ratio)
+  pg1 = -adv * ratio
+  pg2 = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  loss = jnp.maximum(pg1, pg2)  # [R, T]
+  clipfrac = _masked_mean((pg2 > pg1).astype(jnp.float32), mask)
+  if clip_c is None:
+    clipfrac_lower = jnp.zeros((), jnp.float32)
+  else:
+    pg3 = -adv * clip_c
+    neg = adv < 0
+    clipfrac_lower = _masked_mean((neg & (loss > pg3)).astype(jnp.float32), mask)
+    loss = jnp.where(neg, jnp.minimum(loss, pg3), loss)
+  metrics = {
+      "clipfrac": clipfrac,
+      "clipfrac_lower": clipfrac_lower,
+      "ppo_kl": _masked_mean(-log_ratio, mask),
+  }
+  return loss, metrics
+
+
+def policy_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2,
+                clip_high: float = 0.28, clip_c: Optional[float] = None,
+                agg: str = "token-mean", denominator: Optional[jax.Array] = None) -> jax.Array:
+  """Scalar clipped-surrogate loss: `policy_loss_terms` reduced by `aggregate`."""
+  _check_agg(agg)
+  loss, _ = policy_loss_terms(logp, old_logp, advantages, mask, clip_low, clip_high, clip_c)
+  return aggregate(loss, mask, agg, denominator)
+
+
+def kl_penalty(logp, ref_logp, kind: str = "low_var_kl") -> jax.Array:
+  """Per-token KL estimate [R, T] between the policy and the reference (verl's estimators).
+
+  kl (k1): logp - ref; mse (k2): 0.5 (logp - ref)^2; abs: |logp - ref|;
+  low_var_kl (k3, released MemAgent): kl = clamp(ref - logp, +-20), clamp(e^kl - kl - 1, +-10).
+  """
+  name = KL_ALIASES.get(kind, kind)
+  if name not in KL_KINDS:
+    raise ValueError(f"unknown KL kind {kind!r}; kinds: {list(KL_KINDS)} "
+                     f"(aliases {sorted(KL_ALIASES)})")
+  diff = _f32(logp) - _f32(ref_logp)  # [R, T]
+  if name == "kl":
+    return diff
+  if name == "mse":
+    return 0.5 * jnp.square(diff)
+  if name == "abs":
+    return jnp.abs(diff)
+  kl = jnp.clip(-diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  return jnp.clip(jnp.exp(kl) - kl - 1.0, -K3_CLAMP, K3_CLAMP)
+
+
+def entropy_from_logits(logits) -> jax.Array:
+  """Entropy [R, T] of softmax(logits [R, T, V]) in float32; -inf logits are allowed."""
+  logits = _f32(logits)
+  logp = jax.nn.log_softmax(logits, axis=-1)  # [R, T, V]
+  p = jnp.exp(logp)
+  return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+
+
+def sft_loss(logp, mask, agg: str = "token-mean",
+             denominator: Optional[jax.Array] = None) -> jax.Array:
+  """Negative log-likelihood of the response tokens, for supervised warm starts."""
+  return aggregate(-_f32(logp), mask, agg, denominator)
+
+
+# ---------------------------------------------------------------------------------------
+# Registry.
+
+PolicyLossFn = Callable[..., tuple]
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+  """Decorator adding a loss with the module's uniform signature under `name`."""
+
+  def decorator(fn: PolicyLossFn) -> PolicyLossFn:
+    if name in POLICY_LOSSES:
+      raise ValueError(f"policy loss {name!r} is already registered")
+    POLICY_LOSSES[name] = fn
+    return fn
+
+  return decorator
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+  """Looks a loss up by config name; unknown names fail with the list of known ones."""
+  try:
+    return POLICY_LOSSES[name]
+  except KeyError:
+    raise KeyError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}") from None
+
+
+@register_policy_loss("ppo_clip")
+def _ppo_clip(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
+              clip_high: float = 0.28, clip_c: Optional[float] = None):
+  """Clipped surrogate; clip-higher and dual clip are its arguments."""
+  return policy_loss_terms(logp, old_logp, advantages, mask, clip_low, clip_high, clip_c)
+
+
+@register_policy_loss("sft")
+def _sft(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
+         clip_high: float = 0.28, clip_c: Optional[float] = None):
+  """Per-token NLL; the RL-only arguments are accepted for the uniform signature and ignored."""
+  del old_logp, advantages, clip_low, clip_high, clip_c
+  nll = -_f32(logp)  # [R, T]
+  return nll, {"nll": _masked_mean(nll, _f32(mask))}

@@ -1,0 +1,47 @@
+"""Metric sinks: TensorBoard event files (tensorboardX, no TensorFlow) and a JSONL log.
+
+Only process 0 writes; every scalar goes to both sinks so runs can be plotted or grepped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+
+class MetricWriter:
+  """`write(step, {name: number})` appends to `<dir>/metrics.jsonl` and TensorBoard events."""
+
+  def __init__(self, log_dir: str, enabled: bool = True, tensorboard: bool = True):
+    self.log_dir, self.enabled = log_dir, enabled
+    self._tb = self._jsonl = None
+    if not enabled:
+      return
+    os.makedirs(log_dir, exist_ok=True)
+    self._jsonl = open(os.path.join(log_dir, "metrics.jsonl"), "a")
+    if tensorboard:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(log_dir=os.path.join(log_dir, "tensorboard"), flush_secs=10)
+
+  def write(self, step: int, scalars: dict[str, float], prefix: str = ""):
+    if not self.enabled:
+      return
+    clean = {prefix + k: float(v) for k, v in scalars.items() if v is not None}
+    self._jsonl.write(json.dumps({"step": int(step), **{k: (v if math.isfinite(v) else str(v))
+                                                         for k, v in clean.items()}}) + "\n")
+    self._jsonl.flush()
+    if self._tb is not None:
+      for k, v in clean.items():
+        self._tb.add_scalar(k, v, int(step))
+
+  def close(self):
+    if self._jsonl:
+      self._jsonl.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_jsonl(path: str) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]

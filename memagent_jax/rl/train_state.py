@@ -1,0 +1,95 @@
+"""What a training run carries from step to step, and its checkpoint round trip.
+
+TrainState = params, optimizer state, reference params (only when KL is on), step, PRNG key;
+the data position and the model's description travel beside it as JSON metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from memagent_jax import checkpointing, parallel
+
+
+@dataclasses.dataclass
+class TrainState:
+  params: nnx.State  # sharded over fsdp x tensor
+  opt_state: object
+  ref_params: nnx.State | None
+  step: int
+  rng: jax.Array  # raw uint32 key [2]
+
+
+def _model_meta(trainer) -> dict:
+  return dict(model_config=dataclasses.asdict(trainer.policy.config), model_source=trainer.cfg.model.source,
+              tokenizer_source=tokenizer_source(trainer.cfg.model.source))
+
+
+def tokenizer_source(model_source: str) -> str | None:
+  """The load_tokenizer source that rebuilds this model's tokenizer at export time."""
+  from memagent_jax.models import loading
+  key = model_source.lower()
+  if key.startswith("random:"):
+    preset = key.split(":", 1)[1]
+    return loading.tokenizer_source_for_preset(preset)
+  return model_source
+
+
+def _tree(trainer, params, opt_state, ref_params, step, rng) -> dict:
+  tree = {"params": params.to_pure_dict(), "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32),
+          "rng": rng}
+  if ref_params is not None:
+    tree["ref_params"] = ref_params.to_pure_dict()
+  return tree
+
+
+def restore_or_init(trainer):
+  """Fresh state (params sharded by the mesh rules), or the latest complete checkpoint's."""
+  cfg = trainer.cfg
+  shardings = parallel.param_shardings(trainer.policy.state, trainer.mesh, trainer.rules)
+  params = parallel.shard_params(trainer.policy.state, trainer.mesh, trainer.rules)
+  opt_state = trainer.tx.init(params)
+  opt_state = parallel.shard_opt_state(opt_state, params, shardings, trainer.mesh)
+  ref_params = jax.tree_util.tree_map(jnp.copy, params) if cfg.rl.kl_coef else None
+  rng = jax.random.PRNGKey(cfg.train.seed)
+  ckpt = checkpointing.Checkpointer(os.path.join(trainer.workdir, "checkpoints"), keep=cfg.train.keep_checkpoints,
+                                    async_save=cfg.train.async_checkpoint)
+  state = TrainState(params, opt_state, ref_params, 0, rng)
+  if ckpt.latest_step() is None:
+    return state, ckpt
+  target = _tree(trainer, params, opt_state, ref_params, 0, rng)
+  restored, meta = ckpt.restore(target=target, expect_model_config=_model_meta(trainer)["model_config"])
+  nnx.replace_by_pure_dict(params, restored["params"])
+  if ref_params is not None:
+    nnx.replace_by_pure_dict(ref_params, restored["ref_params"])
+  state = TrainState(params, restored["opt_state"], ref_params, int(restored["step"]), restored["rng"])
+  trainer.batches.set_state(meta["data_state"])
+  _truncate_metrics(trainer, state.step)
+  logging.info("resumed from step %d in %s", state.step, ckpt.directory)
+  return state, ckpt
+
+
+def save_state(trainer):
+  """Asynchronous save of everything a bit-exact resume needs."""
+  st = trainer.state
+  meta = dict(_model_meta(trainer), data_state=trainer.batches.get_state(), step=st.step,
+              config=trainer.cfg.to_json_best_effort() if hasattr(trainer.cfg, "to_json_best_effort") else None)
+  trainer.checkpointer.save(st.step, _tree(trainer, st.params, st.opt_state, st.ref_params, st.step, st.rng), meta)
+
+
+def _truncate_metrics(trainer, step: int):
+  """Drops logged lines of steps after the checkpoint: they will be run again."""
+  path = os.path.join(trainer.workdir, "logs", "metrics.jsonl")
+  if not trainer.is_chief or not os.path.exists(path):
+    return
+  import json
+  with open(path) as f:
+    keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+  with open(path, "w") as f:
+    f.writelines(keep)

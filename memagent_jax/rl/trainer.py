@@ -1,0 +1,190 @@
+"""The Multi-Conv DAPO training loop: rollouts -> rewards -> advantages -> jitted updates, with
+checkpoint/resume, periodic held-out evaluation, metrics and a progress bar.
+
+A step is deterministic given (params, optimizer state, step, PRNG key, data position), which
+is exactly what a checkpoint holds, so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from memagent_jax import parallel
+from memagent_jax.rl import update as upd
+from memagent_jax.rl.batching import mini_batches
+from memagent_jax.rl.config_checks import validate_config
+from memagent_jax.rl.metrics import MetricWriter
+from memagent_jax.rl.optim import make_optimizer
+from memagent_jax.rl.rollout import RolloutCollector
+from memagent_jax.rl.train_state import TrainState, restore_or_init, save_state
+
+
+class NonFiniteLossError(FloatingPointError):
+  """Too many consecutive optimizer updates had a NaN/inf loss or gradient."""
+
+
+def build_agent(cfg, policy):
+  import memagent_jax as mj
+  a = cfg.agent
+  return mj.MemAgent(policy, chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens,
+                     answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
+                     final_template=a.final_template, block_chunks=a.block_chunks,
+                     max_chunks=a.max_chunks or None)
+
+
+def row_widths(agent, question_tokens: int) -> tuple[int, int]:
+  """Static (prompt width P, response width N) covering every conversation of the config."""
+  agent.check_budget(question_tokens)  # ContextBudgetError naming every part if it cannot fit
+  seg_m, seg_f = agent.memory_segments, agent.final_segments
+  p = max(seg_m.fixed_tokens + question_tokens + agent.memory_width + agent.chunk_tokens,
+          seg_f.fixed_tokens + question_tokens + agent.memory_width)
+  return p, max(agent.memory_tokens, agent.answer_tokens)
+
+
+def make_pool(cfg_data, size: int, seed: int, length: int, tokenizer) -> list[dict]:
+  from memagent_jax import evaluation
+  return evaluation.make_samples(cfg_data.task, length, size, seed, tokenizer, cfg_data.data_dir or None)
+
+
+class Trainer:
+  """Owns the policy, agent, optimizer, mesh, data iterator and checkpoints of one run."""
+
+  def __init__(self, cfg, workdir: str | None = None):
+    from memagent_jax.data import pipeline
+    validate_config(cfg)
+    self.cfg = cfg
+    self.workdir = workdir or cfg.train.workdir
+    parallel.initialize_distributed(cfg.distributed)
+    self.mesh = parallel.make_mesh(cfg.mesh)
+    self.rules = parallel.axis_rules([tuple(r) for r in cfg.mesh.rules] or None)
+    import memagent_jax as mj
+    self.policy = mj.load_policy(cfg.model.source, dtype=cfg.model.dtype, seed=cfg.model.seed)
+    self.agent = build_agent(cfg, self.policy)
+    self.prompt_width, self.response_width = row_widths(self.agent, cfg.agent.question_tokens)
+    self.spec = upd.UpdateSpec.from_config(cfg.rl, self.prompt_width, cfg.model.remat)
+    self.updates_per_step = cfg.rl.questions_per_step // cfg.rl.ppo_mini_batch
+    self.tx = make_optimizer(cfg.optim, cfg.train.steps, self.updates_per_step)
+    self.row_multiple = cfg.rl.micro_batches * parallel.batch_shards(self.mesh)
+    self.collector = RolloutCollector(self.agent, cfg.rl, self.prompt_width, self.response_width)
+    tok = self.agent.tokenizer
+    pool = make_pool(cfg.data, cfg.data.train_size, cfg.data.seed, cfg.data.length, tok)
+    self.batches = pipeline.make_iterator(pool, cfg.rl.questions_per_step, seed=cfg.data.seed,
+                                          num_epochs=None, drop_remainder=True)
+    self.eval_pool = (make_pool(cfg.data, cfg.eval.size, cfg.eval.seed, cfg.eval.length or cfg.data.length, tok)
+                      if cfg.eval.every else [])
+    self.is_chief = jax.process_index() == 0
+    self.writer = MetricWriter(os.path.join(self.workdir, "logs"), enabled=self.is_chief)
+    self.state, self.checkpointer = restore_or_init(self)
+    self.policy.state = self.state.params
+    self._nan_run = 0
+
+  # ----- one step ------------------------------------------------------------------------------
+  def _seed(self, gen: int, sub: int) -> int:
+    key = jax.random.fold_in(jax.random.fold_in(self.state.rng, self.state.step), gen * 4096 + sub)
+    return int(jax.random.randint(key, (), 0, 2 ** 31 - 1))
+
+  def _device_batch(self, arrays: dict) -> dict:
+    return {k: parallel.shard_micro_batches(v, self.mesh) for k, v in arrays.items()}
+
+  def train_step(self) -> dict[str, float]:
+    """Rollouts, then `updates_per_step` optimizer updates; returns the step's metrics."""
+    cfg, st = self.cfg, self.state
+    t0 = time.perf_counter()
+    roll = self.collector.collect(self.batches, self._seed)
+    metrics = dict(roll.metrics)
+    t1 = time.perf_counter()
+    if roll.rows is None:  # dynamic sampling proceeded with nothing to learn from
+      metrics.update(updates=0, step_seconds=time.perf_counter() - t0)
+      return metrics
+    parts = mini_batches(roll.rows, roll.num_questions, cfg.rl.ppo_mini_batch, self.row_multiple,
+                         self.agent.pad_id)
+    batches = []
+    gd = self.policy.graphdef
+    for part in parts:  # old / reference log-probs: all from the params that sampled
+      arrays = upd.split_micro(part.arrays(), cfg.rl.micro_batches)
+      dev = self._device_batch(arrays)
+      if cfg.rl.recompute_old_logprobs:
+        dev["old_logp"] = upd.batch_logprobs(gd, st.params, dev["tokens"], dev["valid"],
+                                             prompt_width=self.prompt_width)
+      if cfg.rl.kl_coef:
+        dev["ref_logp"] = upd.batch_logprobs(gd, st.ref_params, dev["tokens"], dev["valid"],
+                                             prompt_width=self.prompt_width)
+      batches.append(dev)
+    update_metrics, tokens = [], 0
+    for dev in batches:
+      st.params, st.opt_state, m = upd.update_step(gd, st.params, st.opt_state, dev, tx=self.tx,
+                                                   spec=self.spec)
+      update_metrics.append(m)
+      tokens += int(np.asarray(jax.device_get(dev["valid"])).sum())
+    update_metrics = jax.device_get(update_metrics)
+    t2 = time.perf_counter()
+    finite = [bool(m["finite"]) for m in update_metrics]
+    for ok in finite:
+      self._nan_run = 0 if ok else self._nan_run + 1
+      if self._nan_run >= cfg.train.max_nan_steps:
+        raise NonFiniteLossError(
+            f"{self._nan_run} consecutive updates had a non-finite loss or gradient (step {st.step}); "
+            f"stopping (train.max_nan_steps={cfg.train.max_nan_steps}). Lower optim.lr or check the data.")
+    good = [m for m in update_metrics if bool(m["finite"])] or update_metrics
+    for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "dual_clip_frac", "approx_kl_old", "grad_norm"):
+      metrics[k] = float(np.mean([m[k] for m in good]))
+    metrics.update(updates=len(parts), skipped_updates=finite.count(False),
+                   update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
+                   rollout_tokens_per_s=metrics["rollout_tokens"] / max(t1 - t0, 1e-9),
+                   update_seconds=t2 - t1, step_seconds=t2 - t0)
+    self.policy.state = st.params
+    return metrics
+
+  # ----- evaluation ----------------------------------------------------------------------------
+  def evaluate(self) -> dict[str, float]:
+    """Accuracy of the current policy on the held-out split (released validation sampling)."""
+    from memagent_jax import evaluation
+    e = self.cfg.eval
+    summary = evaluation.run_eval(self.agent, self.cfg.data.task, self.eval_pool, None, e.batch_size,
+                                  e.temperature, e.top_p, seed=e.seed, progress=False)
+    return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k != "n"}
+
+  # ----- the loop ------------------------------------------------------------------------------
+  def train(self) -> dict:
+    """Runs until train.steps; saves every train.save_every steps and at the end."""
+    cfg, st = self.cfg, self.state
+    history = []
+    bar = tqdm(total=cfg.train.steps, initial=st.step, desc="train", unit="step",
+               disable=not (cfg.train.progress and self.is_chief))
+    try:
+      while st.step < cfg.train.steps:
+        metrics = self.train_step()
+        st.step += 1
+        metrics["lr"] = float(self._lr())
+        if st.step % cfg.train.log_every == 0 or st.step == cfg.train.steps:
+          self.writer.write(st.step, metrics, prefix="train/")
+        if cfg.eval.every and (st.step % cfg.eval.every == 0 or st.step == cfg.train.steps):
+          ev = self.evaluate()
+          self.writer.write(st.step, ev, prefix="eval/")
+          metrics.update({f"eval_{k}": v for k, v in ev.items()})
+        if st.step % cfg.train.save_every == 0 or st.step == cfg.train.steps:
+          save_state(self)
+        history.append({"step": st.step, **metrics})
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", kept=f"{metrics['kept_group_frac']:.2f}",
+                        loss=f"{metrics.get('loss', float('nan')):.3g}")
+    finally:
+      bar.close()
+      self.checkpointer.wait()
+      self.writer.close()
+    return {"history": history, "step": st.step}
+
+  def _lr(self):
+    """The learning rate of the step just taken."""
+    from memagent_jax.rl.optim import learning_rate_schedule
+    o = self.cfg.optim
+    sched = learning_rate_schedule(o.lr, o.schedule, o.warmup_steps, self.cfg.train.steps, o.min_lr_ratio,
+                                   self.updates_per_step)
+    return sched((self.state.step - 1) * self.updates_per_step)

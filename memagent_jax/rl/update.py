@@ -1,0 +1,125 @@
+"""One jitted optimizer update: forward, response log-probs, loss, gradients, AdamW.
+
+A mini-batch arrives as M micro-batches `[M, r, ...]`; gradients are summed over them in a
+`lax.scan`, each micro-batch dividing its loss sum by the WHOLE mini-batch's denominator, so
+the update equals the one computed on the mini-batch at once (token-mean over all its tokens,
+not a mean of micro-batch means). A non-finite loss or gradient leaves params and optimizer
+state untouched and is reported, so the trainer can count and stop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from memagent_jax.models.decoder import causal_mask, positions_from_mask
+from memagent_jax.rl import losses
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateSpec:
+  """Static settings of the update (hashable: a jit static argument)."""
+  prompt_width: int
+  loss: str = "ppo_clip"
+  agg: str = "token-mean"
+  clip_low: float = 0.2
+  clip_high: float = 0.28
+  clip_c: float | None = None
+  kl_coef: float = 0.0
+  kl_kind: str = "low_var_kl"
+  entropy_coef: float = 0.0
+  remat: bool = False
+
+  @classmethod
+  def from_config(cls, rl, prompt_width: int, remat: bool) -> "UpdateSpec":
+    return cls(prompt_width, rl.loss, rl.agg, rl.clip_low, rl.clip_high,
+               rl.clip_c if rl.clip_c else None, rl.kl_coef, rl.kl_kind, rl.entropy_coef, remat)
+
+
+def response_logprobs(model, tokens, valid, prompt_width: int, remat: bool = False):
+  """log p of each response token and the entropy of its distribution. tokens, valid [r, P+N]
+  -> (logp [r, N], entropy [r, N]); only the N response positions are projected on the vocab."""
+  hidden, _ = model(tokens, positions_from_mask(valid), causal_mask(valid), remat=remat)
+  n = tokens.shape[1] - prompt_width
+  logits = model.logits(hidden[:, prompt_width - 1:prompt_width - 1 + n])  # [r, N, V]
+  logz = jax.nn.logsumexp(logits, axis=-1)
+  target = tokens[:, prompt_width:]  # [r, N]
+  logp = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0] - logz
+  return logp, losses.entropy_from_logits(logits)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "prompt_width"))
+def batch_logprobs(graphdef, params, tokens, valid, *, prompt_width: int):
+  """Log-probs of the response tokens, micro-batch by micro-batch: [M, r, L] -> [M, r, N]."""
+  model = nnx.merge(graphdef, params)
+  return jax.lax.map(lambda tv: response_logprobs(model, tv[0], tv[1], prompt_width)[0], (tokens, valid))
+
+
+def _micro_loss(params, graphdef, mb, denominator, spec: UpdateSpec):
+  """Loss of one micro-batch (already divided by the mini-batch denominator) + metric sums."""
+  model = nnx.merge(graphdef, params)
+  logp, entropy = response_logprobs(model, mb["tokens"], mb["valid"], spec.prompt_width, spec.remat)
+  mask = mb["loss_mask"]
+  loss_fn = losses.get_policy_loss(spec.loss)
+  loss_mat, terms = loss_fn(logp, mb["old_logp"], mb["advantages"], mask, clip_low=spec.clip_low,
+                            clip_high=spec.clip_high, clip_c=spec.clip_c)
+  pg = losses.aggregate(loss_mat, mask, spec.agg, denominator)
+  ent = losses.aggregate(entropy, mask, spec.agg, denominator)
+  total = pg - spec.entropy_coef * ent if spec.entropy_coef else pg
+  kl_mat = losses.kl_penalty(logp, mb["ref_logp"], spec.kl_kind) if spec.kl_coef else jnp.zeros_like(logp)
+  kl = losses.aggregate(kl_mat, mask, spec.agg, denominator)
+  if spec.kl_coef:
+    total = total + spec.kl_coef * kl
+  n = jnp.sum(mask.astype(jnp.float32))  # the loss's per-call means -> token-weighted sums
+  sums = {"pg_loss": pg, "kl": kl, "entropy": ent,
+          "clip_tokens": terms.get("clipfrac", 0.0) * n, "dual_clip_tokens": terms.get("clipfrac_lower", 0.0) * n,
+          "approx_kl_old_sum": terms.get("ppo_kl", 0.0) * n, "tokens": n}
+  return total, sums
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "spec"))
+def update_step(graphdef, params, opt_state, batch, *, tx: optax.GradientTransformation, spec: UpdateSpec):
+  """One optimizer update on a mini-batch given as micro-batches: every array [M, r, ...].
+
+  Returns (params, opt_state, metrics); when the loss or gradients are not finite the inputs
+  come back unchanged and metrics["finite"] is False."""
+  mask = batch["loss_mask"]  # [M, r, N]
+  denominator = losses.agg_denominator(mask.reshape(-1, mask.shape[-1]), spec.agg)
+  grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
+  zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+
+  def accumulate(carry, mb):
+    grads, loss, sums = carry
+    (l, s), g = grad_fn(params, graphdef, mb, denominator, spec)
+    grads = jax.tree_util.tree_map(jnp.add, grads, g)
+    return (grads, loss + l, jax.tree_util.tree_map(jnp.add, sums, s)), None
+
+  sums0 = {k: jnp.float32(0) for k in ("pg_loss", "kl", "entropy", "clip_tokens", "dual_clip_tokens",
+                                       "approx_kl_old_sum", "tokens")}
+  (grads, loss, sums), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), sums0), batch)
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  updates, new_opt_state = tx.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)
+  tokens = jnp.maximum(sums["tokens"], 1.0)
+  metrics = {"loss": loss, "pg_loss": sums["pg_loss"], "kl": sums["kl"], "entropy": sums["entropy"],
+             "clip_frac": sums["clip_tokens"] / tokens, "dual_clip_frac": sums["dual_clip_tokens"] / tokens,
+             "approx_kl_old": sums["approx_kl_old_sum"] / tokens, "grad_norm": grad_norm,
+             "tokens": sums["tokens"], "finite": finite}
+  return keep(new_params, params), keep(new_opt_state, opt_state), metrics
+
+
+def split_micro(arrays: dict, micro_batches: int) -> dict:
+  """[R, ...] host arrays -> [M, R / M, ...] (R must divide)."""
+  out = {}
+  for k, a in arrays.items():
+    if a.shape[0] % micro_batches:
+      raise ValueError(f"{a.shape[0]} rows do not split into {micro_batches} micro-batches")
+    out[k] = a.reshape((micro_batches, a.shape[0] // micro_batches) + a.shape[1:])
+  return out

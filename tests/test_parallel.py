@@ -1,0 +1,344 @@
+"""Mesh, logical rules, param / opt-state / batch sharding, and multi-process runs.
+
+JAX fixes its device count when it first starts, so multi-device checks run small
+scripts in subprocesses (8 emulated CPU devices, or 2 processes joined by
+jax.distributed) and assert on the JSON they print.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+from memagent_jax import parallel as par
+from memagent_jax.models.config import get_preset
+from memagent_jax.models.decoder import Decoder
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A jitted loss + grad + adam step on the tiny decoder, shared by the subprocess scripts.
+# adam's eps is large so that sign-like first steps do not amplify float rounding.
+STEP_CODE = textwrap.dedent("""
+    import json, os
+    import numpy as np
+    import jax, jax.numpy as jnp, optax
+    from flax import nnx
+    from memagent_jax import parallel as par
+    from memagent_jax.models.config import get_preset
+    from memagent_jax.models.decoder import Decoder, forward_logits
+
+    def make_step(graphdef, tx):
+      def loss_fn(params, tokens):  # tokens [B, T + 1]: mean next-token NLL
+        logits = forward_logits(nnx.merge(graphdef, params), tokens[:, :-1])
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
+      def step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return loss, optax.apply_updates(params, updates), opt_state
+      return step
+
+    def tiny_model():
+      model = Decoder(get_preset("tiny-llama"), jnp.float32, rngs=nnx.Rngs(0))
+      graphdef, params = nnx.split(model, nnx.Param)
+      tx = optax.adam(1e-2, eps=1e-3)
+      return graphdef, params, tx
+
+    def global_tokens(rows=8, length=17):
+      return np.random.default_rng(0).integers(0, 256, (rows, length), dtype=np.int32)
+""")
+
+
+def _clean_env(**extra) -> dict:
+  env = {k: v for k, v in os.environ.items()
+         if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "grpc_proxy")
+         and not k.startswith("JAX_") and k != "XLA_FLAGS"}
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  env["JAX_PLATFORMS"] = "cpu"
+  env.update(extra)
+  return env
+
+
+def _last_json(stdout: str) -> dict:
+  lines = [line for line in stdout.splitlines() if line.strip()]
+  return json.loads(lines[-1])
+
+
+def run_on_emulated_devices(code: str, n: int = 8, timeout: float = 120.0) -> dict:
+  """Runs `code` in a fresh Python with `n` emulated CPU devices; returns its last stdout
+  line parsed as JSON (the script must end by printing one JSON object)."""
+  env = _clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+  if proc.returncode:
+    pytest.fail(f"subprocess failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+  return _last_json(proc.stdout)
+
+
+# ---------------------------------------------------------------------------------------
+# In-process (1 real CPU device)
+# ---------------------------------------------------------------------------------------
+
+
+def test_rules_to_partition_spec():
+  assert par.logical_to_spec(("vocab", "embed")) == P("tensor", "fsdp")
+  assert par.logical_to_spec(("embed", "q_heads", "head_dim")) == P("fsdp", "tensor", None)
+  assert par.logical_to_spec(("norm",)) == P(None)
+  # A mesh axis is used once per spec: batch takes fsdp, so embed stays replicated.
+  assert par.logical_to_spec(("batch", "length", "embed")) == P(("data", "fsdp"), None, None)
+  rules = par.axis_rules([("embed", None), ("mlp", ["fsdp", "tensor"])])
+  assert par.logical_to_spec(("embed", "mlp"), rules) == P(None, ("fsdp", "tensor"))
+  assert par.logical_to_spec(("vocab",), rules) == P("tensor")  # defaults kept
+  cfg = ml_collections.ConfigDict({"axis_rules": [("vocab", None)]})
+  assert par.logical_to_spec(("vocab", "embed"), par.axis_rules(cfg)) == P(None, "fsdp")
+  with pytest.raises(KeyError, match="'bogus' has no rule"):
+    par.logical_to_spec(("bogus",))
+  with pytest.raises(ValueError, match="mesh axes are"):
+    par.axis_rules([("embed", "model")])
+
+
+def test_non_divisible_dim_falls_back_to_replication():
+  # Qwen2.5-7B-like heads: 28 query heads, 4 kv heads; tensor=8 divides neither.
+  cfg = dataclasses.replace(get_preset("tiny-qwen2"), num_heads=28, num_kv_heads=4)
+  abstract = nnx.eval_shape(lambda: Decoder(cfg, jnp.float32, rngs=nnx.Rngs(0)))
+  state = nnx.state(abstract, nnx.Param)
+  mesh = AbstractMesh((1, 2, 8), par.MESH_AXES)
+  specs = par.param_specs(state, mesh)
+  attn = specs["layers"][0]["attn"]
+  assert attn["k"].get_value() == P("fsdp", None, None)
+  assert attn["k_bias"].get_value() == P(None, None)
+  assert attn["q"].get_value() == P("fsdp", None, None)
+  assert specs["layers"][0]["mlp"]["gate"].get_value() == P("fsdp", "tensor")  # 160 % 8 == 0
+  assert specs["embed"].get_value() == P("tensor", "fsdp")
+  report = {(fb.path, fb.dim) for fb in par.sharding_fallbacks(state, mesh)}
+  for name in ("q", "k", "v", "q_bias", "k_bias", "v_bias"):
+    dim = 0 if name.endswith("bias") else 1
+    assert ("['layers'][0]['attn']['" + name + "']", dim) in report
+  assert ("['layers'][0]['attn']['o']", 0) in report
+  assert len(report) == 2 * 7  # 7 head-indexed params per layer, nothing else
+  fb = next(f for f in par.sharding_fallbacks(state, mesh) if f.logical == "kv_heads")
+  assert "kv_heads=4" in str(fb) and "tensor=8" in str(fb)
+
+
+def test_mesh_shape_and_bad_mesh():
+  assert par.mesh_shape({"data": -1, "fsdp": 1, "tensor": 2}, 8) == (4, 1, 2)
+  assert par.mesh_shape(ml_collections.ConfigDict({"data": 2, "fsdp": -1, "tensor": 1}), 8) == (2, 4, 1)
+  with pytest.raises(ValueError, match=r"mesh data=3 x fsdp=1 x tensor=1 = 3 does not match "
+                                       r"the 8 available devices"):
+    par.mesh_shape({"data": 3, "fsdp": 1, "tensor": 1}, 8)
+  with pytest.raises(ValueError, match="do not divide the 8 available devices"):
+    par.mesh_shape({"data": -1, "fsdp": 3, "tensor": 1}, 8)
+  with pytest.raises(ValueError, match="at most one axis may be -1"):
+    par.mesh_shape({"data": -1, "fsdp": -1}, 8)
+  with pytest.raises(ValueError, match=r"data=2 x fsdp=1 x tensor=1 = 2 does not match the 1 "):
+    par.make_mesh({"data": 2, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+  mesh = par.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+  assert mesh.axis_names == par.MESH_AXES and mesh.devices.size == 1
+
+
+def test_opt_state_mirrors_param_shardings():
+  model = Decoder(get_preset("tiny-llama"), jnp.float32, rngs=nnx.Rngs(0))
+  params = nnx.state(model, nnx.Param)
+  mesh = par.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+  shardings = par.param_shardings(params, mesh)
+  for tx in (optax.adam(1e-3), optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))):
+    opt = tx.init(params)
+    osh = par.opt_state_shardings(opt, params, shardings, mesh)
+    has_mu = lambda x: hasattr(x, "mu")
+    adam_sh = next(s for s in jax.tree.leaves(osh, is_leaf=has_mu) if has_mu(s))
+    assert adam_sh.count.spec == P()
+    for moments in (adam_sh.mu, adam_sh.nu):
+      assert moments["embed"].get_value().spec == P("tensor", "fsdp")
+      assert moments["layers"][1]["mlp"]["down"].get_value().spec == P("tensor", "fsdp")
+    placed = par.shard_opt_state(opt, params, shardings, mesh)
+    assert jax.tree.structure(placed) == jax.tree.structure(opt)
+  # Params as a pure dict: matched by leaf shapes.
+  pure = nnx.to_pure_dict(params)
+  osh = par.opt_state_shardings(optax.sgd(0.1, momentum=0.9).init(pure), pure, shardings, mesh)
+  assert osh[0].trace["layers"][0]["attn"]["q"].spec == P("fsdp", "tensor", None)
+
+
+def test_initialize_distributed_single_process_is_noop(monkeypatch):
+  for var in ("JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(var, raising=False)
+  assert par.initialize_distributed(None) is False
+  assert par.initialize_distributed({"num_processes": 1}) is False
+  assert not jax.distributed.is_initialized()
+  with pytest.raises(ValueError, match="needs coordinator_address"):
+    par.initialize_distributed({"num_processes": 2, "process_id": 0})
+  with pytest.raises(ValueError, match=r"process_id=2 must be in \[0, num_processes=2\)"):
+    par.initialize_distributed({"num_processes": 2, "process_id": 2,
+                                "coordinator_address": "localhost:1"})
+
+
+# ---------------------------------------------------------------------------------------
+# 8 emulated devices
+# ---------------------------------------------------------------------------------------
+
+SHARDED_STEP_SCRIPT = STEP_CODE + textwrap.dedent("""
+    graphdef, params, tx = tiny_model()
+    opt = tx.init(params)
+    tokens = global_tokens(8, 17)
+    step = make_step(graphdef, tx)
+
+    # Reference: everything on one device, no shardings.
+    ref_loss, ref_params, _ = jax.jit(step)(params, opt, jnp.asarray(tokens))
+
+    mesh = par.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    shardings = par.param_shardings(params, mesh)
+    opt_sh = par.opt_state_shardings(opt, params, shardings, mesh)
+    p_s = par.shard_params(params, mesh)
+    o_s = par.shard_opt_state(opt, params, shardings, mesh)
+    batch = par.shard_batch({"tokens": tokens}, mesh)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    sharded_step = jax.jit(step, out_shardings=(replicated, shardings, opt_sh))
+    loss, new_params, new_opt = sharded_step(p_s, o_s, batch["tokens"])
+
+    def shard_shape(x):
+      return list(x.sharding.shard_shape(x.shape))
+    try:
+      par.shard_batch({"tokens": tokens[:6]}, mesh)
+      batch_error = ""
+    except ValueError as e:
+      batch_error = str(e)
+    leaves = lambda t: jax.tree.leaves(t)
+    print(json.dumps({
+        "devices": jax.device_count(),
+        "embed": shard_shape(p_s["embed"][...]),
+        "q": shard_shape(p_s["layers"][0]["attn"]["q"][...]),
+        "gate": shard_shape(p_s["layers"][0]["mlp"]["gate"][...]),
+        "norm": shard_shape(p_s["final_norm"]["scale"][...]),
+        "new_gate": shard_shape(new_params["layers"][0]["mlp"]["gate"][...]),
+        "mu_gate": shard_shape(new_opt[0].mu["layers"][0]["mlp"]["gate"][...]),
+        "tokens": shard_shape(batch["tokens"]),
+        "loss": float(loss), "ref_loss": float(ref_loss),
+        "max_param_diff": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                              for a, b in zip(leaves(new_params), leaves(ref_params))),
+        "max_update": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                          for a, b in zip(leaves(new_params), leaves(params))),
+        "batch_error": batch_error,
+    }))
+""")
+
+
+def test_sharded_train_step_matches_one_device():
+  out = run_on_emulated_devices(SHARDED_STEP_SCRIPT, n=8)
+  assert out["devices"] == 8
+  assert out["embed"] == [128, 16]  # [V=256 / tensor 2, E=64 / fsdp 4]
+  assert out["q"] == [16, 2, 16]  # [E / 4, H=4 / 2, D]
+  assert out["gate"] == [16, 64]
+  assert out["norm"] == [64]  # replicated
+  assert out["new_gate"] == [16, 64] and out["mu_gate"] == [16, 64]  # stays sharded
+  assert out["tokens"] == [2, 17]  # 8 rows over data 1 x fsdp 4
+  assert abs(out["loss"] - out["ref_loss"]) <= 1e-5
+  assert out["max_update"] > 1e-3  # the step really moved the params
+  assert out["max_param_diff"] <= 1e-5
+  assert "['tokens']" in out["batch_error"] and "6 rows" in out["batch_error"]
+  assert "data x fsdp = 1 x 4 = 4" in out["batch_error"]
+
+
+# ---------------------------------------------------------------------------------------
+# Two processes joined by jax.distributed
+# ---------------------------------------------------------------------------------------
+
+DISTRIBUTED_SCRIPT = textwrap.dedent("""
+    import os
+    from memagent_jax import parallel as par
+    dist = {"num_processes": int(os.environ["NPROC"]), "process_id": int(os.environ["PID"]),
+            "coordinator_address": os.environ["COORD"], "initialization_timeout": 60}
+    started = par.initialize_distributed(dist)
+    assert par.initialize_distributed(dist) == started  # idempotent
+""") + STEP_CODE + textwrap.dedent("""
+    from jax.experimental import multihost_utils
+    graphdef, params, tx = tiny_model()
+    opt = tx.init(params)
+    mesh = par.make_mesh({"data": -1, "fsdp": 1, "tensor": int(os.environ["TENSOR"])})
+    shardings = par.param_shardings(params, mesh)
+    opt_sh = par.opt_state_shardings(opt, params, shardings, mesh)
+    p_s = par.shard_params(params, mesh)
+    o_s = par.shard_opt_state(opt, params, shardings, mesh)
+    tokens = global_tokens(8, 17)
+    rows = len(tokens) // jax.process_count()
+    local = tokens[jax.process_index() * rows:(jax.process_index() + 1) * rows]
+    batch = par.host_local_batch_to_global({"tokens": local}, mesh)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    step = jax.jit(make_step(graphdef, tx), out_shardings=(replicated, shardings, opt_sh))
+    loss, new_params, _ = step(p_s, o_s, batch["tokens"])
+    checksum = jax.jit(lambda t: sum(jnp.sum(jnp.abs(x)) for x in jax.tree.leaves(t)),
+                       out_shardings=replicated)(new_params)
+    full = multihost_utils.process_allgather(new_params, tiled=True)
+    np.savez(os.path.join(os.environ["OUT"], f"params_{os.environ['TAG']}.npz"),
+             *[np.asarray(x) for x in jax.tree.leaves(full)])
+    print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
+                      "devices": jax.device_count(), "mesh": dict(mesh.shape),
+                      "global_rows": batch["tokens"].shape[0], "loss": float(loss),
+                      "checksum": float(checksum)}))
+""")
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _spawn(tag: str, out_dir, devices: int, **env) -> subprocess.Popen:
+  env = _clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", OUT=str(out_dir),
+                   TAG=tag, **{k: str(v) for k, v in env.items()})
+  return subprocess.Popen([sys.executable, "-c", DISTRIBUTED_SCRIPT], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _collect(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
+  """Waits for all; on a hang or failure kills the rest and fails with their stderr."""
+  deadline = time.monotonic() + timeout
+  outputs = []
+  try:
+    for p in procs:
+      stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+      if p.returncode:
+        pytest.fail(f"process failed (rc={p.returncode}):\n{stderr[-4000:]}")
+      outputs.append(_last_json(stdout))
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"multi-process run did not finish within {timeout} s")
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.communicate()
+  return outputs
+
+
+@pytest.mark.slow
+def test_two_processes_agree_with_single_process(tmp_path):
+  coord = f"localhost:{_free_port()}"
+  procs = [_spawn(f"p{i}", tmp_path, 2, NPROC=2, PID=i, COORD=coord, TENSOR=2) for i in range(2)]
+  multi = _collect(procs, timeout=150)
+  single = _collect([_spawn("single", tmp_path, 1, NPROC=1, PID=0, COORD="", TENSOR=1)], 90)[0]
+  for i, out in enumerate(multi):
+    assert out["process"] == i and out["processes"] == 2 and out["devices"] == 4
+    assert out["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
+    assert out["global_rows"] == 8
+  assert single["processes"] == 1 and single["devices"] == 1
+  assert multi[0]["loss"] == multi[1]["loss"] and multi[0]["checksum"] == multi[1]["checksum"]
+  assert abs(multi[0]["loss"] - single["loss"]) <= 1e-5
+  assert abs(multi[0]["checksum"] - single["checksum"]) <= 1e-5 * abs(single["checksum"])
+  ref = np.load(tmp_path / "params_single.npz")
+  for tag in ("p0", "p1"):
+    got = np.load(tmp_path / f"params_{tag}.npz")
+    assert len(got.files) == len(ref.files)
+    for name in ref.files:
+      np.testing.assert_allclose(got[name], ref[name], atol=1e-5, rtol=0)

@@ -1,0 +1,191 @@
+"""The toy memory world: its word-level tokenizer, its task generator and the agent on both."""
+
+import numpy as np
+import pytest
+
+import memagent_jax as mj
+from memagent_jax.agent import ConversationBatch, chunking
+from memagent_jax.agent.templates import (DIRECT_TEMPLATE, FINAL_TEMPLATES, MEMORY_TEMPLATE,
+                                          NO_MEMORY, TemplateSegments)
+from memagent_jax.data import toy
+from memagent_jax.models.config import PRESETS, TOY_VOCAB_SIZE
+from memagent_jax.models.loading import TOY_TOKENIZER, load_tokenizer
+from memagent_jax.rl import rewards
+from memagent_jax.tokenization import Tokenizer
+from memagent_jax.word_tokenizer import IM_END, UnknownWordError, toy_tokenizer, vocabulary
+
+
+FIELDS = dict(prompt="what is the latest code of oslo ?", memory=NO_MEMORY,
+              chunk="the code of oslo is tiger .", context="rain .")
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return toy_tokenizer()
+
+
+# ----- tokenizer ---------------------------------------------------------------------------------
+def test_vocabulary_is_small_sorted_and_matches_the_presets(tok):
+  words = vocabulary()
+  assert words[:5] == ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+  assert words[5:] == sorted(words[5:]) and len(set(words)) == len(words)
+  assert tok.vocab_size == len(words) < 400
+  assert TOY_VOCAB_SIZE == -(-len(words) // 64) * 64
+  for name in ("toy-1m", "toy-tiny"):
+    assert PRESETS[name].vocab_size == TOY_VOCAB_SIZE
+  assert 0.8e6 <= PRESETS["toy-1m"].num_params <= 1.2e6
+  print(f"vocab {len(words)} (model rows {TOY_VOCAB_SIZE}); toy-1m {PRESETS['toy-1m'].num_params} params")
+
+
+def test_round_trip_of_generated_texts(tok):
+  for s in toy.generate(4, 300, seed=3, override_prob=0.7):
+    for text in (s["context"], s["question"]):
+      ids = tok.encode(text)
+      assert tok.unk_token_id not in ids
+      assert tok.decode(ids) == text
+    assert len(tok.encode(s["context"])) == 300
+
+
+def test_unknown_word_is_an_error_naming_it(tok):
+  with pytest.raises(ValueError, match="xylophone"):
+    tok.encode("the code of xylophone is tiger .")
+  with pytest.raises(UnknownWordError, match="Zebra"):  # case-sensitive: no silent lowercasing
+    tok.encode("the code of oslo is Zebra .")
+  assert tok.hf.encode("xylophone", add_special_tokens=False) == [tok.unk_token_id]  # the raw one
+
+
+def test_templates_encode_without_unknown_tokens(tok):
+  for t in (MEMORY_TEMPLATE, DIRECT_TEMPLATE, *FINAL_TEMPLATES.values(), NO_MEMORY):
+    ids = tok.apply_chat_template(t.format(**FIELDS))
+    assert tok.unk_token_id not in ids and len(ids) > 2
+  assert tok.decode(tok.encode("\\boxed{ tiger }")) == "\\boxed{ tiger }"
+  assert rewards.extract_boxed(tok.decode(tok.encode("so \\boxed{tiger}"))).strip() == "tiger"
+
+
+def test_chat_template_and_stop_token(tok):
+  text = tok.chat_text("what is the latest code of oslo ?")
+  assert text == "<|im_start|>user\nwhat is the latest code of oslo ?<|im_end|>\n<|im_start|>assistant\n"
+  ids = tok.apply_chat_template("what is the latest code of oslo ?")
+  im_end = tok.hf.convert_tokens_to_ids(IM_END)
+  assert tok.eos_token_id == im_end and im_end in tok.stop_token_ids
+  assert ids.count(im_end) == 1  # newlines are dropped: no token for them
+  assert tok.decode_response([tok.encode("tiger")[0], im_end]) == "tiger"
+  assert tok.pad_token_id == 0
+
+
+def test_save_pretrained_reloads_identically(tok, tmp_path):
+  from transformers import AutoTokenizer
+  tok.save_pretrained(str(tmp_path))
+  assert (tmp_path / "tokenizer.json").is_file()
+  hf2 = AutoTokenizer.from_pretrained(str(tmp_path))
+  s = toy.generate(1, 200, seed=5)[0]
+  for text in (s["context"], tok.chat_text(MEMORY_TEMPLATE.format(**FIELDS))):
+    assert hf2.encode(text, add_special_tokens=False) == tok.encode(text)
+  assert hf2.get_vocab() == tok.hf.get_vocab()
+  reloaded = Tokenizer(hf2)
+  assert reloaded.stop_token_ids == tok.stop_token_ids
+  assert reloaded.chat_text("hi") == tok.chat_text("hi")
+
+
+def test_template_segments_and_loading(tok):
+  seg = TemplateSegments.build(tok, MEMORY_TEMPLATE)
+  assert seg.fields == ("prompt", "memory", "chunk")
+  print(f"memory template: {seg.fixed_tokens} fixed tokens")
+  assert 50 <= seg.fixed_tokens <= 120
+  assert load_tokenizer(TOY_TOKENIZER) is tok
+
+
+def test_streaming_chunks_of_a_long_document_equal_whole_encoding(tok):
+  """Documents over chunking.PIECE_CHARS are cut mid-text; cut checks see word fragments."""
+  doc = toy.generate(1, 20000, seed=0)[0]["context"]
+  assert len(doc) > chunking.PIECE_CHARS
+  chunks = list(chunking.document_chunks(tok, doc, 64))
+  assert np.concatenate(chunks).tolist() == tok.encode(doc)
+  assert len(chunks) == -(-20000 // 64)
+
+
+def test_memagent_runs_end_to_end_on_the_toy_world():
+  policy = mj.load_policy("random:toy-tiny")
+  assert policy.tokenizer is toy_tokenizer()
+  agent = mj.MemAgent(policy, chunk_tokens=64, memory_tokens=16, answer_tokens=8)
+  samples = toy.generate(2, 150, seed=0)
+  results, batch = agent.rollout([s["question"] for s in samples], [s["context"] for s in samples])
+  assert isinstance(batch, ConversationBatch)
+  for r in results:
+    assert r.num_chunks == 3 and len(r.conversations) == 4 and r.document_tokens == 150
+    assert all(len(c.response_ids) <= 16 for c in r.conversations[:-1])
+    assert isinstance(r.answer, str)
+
+
+# ----- generator ---------------------------------------------------------------------------------
+def test_deterministic_and_independent_of_n():
+  a = toy.generate(5, 256, seed=7)
+  assert a == toy.generate(5, 256, seed=7)
+  assert toy.generate(40, 256, seed=7)[:5] == a
+  assert a != toy.generate(5, 256, seed=8)
+  assert len({s["context"] for s in a}) == 5
+  assert [s["index"] for s in a] == list(range(5))
+
+
+@pytest.mark.parametrize("num_tokens", [70, 71, 72, 100, 257, 1000, 4096])
+def test_document_length_is_exact(num_tokens):
+  for s in toy.generate(3, num_tokens, seed=1, num_distractors=3, max_overrides=2):
+    assert len(s["context"].split(" ")) == num_tokens == s["num_tokens"]
+
+
+def test_too_short_a_document_is_an_error():
+  with pytest.raises(ValueError, match="too short"):
+    toy.generate(1, 20, seed=0, num_distractors=3)
+
+
+def test_answer_is_the_last_fact_about_the_key():
+  for s in toy.generate(30, 400, seed=2, override_prob=0.5):
+    about_key = [v for k, v in s["facts"] if k == s["key"]]
+    assert s["answers"] == [about_key[-1]]
+    assert len(about_key) == 1 + s["num_overrides"]
+    assert s["question"] == f"what is the latest code of {s['key']} ?"
+    doc = s["context"]
+    for k, v in s["facts"]:
+      assert toy.fact(k, v) in doc
+    # The answer value appears once: in the last fact about the key, after every other one.
+    answer = s["answers"][0]
+    assert doc.count(f" {answer} ") == 1
+    assert doc.index(toy.fact(s["key"], answer)) == max(doc.index(toy.fact(s["key"], v))
+                                                         for v in about_key)
+
+
+def test_override_probability():
+  always = toy.generate(20, 300, seed=0, override_prob=1.0, max_overrides=2)
+  assert all(s["num_overrides"] == 2 for s in always)
+  never = toy.generate(20, 300, seed=0, override_prob=0.0)
+  assert all(s["num_overrides"] == 0 for s in never)
+  assert all(sum(k == s["key"] for k, _ in s["facts"]) == 1 for s in never)
+
+
+def test_number_of_distractors():
+  for d in (0, 3, 10):
+    for s in toy.generate(5, 400, seed=4, num_distractors=d, override_prob=0.0):
+      assert len(s["facts"]) == 1 + d and s["num_distractors"] == d
+      assert sum(k != s["key"] for k, _ in s["facts"]) == d
+  s = toy.generate(1, 4000, seed=0, distractor_density=5.0)[0]
+  assert s["num_distractors"] == 20
+  with pytest.raises(ValueError):
+    toy.generate(1, 400, num_distractors=2, distractor_density=1.0)
+
+
+def test_values_are_unambiguous_under_substring_matching():
+  words = [w.lower() for w in vocabulary()]
+  for v in toy.VALUES:
+    assert v.isalpha() and v.islower()
+    assert not [w for w in words if w != v and v in w], v
+    inside = [w for w in words if w != v and w in v and any(c.isalnum() for c in w)]
+    assert set(inside) <= {"a", "an", "the"}, (v, inside)  # articles: dropped by normalisation
+  assert not set(toy.KEYS) & set(toy.VALUES)
+  assert not set(toy.FILLER_WORDS) & (set(toy.KEYS) | set(toy.VALUES) | set(toy.FACT_WORDS))
+
+
+def test_registered_in_evaluation(tok):
+  from memagent_jax import evaluation
+  assert toy.TASK in evaluation.task_names()
+  samples = evaluation.make_samples(toy.TASK, 128, 2, 0, tok)
+  assert samples == toy.generate(2, 128, 0)

@@ -1,0 +1,151 @@
+"""The jitted update: response log-prob alignment, gradient accumulation, knobs, NaN skipping."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from memagent_jax.models.config import get_preset
+from memagent_jax.models.decoder import Decoder, forward_logits
+from memagent_jax.rl import update as upd
+
+P, N, R = 12, 6, 8
+
+
+def _model(preset="tiny-llama", seed=0):
+  return Decoder(get_preset(preset), jnp.float32, rngs=nnx.Rngs(seed))
+
+
+def _rows(seed=0, vocab=256):
+  """R rows: left-padded prompts of 3..P tokens, right-padded responses of 1..N tokens."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, vocab, (R, P + N)).astype(np.int32)
+  plen = rng.integers(3, P + 1, R)
+  rlen = np.concatenate([[N, 1], rng.integers(1, N + 1, R - 2)])  # one long, one 1-token row
+  valid = np.zeros((R, P + N), bool)
+  mask = np.zeros((R, N), bool)
+  for i in range(R):
+    valid[i, P - plen[i]:P + rlen[i]] = True
+    mask[i, :rlen[i]] = True
+  return dict(tokens=tokens, valid=valid, loss_mask=mask,
+              old_logp=(-3.0 + 0.3 * rng.standard_normal((R, N))).astype(np.float32),
+              ref_logp=(-3.0 + 0.3 * rng.standard_normal((R, N))).astype(np.float32),
+              advantages=rng.standard_normal(R).astype(np.float32))
+
+
+def _step(model, rows, spec, micro=1, tx=None):
+  gd, params = nnx.split(model)
+  tx = tx or optax.adamw(1e-3, weight_decay=0.01)
+  opt = tx.init(params)
+  batch = {k: jnp.asarray(v) for k, v in upd.split_micro(rows, micro).items()}
+  new_params, _, metrics = upd.update_step(gd, params, opt, batch, tx=tx, spec=spec)
+  return params, new_params, jax.device_get(metrics)
+
+
+def _rel(a, b):
+  la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  num = np.sqrt(sum(float(np.sum((np.asarray(x, np.float64) - np.asarray(y, np.float64)) ** 2)) for x, y in zip(la, lb)))
+  den = np.sqrt(sum(float(np.sum(np.asarray(y, np.float64) ** 2)) for y in lb))
+  return num / den
+
+
+def test_response_logprobs_align_with_full_forward():
+  """logp[i, j] is log p(response token j | prompt and earlier response), row by row unpadded."""
+  model = _model()
+  rows = _rows()
+  logp, ent = upd.response_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), P)
+  for i in range(R):
+    ids = rows["tokens"][i][rows["valid"][i]]
+    plen = int(rows["valid"][i, :P].sum())
+    full = np.asarray(jax.nn.log_softmax(forward_logits(model, jnp.asarray(ids[None]))[0]))
+    n = int(rows["loss_mask"][i].sum())
+    want = [full[plen - 1 + j, ids[plen + j]] for j in range(n)]
+    np.testing.assert_allclose(np.asarray(logp[i, :n]), want, atol=2e-5)
+    p = np.exp(full[plen - 1:plen - 1 + n])
+    np.testing.assert_allclose(np.asarray(ent[i, :n]), -(p * np.log(p)).sum(-1), atol=2e-4)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                 "seq-mean-token-sum-norm"])
+def test_gradient_accumulation_1_vs_4_micro_batches(agg):
+  """4 micro-batches give the update of the whole mini-batch at once (<= 1e-6 relative)."""
+  model, rows = _model(), _rows()
+  spec = upd.UpdateSpec(P, agg=agg, kl_coef=0.01, entropy_coef=0.01, clip_c=3.0)
+  tx = optax.sgd(1.0)  # the update IS the gradient: compares gradients directly
+  p0, one, m1 = _step(model, rows, spec, micro=1, tx=tx)
+  _, four, m4 = _step(model, rows, spec, micro=4, tx=tx)
+  grads1 = jax.tree_util.tree_map(jnp.subtract, p0, one)
+  grads4 = jax.tree_util.tree_map(jnp.subtract, p0, four)
+  assert _rel(grads4, grads1) <= 1e-6
+  assert abs(m1["loss"] - m4["loss"]) <= 1e-6 * max(1.0, abs(m1["loss"]))
+  assert m1["tokens"] == m4["tokens"] == rows["loss_mask"].sum()
+  _, a1, _ = _step(model, rows, spec, micro=1)
+  _, a4, _ = _step(model, rows, spec, micro=4)
+  assert _rel(a4, a1) <= 1e-6  # AdamW params after the update
+
+
+def test_a_mean_of_micro_batch_means_would_differ():
+  """Guards the test above: token counts differ per micro-batch, so naive averaging is wrong."""
+  rows = _rows()
+  counts = rows["loss_mask"].reshape(4, 2, N).sum((1, 2))
+  assert len(set(counts.tolist())) > 1
+
+
+def _rows_with_ratios(spread=0.7):
+  """Rows whose old log-probs put the ratios spread over [e^-spread, e^spread] around 1."""
+  rows, model = _rows(), _model()
+  logp, _ = upd.response_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), P)
+  shift = np.random.default_rng(1).uniform(-spread, spread, logp.shape)
+  rows["old_logp"] = (np.asarray(logp) - shift).astype(np.float32)
+  return rows
+
+
+def _params_after(spec, rows=None, model=None):
+  """Params after one SGD step (lr 1): differences are gradient differences (Adam's first
+  step would mostly keep only the gradient's signs)."""
+  return _step(model or _model(), rows or _rows(), spec, tx=optax.sgd(1.0))[1]
+
+
+@pytest.mark.parametrize("field,value", [("kl_coef", 0.5), ("entropy_coef", 0.5), ("clip_low", 0.01),
+                                          ("clip_high", 0.01), ("agg", "seq-mean-token-sum"),
+                                          ("loss", "sft"), ("kl_kind", "abs")])
+def test_each_update_knob_changes_the_update(field, value):
+  base = upd.UpdateSpec(P, kl_coef=0.1 if field == "kl_kind" else 0.0)
+  rows = _rows_with_ratios()
+  a = _params_after(base, rows)
+  b = _params_after(dataclasses.replace(base, **{field: value}), rows)
+  assert _rel(a, b) > 1e-4
+
+
+def test_dual_clip_knob_changes_the_update():
+  rows = _rows_with_ratios(spread=3.0)  # ratios up to e^3 > clip_c for negative advantages
+  a = _params_after(upd.UpdateSpec(P, clip_c=None), rows)
+  b = _params_after(upd.UpdateSpec(P, clip_c=3.0), rows)
+  assert _rel(a, b) > 1e-4
+
+
+def test_remat_gives_the_same_update():
+  rows = _rows()
+  a = _params_after(upd.UpdateSpec(P), rows)
+  b = _params_after(upd.UpdateSpec(P, remat=True), rows)
+  assert _rel(a, b) <= 1e-6
+
+
+def test_non_finite_loss_skips_the_update():
+  rows = _rows()
+  rows["advantages"][0] = np.nan
+  p0, p1, m = _step(_model(), rows, upd.UpdateSpec(P))
+  assert not m["finite"]
+  assert _rel(p1, p0) == 0.0
+
+
+def test_all_masked_batch_is_a_finite_no_op_gradient():
+  rows = _rows()
+  rows["loss_mask"][:] = False
+  p0, p1, m = _step(_model(), rows, upd.UpdateSpec(P), tx=optax.sgd(1.0))
+  assert m["finite"] and m["tokens"] == 0 and m["loss"] == 0.0
+  assert _rel(p1, p0) == 0.0
