@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `configs` package
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "training config file[:variant]",
@@ -26,6 +26,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   from memagent_jax.rl.trainer import Trainer
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   cfg = _CONFIG.value
   trainer = Trainer(cfg, workdir=_WORKDIR.value)
   out = trainer.train()

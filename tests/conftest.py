@@ -1,12 +1,16 @@
 """Shared fixtures: the embedded SmolLM2 policy, tiny random HF checkpoints, torch references."""
 
 import os
+import sys
 
 import numpy as np
 import pytest
 
 import memagent_jax as mj
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)  # the `configs` package
 
 
 @pytest.fixture(scope="session")

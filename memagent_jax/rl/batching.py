@@ -77,11 +77,13 @@ def rows_from_conversations(batch: ConversationBatch, row_advantages: np.ndarray
 
 
 def bucket_rows(rows: int, multiple: int) -> int:
-  """Smallest `multiple * 2^k` >= rows: few distinct shapes, at most 2x padding."""
+  """Smallest `multiple * u` >= rows with u in 1, 2, 3, 4, 6, 8, 12, 16, ... (2^k or 1.5 * 2^k):
+  two shapes per octave, so few compilations and at most 1/3 of the rows are padding."""
   if rows < 1:
     raise ValueError("no rows to bucket")
   units = -(-rows // multiple)
-  return multiple * (1 << (units - 1).bit_length())
+  power = 1 << (units - 1).bit_length()  # smallest 2^k >= units
+  return multiple * (3 * power // 4 if power >= 4 and units <= 3 * power // 4 else power)
 
 
 def mini_batches(rows: TrainRows, num_questions: int, questions_per_mini_batch: int,

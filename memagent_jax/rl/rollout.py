@@ -140,12 +140,13 @@ class RolloutCollector:
               " every other group had equal rewards; raise max_extra_gen_batches, or set "
               "rl.on_insufficient='proceed' to train on the kept groups")
         break
+    informative = len(kept_results)  # groups with a reward signal, before trimming to the step size
     kept_results, kept_rewards = kept_results[:cfg.questions_per_step], kept_rewards[:cfg.questions_per_step]
     scores, shaped, lengths = map(np.concatenate, (all_scores, all_rewards, all_lengths))
     memory_lengths = [_response_tokens(c, self.stop_tokens) for r in all_results for c in r.conversations[:-1]]
     metrics = {
         "reward_mean": float(shaped.mean()), "accuracy": float(scores.mean()),
-        "kept_group_frac": len(kept_results) / max(1, groups_seen), "gen_batches": gen,
+        "kept_group_frac": informative / max(1, groups_seen), "gen_batches": gen,
         "kept_groups": len(kept_results), "answer_tokens": float(lengths.mean()),
         "memory_tokens": float(np.mean(memory_lengths)) if memory_lengths else 0.0,
         "chunks_per_doc": float(np.mean([r.num_chunks for r in all_results])),

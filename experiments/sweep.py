@@ -1,0 +1,120 @@
+"""Runs an ablation sweep (configs/sweeps/*.py) one run after another, or prints its commands,
+then writes one summary table (markdown + CSV) of every run's final metrics.
+
+  python experiments/sweep.py --sweep=configs/sweeps/clip_high.py --root=runs/sweep_clip_high
+  python experiments/sweep.py --sweep=configs/sweeps/memory_size.py --dry_run
+  python experiments/sweep.py --sweep=... --set=train.steps=5    # extra override for every run
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from memagent_jax.rl.metrics import read_jsonl  # noqa: E402
+
+COLUMNS = ("train/reward_mean", "train/accuracy", "train/kept_group_frac", "train/memory_tokens",
+           "train/grad_norm", "eval/score")
+
+
+def load_sweep(path: str) -> dict:
+  if not os.path.isfile(path):
+    raise SystemExit(f"sweep: no such sweep file: {path}")
+  spec = importlib.util.spec_from_file_location("sweep_file", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  sweep = module.get_sweep()
+  if not sweep.get("runs"):
+    raise SystemExit(f"sweep: {path} lists no runs")
+  return sweep
+
+
+def run_command(config: str, overrides: dict, workdir: str) -> list[str]:
+  cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"), f"--config={config}",
+         f"--workdir={workdir}"]
+  return cmd + [f"--config.{k}={v}" for k, v in overrides.items()]
+
+
+def summarize(name: str, workdir: str, seconds: float | None) -> dict:
+  """Final value of each column (last logged step), plus the first and last mean reward."""
+  path = os.path.join(workdir, "logs", "metrics.jsonl")
+  row = {"run": name, "steps": 0, "seconds": "" if seconds is None else f"{seconds:.0f}"}
+  if not os.path.exists(path):
+    return row
+  lines = read_jsonl(path)
+  train = [l for l in lines if "train/reward_mean" in l]
+  row["steps"] = max((l["step"] for l in lines), default=0)
+  if train:
+    k = max(1, len(train) // 5)  # first / last fifth of the run
+    row["reward_first"] = sum(l["train/reward_mean"] for l in train[:k]) / k
+    row["reward_last"] = sum(l["train/reward_mean"] for l in train[-k:]) / k
+  for col in COLUMNS:
+    vals = [l[col] for l in lines if col in l]
+    if vals:
+      row[col] = vals[-1]
+  return row
+
+
+def write_table(rows: list[dict], out_dir: str) -> str:
+  cols = ["run", "steps", "seconds", "reward_first", "reward_last"] + list(COLUMNS)
+  cols = [c for c in cols if any(c in r for r in rows)]
+  fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
+  md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  md += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, "summary.md"), "w") as f:
+    f.write("\n".join(md) + "\n")
+  with open(os.path.join(out_dir, "summary.csv"), "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+  return "\n".join(md)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--sweep", required=True, help="configs/sweeps/<name>.py")
+  p.add_argument("--root", default=None, help="directory of the runs (default runs/sweep_<name>)")
+  p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override added to every run (e.g. train.steps=5)")
+  args = p.parse_args(argv)
+  sweep = load_sweep(args.sweep)
+  name = os.path.splitext(os.path.basename(args.sweep))[0]
+  root = args.root or os.path.join("runs", f"sweep_{name}")
+  extra = {}
+  for item in args.set:
+    if "=" not in item:
+      raise SystemExit(f"sweep: --set {item!r} must be KEY=VALUE")
+    k, v = item.split("=", 1)
+    extra[k] = v
+  rows = []
+  for run, overrides in sweep["runs"].items():
+    workdir = os.path.join(root, run)
+    cmd = run_command(sweep["config"], {**overrides, **extra}, workdir)
+    print(shlex.join(cmd), flush=True)
+    seconds = None
+    if not args.dry_run:
+      t0 = time.perf_counter()
+      rc = subprocess.call(cmd, cwd=ROOT)
+      seconds = time.perf_counter() - t0
+      if rc:
+        raise SystemExit(f"sweep: run {run!r} failed with exit code {rc}; its log is in {workdir}")
+    rows.append(summarize(run, workdir, seconds))
+  if not args.dry_run:
+    print(write_table(rows, root))
+    print(f"summary: {os.path.join(root, 'summary.md')}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,141 @@
+"""The training loop: metrics, bad configs, NaN stopping, knobs, and SIGKILL resume (bit exact)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import toy_cpu
+from memagent_jax import checkpointing
+from memagent_jax.rl import trainer as trainer_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny(**overrides):
+  c = toy_cpu.get_config("tiny")
+  for key, value in overrides.items():
+    node = c
+    *path, leaf = key.split(".")
+    for p in path:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def _leaves(tree):
+  return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def test_tiny_run_logs_every_metric_and_saves(tmp_path):
+  t = trainer_lib.Trainer(tiny(**{"train.steps": 2, "eval.every": 2}), workdir=str(tmp_path))
+  out = t.train()
+  assert out["step"] == 2
+  lines = [json.loads(l) for l in open(tmp_path / "logs" / "metrics.jsonl")]
+  train = [l for l in lines if "train/reward_mean" in l]
+  assert [l["step"] for l in train] == [1, 2]
+  for name in ("reward_mean", "accuracy", "kept_group_frac", "clip_frac", "kl", "entropy", "grad_norm",
+               "memory_tokens", "update_tokens_per_s", "rollout_tokens_per_s", "step_seconds", "lr"):
+    assert f"train/{name}" in train[-1], name
+  assert any("eval/score" in l for l in lines)  # periodic held-out evaluation
+  events = os.listdir(tmp_path / "logs" / "tensorboard")
+  assert events and os.path.getsize(tmp_path / "logs" / "tensorboard" / events[0]) > 0
+  assert checkpointing.Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 2
+
+
+def test_bad_configs_fail_before_any_work(tmp_path):
+  from memagent_jax.agent.memagent import ContextBudgetError
+  with pytest.raises(ContextBudgetError, match="context window is 1024 tokens"):
+    trainer_lib.Trainer(tiny(**{"agent.chunk_tokens": 2000}), workdir=str(tmp_path / "a"))
+  with pytest.raises(ValueError, match="group_size >= 2"):
+    trainer_lib.Trainer(tiny(**{"rl.group_size": 1, "rl.rollout_batch": 4}), workdir=str(tmp_path / "b"))
+  with pytest.raises(ValueError, match="does not match the 1 available devices"):
+    trainer_lib.Trainer(tiny(**{"mesh.data": 3}), workdir=str(tmp_path / "c"))
+  with pytest.raises(ValueError, match="ppo_mini_batch"):
+    trainer_lib.Trainer(tiny(**{"rl.ppo_mini_batch": 3}), workdir=str(tmp_path / "d"))
+
+
+def test_resume_from_another_model_shape_is_refused(tmp_path):
+  trainer_lib.Trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path)).train()
+  with pytest.raises(checkpointing.CheckpointMismatchError):
+    trainer_lib.Trainer(tiny(**{"model.source": "random:toy-1m"}), workdir=str(tmp_path))
+
+
+def test_consecutive_non_finite_updates_stop_training(tmp_path, monkeypatch):
+  from memagent_jax.rl import update as upd
+  real = upd.update_step
+
+  def poisoned(gd, params, opt, batch, *, tx, spec):
+    batch = dict(batch, advantages=batch["advantages"] * np.nan)
+    return real(gd, params, opt, batch, tx=tx, spec=spec)
+
+  monkeypatch.setattr(upd, "update_step", poisoned)
+  t = trainer_lib.Trainer(tiny(**{"train.steps": 5, "train.max_nan_steps": 3}), workdir=str(tmp_path))
+  before = _leaves(t.state.params)
+  with pytest.raises(trainer_lib.NonFiniteLossError, match="3 consecutive updates"):
+    t.train()
+  assert all(np.array_equal(a, b) for a, b in zip(before, _leaves(t.state.params)))  # all skipped
+
+
+@pytest.mark.parametrize("knob,value", [("rl.recompute_old_logprobs", False), ("rl.kl_coef", 0.5),
+                                        ("model.remat", True), ("rl.micro_batches", 2)])
+def test_trainer_knobs_reach_the_update(tmp_path, knob, value):
+  """Each knob changes the params after one step, except remat and micro-batching, which must
+  not change them beyond float rounding (they change how, not what, is computed)."""
+  base = trainer_lib.Trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "base"))
+  base.train()
+  other = trainer_lib.Trainer(tiny(**{"train.steps": 1, knob: value}), workdir=str(tmp_path / "other"))
+  other.train()
+  a, b = _leaves(base.state.params), _leaves(other.state.params)
+  diff = max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+  if knob in ("model.remat", "rl.micro_batches"):
+    assert diff <= 1e-5
+  else:
+    assert diff > 0
+  if knob == "rl.kl_coef":
+    assert other.state.ref_params is not None and base.state.ref_params is None
+
+
+def _train_cmd(workdir, steps):
+  return [sys.executable, os.path.join(REPO, "experiments", "train.py"), "--config=configs/toy_cpu.py:tiny",
+          f"--workdir={workdir}", f"--config.train.steps={steps}", "--config.train.save_every=1",
+          "--config.rl.clip_high=0.31"]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_resumes_bit_exact(tmp_path):
+  steps = 6
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
+  subprocess.run(_train_cmd(ref_dir, steps), cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+  proc = subprocess.Popen(_train_cmd(run_dir, steps), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  ckpt_dir = str(run_dir / "checkpoints")
+  deadline = time.time() + 300
+  while time.time() < deadline:  # kill once step 3 is committed, while later steps run
+    if os.path.isdir(ckpt_dir) and (checkpointing.Checkpointer(ckpt_dir).latest_step() or 0) >= 3:
+      break
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  killed_at = checkpointing.Checkpointer(ckpt_dir).latest_step()
+  assert killed_at is not None and 3 <= killed_at < steps, killed_at
+  out = subprocess.run(_train_cmd(run_dir, steps), cwd=REPO, env=env, check=True, capture_output=True,
+                       text=True, timeout=600)
+  assert json.loads(out.stdout.strip().splitlines()[-1])["step"] == steps
+  ref, ref_meta = checkpointing.Checkpointer(str(ref_dir / "checkpoints")).restore()
+  got, meta = checkpointing.Checkpointer(ckpt_dir).restore()
+  assert ref_meta["step"] == meta["step"] == steps
+  for name in ("params", "opt_state", "rng"):
+    for x, y in zip(_leaves(ref[name]), _leaves(got[name])):
+      assert np.array_equal(x, y), name  # bit for bit
+  assert meta["data_state"] == ref_meta["data_state"]
+  assert meta["config"] and json.loads(meta["config"])["rl"]["clip_high"] == 0.31  # the CLI override
+  steps_logged = [json.loads(l)["step"] for l in open(run_dir / "logs" / "metrics.jsonl")]
+  assert steps_logged == list(range(1, steps + 1))  # re-run steps are not logged twice
