@@ -18,13 +18,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.agent.update(chunk_tokens=64, memory_tokens=16, answer_tokens=8, question_tokens=16,
                  final_template="boxed", block_chunks=4, max_chunks=0)
   c.data.update(task="toy_kv", length=128, train_size=512, seed=0)
-  c.rl.update(group_size=8, questions_per_step=8, ppo_mini_batch=8, micro_batches=1, rollout_batch=64,
+  c.rl.update(group_size=8, questions_per_step=16, ppo_mini_batch=4, micro_batches=1, rollout_batch=128,
               temperature=1.0, top_p=1.0, reward="string_match_part", advantage="grpo",
               clip_low=0.2, clip_high=0.28, clip_c=3.0, kl_coef=0.0, entropy_coef=0.0,
               dynamic_sampling=False)
   c.rl.overlong.update(enable=False, max_tokens=8, cache_tokens=4)
-  c.optim.update(lr=3e-3, schedule="constant", warmup_steps=2, weight_decay=0.0, grad_clip=1.0)
-  c.train.update(steps=40, seed=0, workdir="runs/toy_cpu", save_every=20, keep_checkpoints=2)
+  c.optim.update(lr=1e-2, schedule="constant", warmup_steps=2, weight_decay=0.0, grad_clip=1.0)
+  c.train.update(steps=60, seed=0, workdir="runs/toy_cpu", save_every=20, keep_checkpoints=2)
   c.eval.update(every=0, size=64, seed=12345, temperature=1.0, top_p=0.7, batch_size=64)
   c.mesh.update(data=-1, fsdp=1, tensor=1)
   if variant == "tiny":

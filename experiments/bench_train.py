@@ -1,0 +1,107 @@
+"""Throughput of the RL update step: tokens/s and achieved FLOP/s against the measured matmul peak.
+
+  python experiments/bench_train.py                       # toy-tiny, toy-1m, tiny-smollm2 on this machine
+  python experiments/bench_train.py --presets=qwen2.5-0.5b-instruct --rows=8 --length=2048 --dtype=bfloat16
+
+FLOPs are XLA's own count for the compiled update (forward + backward + AdamW), and the usual
+6 x params x tokens estimate beside it; the peak is a large jitted matmul in the same dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from memagent_jax.models.config import get_preset  # noqa: E402
+from memagent_jax.models.decoder import Decoder  # noqa: E402
+from memagent_jax.rl import update as upd  # noqa: E402
+
+
+def _time(fn, repeats: int) -> float:
+  jax.block_until_ready(fn())  # compile + warm up
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    best = min(best, time.perf_counter() - t)
+  return best
+
+
+def matmul_peak(dtype, n: int = 2048, repeats: int = 5) -> float:
+  """FLOP/s of one large square matmul: the practical peak of this device and dtype."""
+  a = jnp.ones((n, n), dtype)
+  f = jax.jit(lambda x: x @ x)
+  return 2 * n ** 3 / _time(lambda: f(a), repeats)
+
+
+def bench_update(preset: str, rows: int, length: int, prompt_width: int, dtype, micro: int, remat: bool,
+                 repeats: int) -> dict:
+  cfg = get_preset(preset)
+  model = Decoder(cfg, dtype, rngs=nnx.Rngs(0))
+  gd, params = nnx.split(model)
+  tx = optax.adamw(1e-5)
+  opt = tx.init(params)
+  rng = np.random.default_rng(0)
+  n = length - prompt_width
+  batch = dict(tokens=rng.integers(0, cfg.vocab_size, (rows, length)).astype(np.int32),
+               valid=np.ones((rows, length), bool), loss_mask=np.ones((rows, n), bool),
+               old_logp=np.full((rows, n), -5.0, np.float32), ref_logp=np.full((rows, n), -5.0, np.float32),
+               advantages=rng.standard_normal(rows).astype(np.float32))
+  batch = {k: jnp.asarray(v) for k, v in upd.split_micro(batch, micro).items()}
+  spec = upd.UpdateSpec(prompt_width, remat=remat)
+  step = lambda: upd.update_step(gd, params, opt, batch, tx=tx, spec=spec)[2]["loss"]
+  compiled = upd.update_step.lower(gd, params, opt, batch, tx=tx, spec=spec).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  seconds = _time(step, repeats)
+  tokens = rows * length
+  return dict(preset=preset, params=cfg.num_params, rows=rows, length=length, seconds=seconds,
+              tokens_per_s=tokens / seconds, xla_flops=float(cost.get("flops", float("nan"))),
+              model_flops=6.0 * cfg.num_params * tokens)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--presets", default="toy-tiny,toy-1m,tiny-smollm2")
+  p.add_argument("--rows", type=int, default=64)
+  p.add_argument("--length", type=int, default=256)
+  p.add_argument("--prompt_width", type=int, default=224)
+  p.add_argument("--micro_batches", type=int, default=1)
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--remat", action="store_true")
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--out", default=None, help="write the markdown table here too")
+  args = p.parse_args(argv)
+  dtype = jnp.dtype(args.dtype)
+  peak = matmul_peak(dtype)
+  lines = [f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, dtype {args.dtype}, "
+           f"matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3 jitted matmul)", "",
+           "| model | params | rows x length | s / update | tokens/s | XLA GFLOP/s | 6NT GFLOP/s | XLA % of peak |",
+           "|---|---|---|---|---|---|---|---|"]
+  for preset in args.presets.split(","):
+    r = bench_update(preset, args.rows, args.length, args.prompt_width, dtype, args.micro_batches,
+                     args.remat, args.repeats)
+    xla = r["xla_flops"] / r["seconds"]
+    lines.append(f"| {preset} | {r['params'] / 1e6:.2f}M | {r['rows']} x {r['length']} | {r['seconds']:.3f} | "
+                 f"{r['tokens_per_s']:,.0f} | {xla / 1e9:.1f} | {r['model_flops'] / r['seconds'] / 1e9:.1f} | "
+                 f"{100 * xla / peak:.0f}% |")
+    print(lines[-1], flush=True)
+  table = "\n".join(lines)
+  print(table)
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(f"Command: `python experiments/bench_train.py {' '.join(argv or sys.argv[1:])}`\n\n{table}\n")
+
+
+if __name__ == "__main__":
+  main()

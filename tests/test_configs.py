@@ -1,0 +1,83 @@
+"""Config files: released settings as in MEMAGENT_FACTS.md section 3, variants, and sweeps."""
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from memagent_jax.rl.config_checks import validate_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = ["base", "toy_cpu", "memagent_qwen2_5_7b", "memagent_qwen2_5_14b"]
+
+
+def _get(name, variant=""):
+  return importlib.import_module(f"configs.{name}").get_config(variant)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_and_variant_is_valid(name):
+  validate_config(_get(name))
+  if name != "base":
+    validate_config(_get(name, "dapo"))
+  with pytest.raises(ValueError, match="unknown variant"):
+    _get(name if name != "base" else "toy_cpu", "nope")
+
+
+@pytest.mark.parametrize("name,questions,mini", [("memagent_qwen2_5_7b", 128, 8), ("memagent_qwen2_5_14b", 256, 16)])
+def test_released_settings(name, questions, mini):
+  c = _get(name)
+  assert (c.agent.chunk_tokens, c.agent.memory_tokens, c.agent.answer_tokens) == (5000, 1024, 1024)
+  assert c.rl.group_size == 16 and c.rl.questions_per_step == questions and c.rl.ppo_mini_batch == mini
+  assert c.rl.questions_per_step // c.rl.ppo_mini_batch == 16  # 16 optimizer updates per step
+  assert (c.optim.lr, c.optim.warmup_steps, c.optim.weight_decay, c.optim.grad_clip) == (1e-6, 20, 0.01, 1.0)
+  assert (c.rl.kl_coef, c.rl.kl_kind) == (0.001, "low_var_kl")
+  assert (c.rl.clip_low, c.rl.clip_high, c.rl.clip_c, c.rl.agg) == (0.2, 0.2, 3.0, "token-mean")
+  assert c.rl.advantage == "mean_centred" and not c.rl.dynamic_sampling and not c.rl.overlong.enable
+  assert (c.rl.temperature, c.rl.top_p, c.eval.temperature, c.eval.top_p) == (1.0, 1.0, 1.0, 0.7)
+  assert c.model.dtype == "bfloat16" and c.mesh.fsdp * c.mesh.tensor >= 32
+  d = _get(name, "dapo")
+  assert (d.rl.clip_low, d.rl.clip_high, d.rl.kl_coef) == (0.2, 0.28, 0.0)
+  assert d.rl.dynamic_sampling and d.rl.overlong.enable and d.rl.max_extra_gen_batches > 0
+
+
+def test_sweeps_list_overrides_of_real_fields():
+  sweeps = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs", "sweeps")) if f.endswith(".py")
+                  and not f.startswith("_"))
+  assert {"memory_size", "chunk_size", "clip_high", "advantage"} <= set(sweeps)
+  for s in sweeps:
+    sweep = importlib.import_module(f"configs.sweeps.{s}").get_sweep()
+    base = _get(os.path.splitext(os.path.basename(sweep["config"]))[0])
+    for run, overrides in sweep["runs"].items():
+      for key, value in overrides.items():
+        node = base
+        *path, leaf = key.split(".")
+        for p in path:
+          node = node[p]
+        assert leaf in node, f"{s}/{run}: {key} is not a config field"
+        node[leaf] = value
+      validate_config(base)
+
+
+def test_sweep_dry_run_prints_one_command_per_run(tmp_path):
+  out = subprocess.run([sys.executable, "experiments/sweep.py", "--sweep=configs/sweeps/clip_high.py",
+                        "--dry_run", f"--root={tmp_path}"], cwd=REPO, capture_output=True, text=True, check=True)
+  cmds = [l for l in out.stdout.splitlines() if "train.py" in l]
+  assert len(cmds) == 3 and all("--config.rl.clip_high=" in c for c in cmds)
+
+
+def test_sweep_summary_table(tmp_path):
+  sys.path.insert(0, os.path.join(REPO, "experiments"))
+  import json
+  import sweep
+  for run, rewards in (("a", [0.1, 0.2, 0.5]), ("b", [0.0, 0.0, 0.1])):
+    os.makedirs(tmp_path / run / "logs")
+    with open(tmp_path / run / "logs" / "metrics.jsonl", "w") as f:
+      for i, r in enumerate(rewards):
+        f.write(json.dumps({"step": i + 1, "train/reward_mean": r, "train/accuracy": r}) + "\n")
+  rows = [sweep.summarize(r, str(tmp_path / r), 1.0) for r in ("a", "b")]
+  assert rows[0]["reward_first"] == 0.1 and rows[0]["reward_last"] == 0.5 and rows[0]["steps"] == 3
+  table = sweep.write_table(rows, str(tmp_path))
+  assert "| a | 3 |" in table and os.path.exists(tmp_path / "summary.csv")
