@@ -83,7 +83,21 @@ def test_consecutive_non_finite_updates_stop_training(tmp_path, monkeypatch):
   assert all(np.array_equal(a, b) for a, b in zip(before, _leaves(t.state.params)))  # all skipped
 
 
-@pytest.mark.parametrize("knob,value", [("rl.recompute_old_logprobs", False), ("rl.kl_coef", 0.5),
+def test_recompute_old_logprobs_knob(tmp_path, monkeypatch):
+  """On: old log-probs come from a training-forward pass before the updates; off: from the
+  sampler (equal to float rounding here, so the knob is checked by what runs)."""
+  from memagent_jax.rl import update as upd
+  calls = []
+  real = upd.batch_logprobs
+  monkeypatch.setattr(upd, "batch_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+  trainer_lib.Trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "on")).train()
+  on = len(calls)
+  trainer_lib.Trainer(tiny(**{"train.steps": 1, "rl.recompute_old_logprobs": False}),
+                      workdir=str(tmp_path / "off")).train()
+  assert on == 2 and len(calls) == on  # one pass per mini-batch when on, none when off
+
+
+@pytest.mark.parametrize("knob,value", [("rl.kl_coef", 0.5),
                                         ("model.remat", True), ("rl.micro_batches", 2)])
 def test_trainer_knobs_reach_the_update(tmp_path, knob, value):
   """Each knob changes the params after one step, except remat and micro-batching, which must

@@ -68,7 +68,11 @@ def restore_or_init(trainer):
   nnx.replace_by_pure_dict(params, restored["params"])
   if ref_params is not None:
     nnx.replace_by_pure_dict(ref_params, restored["ref_params"])
-  state = TrainState(params, restored["opt_state"], ref_params, int(restored["step"]), restored["rng"])
+  # checkpoints hold plain dicts where the optimizer state had nnx.State nodes; the leaves come
+  # back in the target's order, so they refill the live structure exactly
+  opt_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(opt_state),
+                                           jax.tree_util.tree_leaves(restored["opt_state"]))
+  state = TrainState(params, opt_state, ref_params, int(restored["step"]), restored["rng"])
   trainer.batches.set_state(meta["data_state"])
   _truncate_metrics(trainer, state.step)
   logging.info("resumed from step %d in %s", state.step, ckpt.directory)

@@ -1,0 +1,62 @@
+"""Reward curve of a training run: PNG + markdown table from <workdir>/logs/metrics.jsonl.
+
+  python experiments/plot_training.py --workdir=runs/toy_cpu --out=docs/results/train_toy_cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from memagent_jax.rl.metrics import read_jsonl  # noqa: E402
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--out", required=True, help="output path without extension (.md and .png written)")
+  p.add_argument("--window", type=int, default=10, help="steps per row of the table / smoothing window")
+  p.add_argument("--command", default="", help="the training command, recorded in the table")
+  args = p.parse_args(argv)
+  lines = [l for l in read_jsonl(os.path.join(args.workdir, "logs", "metrics.jsonl")) if "train/reward_mean" in l]
+  if not lines:
+    raise SystemExit(f"no training metrics in {args.workdir}/logs/metrics.jsonl")
+  steps = np.array([l["step"] for l in lines])
+  reward = np.array([l["train/reward_mean"] for l in lines])
+  entropy = np.array([l["train/entropy"] for l in lines])
+  seconds = np.array([l["train/step_seconds"] for l in lines])
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+  w = min(args.window, len(reward))
+  smooth = np.convolve(reward, np.ones(w) / w, mode="valid")
+  ax[0].plot(steps, reward, alpha=0.35, label="mean reward per step")
+  ax[0].plot(steps[w - 1:], smooth, label=f"{w}-step mean")
+  ax[0].set_xlabel("step"), ax[0].set_ylabel("reward"), ax[0].legend()
+  ax[1].plot(steps, entropy, color="C2")
+  ax[1].set_xlabel("step"), ax[1].set_ylabel("policy entropy (nats)")
+  fig.suptitle(os.path.basename(os.path.normpath(args.workdir)))
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+  fig.savefig(args.out + ".png", dpi=120)
+  rows = ["| steps | mean reward | mean entropy | seconds (cumulative) |", "|---|---|---|---|"]
+  for s in range(0, len(lines), args.window):
+    sl = slice(s, s + args.window)
+    rows.append(f"| {steps[sl][0]}-{steps[sl][-1]} | {reward[sl].mean():.3f} | {entropy[sl].mean():.2f} | "
+                f"{seconds[:s + args.window].sum():.0f} |")
+  with open(args.out + ".md", "w") as f:
+    f.write(f"# Training curve: {args.workdir}\n\n")
+    if args.command:
+      f.write(f"Command: `{args.command}`\n\n")
+    f.write("\n".join(rows) + f"\n\n![reward]({os.path.basename(args.out)}.png)\n")
+  print("\n".join(rows))
+
+
+if __name__ == "__main__":
+  main()
