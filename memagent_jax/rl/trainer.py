@@ -107,6 +107,7 @@ class Trainer:
                          self.agent.pad_id)
     batches = []
     gd = self.policy.graphdef
+    tokens = int(sum(part.valid.sum() for part in parts))  # real tokens the updates process
     for part in parts:  # old / reference log-probs: all from the params that sampled
       arrays = upd.split_micro(part.arrays(), cfg.rl.micro_batches)
       dev = self._device_batch(arrays)
@@ -117,13 +118,12 @@ class Trainer:
         dev["ref_logp"] = upd.batch_logprobs(gd, st.ref_params, dev["tokens"], dev["valid"],
                                              prompt_width=self.prompt_width)
       batches.append(dev)
-    update_metrics, tokens = [], 0
+    update_metrics = []
     for dev in batches:
       st.params, st.opt_state, m = upd.update_step(gd, st.params, st.opt_state, dev, tx=self.tx,
                                                    spec=self.spec)
       update_metrics.append(m)
-      tokens += int(np.asarray(jax.device_get(dev["valid"])).sum())
-    update_metrics = jax.device_get(update_metrics)
+    update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars
     t2 = time.perf_counter()
     finite = [bool(m["finite"]) for m in update_metrics]
     for ok in finite:
