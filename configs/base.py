@@ -25,7 +25,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       task="niah_single_1",  # a memagent_jax.evaluation task (RULER, squad, hotpotqa, toy)
       length=4096,  # context tokens of training documents
-      data_dir="",  # local corpus for QA tasks
+      data_dir="",  # local corpus for QA tasks: the training file (or a dir holding it)
       train_size=1024,  # questions in the training pool (reshuffled every epoch)
       seed=0,
   ))
@@ -62,11 +62,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(
       every=0,  # steps between evaluations on the held-out split; 0 = off
       size=64, seed=12345, length=0,  # length 0 = the training length
+      data_dir="",  # held-out corpus for QA tasks (e.g. the dev file); "" = data.data_dir
       temperature=1.0, top_p=0.7, batch_size=16,  # released validation sampling
   ))
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1, fsdp=1, tensor=1,  # -1: the remaining devices
       rules=(),  # extra (logical, mesh axis) rules overriding the defaults in parallel.py
   ))
-  c.distributed = ml_collections.ConfigDict(dict(num_processes=1, coordinator_address="", process_id=0))
+  # 0 / "" / -1: from JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID (or one process)
+  c.distributed = ml_collections.ConfigDict(dict(num_processes=0, coordinator_address="", process_id=-1))
   return c

@@ -17,8 +17,11 @@ def released(c: ml_collections.ConfigDict, model: str, questions_per_step: int, 
   c.model.dtype = "bfloat16"
   c.model.remat = True
   c.agent.update(chunk_tokens=5000, memory_tokens=1024, answer_tokens=1024, question_tokens=1024,
-                 final_template="boxed", block_chunks=8, max_chunks=0)
-  c.data.update(task="hotpotqa", length=28000, data_dir="data/hotpotqa", train_size=32768)
+                 final_template="boxed", block_chunks=8, max_chunks=8)  # training: centre-truncate to 8 chunks
+  # 8192 training questions as released (they were first filtered to those Qwen2.5-7B cannot answer
+  # without the document; that filter is not implemented here), 128 held-out dev questions.
+  c.data.update(task="hotpotqa", length=28000, data_dir="data/hotpotqa/hotpot_train_v1.1.json",
+                train_size=8192)
   c.rl.update(group_size=16, questions_per_step=questions_per_step, ppo_mini_batch=mini_batch,
               micro_batches=mini_batch * 16 // 8, rollout_batch=512, temperature=1.0, top_p=1.0,
               reward="memagent_verifier", advantage="mean_centred", loss="ppo_clip", agg="token-mean",
@@ -27,7 +30,8 @@ def released(c: ml_collections.ConfigDict, model: str, questions_per_step: int, 
   c.rl.overlong.enable = False
   c.optim.update(lr=1e-6, schedule="constant", warmup_steps=20, weight_decay=0.01, grad_clip=1.0)
   c.train.update(steps=200, save_every=10, keep_checkpoints=3)
-  c.eval.update(every=10, size=128, temperature=1.0, top_p=0.7, batch_size=64)
+  c.eval.update(every=10, size=128, temperature=1.0, top_p=0.7, batch_size=64,
+                data_dir="data/hotpotqa/hotpot_dev_distractor_v1.json")
   c.mesh.update(data=-1, fsdp=fsdp, tensor=tensor)
   return c
 

@@ -97,7 +97,35 @@ def test_recompute_old_logprobs_knob(tmp_path, monkeypatch):
   assert on == 2 and len(calls) == on  # one pass per mini-batch when on, none when off
 
 
-@pytest.mark.parametrize("knob,value", [("rl.kl_coef", 0.5),
+def test_kl_pulls_towards_a_frozen_reference(tmp_path):
+  base = trainer_lib.Trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path / "base"))
+  init = _leaves(base.state.params)
+  base.train()
+  kl = trainer_lib.Trainer(tiny(**{"train.steps": 2, "rl.kl_coef": 5.0}), workdir=str(tmp_path / "kl"))
+  kl.train()
+  assert all(np.array_equal(a, b) for a, b in zip(init, _leaves(kl.state.ref_params)))  # frozen
+  diff = max(float(np.max(np.abs(x - y))) for x, y in zip(_leaves(base.state.params), _leaves(kl.state.params)))
+  assert diff > 1e-6 and base.state.ref_params is None
+
+
+def test_max_chunks_truncates_training_documents_only(tmp_path):
+  t = trainer_lib.Trainer(tiny(**{"train.steps": 1, "agent.max_chunks": 1, "agent.chunk_tokens": 32}),
+                          workdir=str(tmp_path))
+  m = t.train()["history"][0]
+  assert m["chunks_per_doc"] == 1.0
+  assert t.eval_agent is None and t.agent.max_chunks == 1
+  assert trainer_lib.build_agent(t.cfg, t.policy, training=False).max_chunks is None
+
+
+@pytest.mark.parametrize("knob", ["train.seed", "data.seed", "model.seed"])
+def test_seeds_change_the_run(tmp_path, knob):
+  a = trainer_lib.Trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "a")).train()["history"][0]
+  b = trainer_lib.Trainer(tiny(**{"train.steps": 1, knob: 7}), workdir=str(tmp_path / "b")).train()["history"][0]
+  keys = ("rollout_tokens", "memory_tokens", "answer_tokens", "entropy", "loss")
+  assert any(a[k] != b[k] for k in keys)
+
+
+@pytest.mark.parametrize("knob,value", [
                                         ("model.remat", True), ("rl.micro_batches", 2)])
 def test_trainer_knobs_reach_the_update(tmp_path, knob, value):
   """Each knob changes the params after one step, except remat and micro-batching, which must
@@ -112,8 +140,6 @@ def test_trainer_knobs_reach_the_update(tmp_path, knob, value):
     assert diff <= 1e-5
   else:
     assert diff > 0
-  if knob == "rl.kl_coef":
-    assert other.state.ref_params is not None and base.state.ref_params is None
 
 
 def _train_cmd(workdir, steps):

@@ -37,12 +37,14 @@ def _rows(seed=0, vocab=256):
               advantages=rng.standard_normal(R).astype(np.float32))
 
 
-def _step(model, rows, spec, micro=1, tx=None):
+def _step(model, rows, spec, micro=1, tx=None, return_opt=False):
   gd, params = nnx.split(model)
   tx = tx or optax.adamw(1e-3, weight_decay=0.01)
   opt = tx.init(params)
   batch = {k: jnp.asarray(v) for k, v in upd.split_micro(rows, micro).items()}
-  new_params, _, metrics = upd.update_step(gd, params, opt, batch, tx=tx, spec=spec)
+  new_params, new_opt, metrics = upd.update_step(gd, params, opt, batch, tx=tx, spec=spec)
+  if return_opt:
+    return params, new_params, jax.device_get(metrics), opt, new_opt
   return params, new_params, jax.device_get(metrics)
 
 
@@ -74,6 +76,7 @@ def test_response_logprobs_align_with_full_forward():
 def test_gradient_accumulation_1_vs_4_micro_batches(agg):
   """4 micro-batches give the update of the whole mini-batch at once (<= 1e-6 relative)."""
   model, rows = _model(), _rows()
+  rows["loss_mask"][1] = False  # micro-batch 0 of 4 holds an empty row (as padding rows are)
   spec = upd.UpdateSpec(P, agg=agg, kl_coef=0.01, entropy_coef=0.01, clip_c=3.0)
   tx = optax.sgd(1.0)  # the update IS the gradient: compares gradients directly
   p0, one, m1 = _step(model, rows, spec, micro=1, tx=tx)
@@ -138,9 +141,10 @@ def test_remat_gives_the_same_update():
 def test_non_finite_loss_skips_the_update():
   rows = _rows()
   rows["advantages"][0] = np.nan
-  p0, p1, m = _step(_model(), rows, upd.UpdateSpec(P))
+  p0, p1, m, o0, o1 = _step(_model(), rows, upd.UpdateSpec(P), return_opt=True)
   assert not m["finite"]
   assert _rel(p1, p0) == 0.0
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(o0), jax.tree_util.tree_leaves(o1)))
 
 
 def test_all_masked_batch_is_a_finite_no_op_gradient():
@@ -149,3 +153,30 @@ def test_all_masked_batch_is_a_finite_no_op_gradient():
   p0, p1, m = _step(_model(), rows, upd.UpdateSpec(P), tx=optax.sgd(1.0))
   assert m["finite"] and m["tokens"] == 0 and m["loss"] == 0.0
   assert _rel(p1, p0) == 0.0
+
+
+def test_bf16_compute_keeps_float32_master_weights():
+  """bf16 forward/backward with float32 params and AdamW state: a 1e-6 step is not rounded
+  away (in bf16 itself, 1e-6 on weights ~0.02 would be below half an ulp)."""
+  model = Decoder(get_preset("tiny-llama"), jnp.bfloat16, rngs=nnx.Rngs(0))
+  gd, params = nnx.split(model)
+  params = upd.cast_params(params, jnp.float32)
+  tx = optax.adamw(1e-6)
+  batch = {k: jnp.asarray(v) for k, v in upd.split_micro(_rows(), 1).items()}
+  new, _, m = upd.update_step(gd, params, tx.init(params), batch, tx=tx,
+                              spec=upd.UpdateSpec(P, compute_dtype="bfloat16"))
+  assert m["finite"]
+  leaves0, leaves1 = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(new)
+  assert all(x.dtype == jnp.float32 for x in leaves1)
+  moved = np.mean([float(np.mean(np.asarray(a) != np.asarray(b))) for a, b in zip(leaves0, leaves1)])
+  assert moved > 0.5  # most weights moved
+  rounded = upd.cast_params(new, jnp.bfloat16)  # what the rollouts would run
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(rounded))
+
+
+def test_temperature_scales_the_logprobs():
+  model, rows = _model(), _rows()
+  t = jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"])
+  lp1, _ = upd.response_logprobs(model, *t, P)
+  lp2, _ = upd.response_logprobs(model, *t, P, temperature=0.5)
+  assert float(jnp.max(jnp.abs(lp1 - lp2))) > 1e-3

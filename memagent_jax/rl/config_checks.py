@@ -31,8 +31,15 @@ def validate_config(cfg):
     _fail(f"rl.loss={rl.loss!r}; known: {sorted(losses.POLICY_LOSSES)}")
   if rl.agg not in losses.AGG_MODES:
     _fail(f"rl.agg={rl.agg!r}; known: {list(losses.AGG_MODES)}")
-  if rl.kl_coef and rl.kl_kind not in losses.KL_KINDS:
-    _fail(f"rl.kl_kind={rl.kl_kind!r}; known: {list(losses.KL_KINDS)}")
+  if rl.kl_coef and rl.kl_kind not in losses.KL_KINDS + tuple(losses.KL_ALIASES):
+    _fail(f"rl.kl_kind={rl.kl_kind!r}; known: {list(losses.KL_KINDS) + list(losses.KL_ALIASES)}")
+  if rl.temperature != 1.0 and not rl.recompute_old_logprobs:
+    _fail(f"rl.temperature={rl.temperature} needs rl.recompute_old_logprobs=True: the sampler reports "
+          "temperature-1 log-probs, not those of the distribution that sampled")
+  if rl.advantage == "grpo" and rl.eps <= 0:
+    _fail(f"rl.eps={rl.eps} must be > 0 with rl.advantage='grpo' (it guards the division by the std)")
+  if not 0 <= rl.clip_low < 1:
+    _fail(f"rl.clip_low={rl.clip_low} must be in [0, 1)")
   if rl.clip_c and rl.clip_c <= 1:
     _fail(f"rl.clip_c={rl.clip_c} must be > 1 (or 0 to disable the dual clip)")
   if rl.clip_low < 0 or rl.clip_high < 0:

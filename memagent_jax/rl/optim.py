@@ -1,11 +1,15 @@
 """The optimizer: AdamW with global-norm clipping and a warm-up + constant/cosine schedule.
 
 The schedule advances once per rollout step (as verl steps its scheduler once per actor
-update), not once per mini-batch: `warmup_steps=20` means 20 rollout steps.
+update), not once per optimizer update: `warmup_steps=20` means 20 rollout steps, whatever
+number of updates each step makes (dynamic sampling may make fewer; a skipped non-finite
+update makes none). The rate lives in the optimizer state (`optax.inject_hyperparams`) and
+the trainer sets it from the step before each step's updates.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -34,12 +38,34 @@ def learning_rate_schedule(lr: float, schedule: str, warmup_steps: int, total_st
   return fn
 
 
-def make_optimizer(optim_cfg, total_steps: int, updates_per_step: int) -> optax.GradientTransformation:
-  """AdamW (+ weight decay) after clipping the global gradient norm (0 disables clipping)."""
+def lr_at(optim_cfg, step: int, total_steps: int) -> float:
+  """The learning rate of rollout step `step` (0-based)."""
   sched = learning_rate_schedule(optim_cfg.lr, optim_cfg.schedule, optim_cfg.warmup_steps, total_steps,
-                                 optim_cfg.min_lr_ratio, updates_per_step)
-  adamw = optax.adamw(sched, b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
-                      weight_decay=optim_cfg.weight_decay)
+                                 optim_cfg.min_lr_ratio)
+  return float(sched(step))
+
+
+def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
+  """AdamW (+ weight decay) after clipping the global gradient norm (0 disables clipping); its
+  learning rate is a state entry set per rollout step with `set_learning_rate`."""
+  learning_rate_schedule(optim_cfg.lr, optim_cfg.schedule, optim_cfg.warmup_steps, total_steps,
+                         optim_cfg.min_lr_ratio)  # validates the schedule settings
+  adamw = optax.inject_hyperparams(optax.adamw)(
+      learning_rate=lr_at(optim_cfg, 0, total_steps), b1=optim_cfg.b1, b2=optim_cfg.b2,
+      eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
   if optim_cfg.grad_clip and optim_cfg.grad_clip > 0:
     return optax.chain(optax.clip_by_global_norm(optim_cfg.grad_clip), adamw)
   return adamw
+
+
+def set_learning_rate(opt_state, lr: float):
+  """opt_state with its injected learning rate replaced (same shape and dtype: no recompile)."""
+  def visit(node):
+    if isinstance(node, optax.InjectStatefulHyperparamsState):
+      old = node.hyperparams["learning_rate"]
+      value = jax.device_put(jnp.asarray(lr, old.dtype), old.sharding) if hasattr(old, "sharding") else lr
+      return node._replace(hyperparams={**node.hyperparams, "learning_rate": value})
+    if isinstance(node, tuple) and not hasattr(node, "_fields"):
+      return tuple(visit(n) for n in node)
+    return node
+  return visit(opt_state)

@@ -96,10 +96,11 @@ class RolloutCollector:
     return results
 
   def _rewards(self, results, answers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(shaped reward, raw score, final answer tokens) per trajectory."""
+    """(shaped reward, raw score, final answer tokens) per trajectory; shaping (DAPO's overlong
+    penalty) applies to the final answer's length only, memory updates are capped by the agent."""
     g = self.cfg.group_size
     scores = np.asarray([self.reward_fn(r, list(answers[i // g])) for i, r in enumerate(results)], np.float32)
-    lengths = np.asarray([_response_tokens(r.conversations[-1], self.stop_tokens) for r in results])
+    lengths = np.asarray([len(r.conversations[-1].response_ids) for r in results])  # stop token included, as DAPO
     shaped = scores.copy()
     ov = self.cfg.overlong
     if ov.enable:
@@ -123,11 +124,11 @@ class RolloutCollector:
       nq = len(samples["question"])
       groups_seen += nq
       for q in range(nq):
-        r = shaped[q * g:(q + 1) * g]
-        if cfg.dynamic_sampling and np.all(r == r[0]):
-          continue  # no signal: every trajectory of the group got the same reward
+        acc = scores[q * g:(q + 1) * g]
+        if cfg.dynamic_sampling and np.all(acc == acc[0]):
+          continue  # no signal: every trajectory got the same score (DAPO filters on accuracy)
         kept_results.append(results[q * g:(q + 1) * g])
-        kept_rewards.append(r)
+        kept_rewards.append(shaped[q * g:(q + 1) * g])
       gen += 1
       full = len(kept_results) >= cfg.questions_per_step
       if not cfg.dynamic_sampling or full:

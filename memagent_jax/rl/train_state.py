@@ -19,7 +19,7 @@ from memagent_jax import checkpointing, parallel
 
 @dataclasses.dataclass
 class TrainState:
-  params: nnx.State  # sharded over fsdp x tensor
+  params: nnx.State  # float32 master weights, sharded over fsdp x tensor
   opt_state: object
   ref_params: nnx.State | None
   step: int
@@ -52,8 +52,9 @@ def _tree(trainer, params, opt_state, ref_params, step, rng) -> dict:
 def restore_or_init(trainer):
   """Fresh state (params sharded by the mesh rules), or the latest complete checkpoint's."""
   cfg = trainer.cfg
-  shardings = parallel.param_shardings(trainer.policy.state, trainer.mesh, trainer.rules)
-  params = parallel.shard_params(trainer.policy.state, trainer.mesh, trainer.rules)
+  master = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), trainer.policy.state)  # fp32 master
+  shardings = parallel.param_shardings(master, trainer.mesh, trainer.rules)
+  params = parallel.shard_params(master, trainer.mesh, trainer.rules)
   opt_state = trainer.tx.init(params)
   opt_state = parallel.shard_opt_state(opt_state, params, shardings, trainer.mesh)
   ref_params = jax.tree_util.tree_map(jnp.copy, params) if cfg.rl.kl_coef else None

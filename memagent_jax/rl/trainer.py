@@ -21,7 +21,7 @@ from memagent_jax.rl import update as upd
 from memagent_jax.rl.batching import mini_batches
 from memagent_jax.rl.config_checks import validate_config
 from memagent_jax.rl.metrics import MetricWriter
-from memagent_jax.rl.optim import make_optimizer
+from memagent_jax.rl.optim import lr_at, make_optimizer, set_learning_rate
 from memagent_jax.rl.rollout import RolloutCollector
 from memagent_jax.rl.train_state import TrainState, restore_or_init, save_state
 
@@ -30,13 +30,15 @@ class NonFiniteLossError(FloatingPointError):
   """Too many consecutive optimizer updates had a NaN/inf loss or gradient."""
 
 
-def build_agent(cfg, policy):
+def build_agent(cfg, policy, training: bool = True):
+  """The agent of the config; centre truncation to agent.max_chunks applies to training
+  rollouts only, evaluation always reads whole documents."""
   import memagent_jax as mj
   a = cfg.agent
   return mj.MemAgent(policy, chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens,
                      answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
                      final_template=a.final_template, block_chunks=a.block_chunks,
-                     max_chunks=a.max_chunks or None)
+                     max_chunks=(a.max_chunks or None) if training else None)
 
 
 def row_widths(agent, question_tokens: int) -> tuple[int, int]:
@@ -48,9 +50,19 @@ def row_widths(agent, question_tokens: int) -> tuple[int, int]:
   return p, max(agent.memory_tokens, agent.answer_tokens)
 
 
-def make_pool(cfg_data, size: int, seed: int, length: int, tokenizer) -> list[dict]:
+def make_pool(task: str, size: int, seed: int, length: int, tokenizer, data_dir: str) -> list[dict]:
   from memagent_jax import evaluation
-  return evaluation.make_samples(cfg_data.task, length, size, seed, tokenizer, cfg_data.data_dir or None)
+  return evaluation.make_samples(task, length, size, seed, tokenizer, data_dir or None)
+
+
+def check_held_out(train: list[dict], held_out: list[dict], task: str):
+  """Evaluation questions must not be training questions (QA corpora: pass the dev file as
+  eval.data_dir); synthetic tasks draw fresh samples from another seed."""
+  seen = {(s["question"], tuple(s["answers"])) for s in train}
+  overlap = sum((s["question"], tuple(s["answers"])) in seen for s in held_out)
+  if overlap and task in ("squad", "hotpotqa"):
+    raise ValueError(f"{overlap} of the {len(held_out)} evaluation questions of {task!r} are also training "
+                     "questions: set eval.data_dir to the held-out (dev) file and data.data_dir to the train file")
 
 
 class Trainer:
@@ -61,28 +73,35 @@ class Trainer:
     validate_config(cfg)
     self.cfg = cfg
     self.workdir = workdir or cfg.train.workdir
-    parallel.initialize_distributed(cfg.distributed)
+    d = cfg.distributed  # 0 / "" / -1 mean "from the JAX_* environment variables"
+    parallel.initialize_distributed({"num_processes": d.num_processes or None,
+                                     "coordinator_address": d.coordinator_address or None,
+                                     "process_id": d.process_id if d.process_id >= 0 else None})
     self.mesh = parallel.make_mesh(cfg.mesh)
     self.rules = parallel.axis_rules([tuple(r) for r in cfg.mesh.rules] or None)
     import memagent_jax as mj
     self.policy = mj.load_policy(cfg.model.source, dtype=cfg.model.dtype, seed=cfg.model.seed)
     self.agent = build_agent(cfg, self.policy)
     self.prompt_width, self.response_width = row_widths(self.agent, cfg.agent.question_tokens)
-    self.spec = upd.UpdateSpec.from_config(cfg.rl, self.prompt_width, cfg.model.remat)
+    self.spec = upd.UpdateSpec.from_config(cfg.rl, self.prompt_width, cfg.model.remat, cfg.model.dtype)
     self.updates_per_step = cfg.rl.questions_per_step // cfg.rl.ppo_mini_batch
-    self.tx = make_optimizer(cfg.optim, cfg.train.steps, self.updates_per_step)
+    self.tx = make_optimizer(cfg.optim, cfg.train.steps)
     self.row_multiple = cfg.rl.micro_batches * parallel.batch_shards(self.mesh)
     self.collector = RolloutCollector(self.agent, cfg.rl, self.prompt_width, self.response_width)
     tok = self.agent.tokenizer
-    pool = make_pool(cfg.data, cfg.data.train_size, cfg.data.seed, cfg.data.length, tok)
+    pool = make_pool(cfg.data.task, cfg.data.train_size, cfg.data.seed, cfg.data.length, tok, cfg.data.data_dir)
     self.batches = pipeline.make_iterator(pool, cfg.rl.questions_per_step, seed=cfg.data.seed,
                                           num_epochs=None, drop_remainder=True)
-    self.eval_pool = (make_pool(cfg.data, cfg.eval.size, cfg.eval.seed, cfg.eval.length or cfg.data.length, tok)
-                      if cfg.eval.every else [])
+    self.eval_pool, self.eval_agent = [], None
+    if cfg.eval.every:
+      self.eval_pool = make_pool(cfg.data.task, cfg.eval.size, cfg.eval.seed, cfg.eval.length or cfg.data.length,
+                                 tok, cfg.eval.data_dir or cfg.data.data_dir)
+      check_held_out(pool, self.eval_pool, cfg.data.task)
+      self.eval_agent = build_agent(cfg, self.policy, training=False)
     self.is_chief = jax.process_index() == 0
     self.writer = MetricWriter(os.path.join(self.workdir, "logs"), enabled=self.is_chief)
     self.state, self.checkpointer = restore_or_init(self)
-    self.policy.state = self.state.params
+    self._sync_policy()
     self._nan_run = 0
 
   # ----- one step ------------------------------------------------------------------------------
@@ -111,13 +130,14 @@ class Trainer:
     for part in parts:  # old / reference log-probs: all from the params that sampled
       arrays = upd.split_micro(part.arrays(), cfg.rl.micro_batches)
       dev = self._device_batch(arrays)
+      kw = dict(prompt_width=self.prompt_width, temperature=self.spec.temperature,
+                compute_dtype=self.spec.compute_dtype)
       if cfg.rl.recompute_old_logprobs:
-        dev["old_logp"] = upd.batch_logprobs(gd, st.params, dev["tokens"], dev["valid"],
-                                             prompt_width=self.prompt_width)
+        dev["old_logp"] = upd.batch_logprobs(gd, st.params, dev["tokens"], dev["valid"], **kw)
       if cfg.rl.kl_coef:
-        dev["ref_logp"] = upd.batch_logprobs(gd, st.ref_params, dev["tokens"], dev["valid"],
-                                             prompt_width=self.prompt_width)
+        dev["ref_logp"] = upd.batch_logprobs(gd, st.ref_params, dev["tokens"], dev["valid"], **kw)
       batches.append(dev)
+    st.opt_state = set_learning_rate(st.opt_state, lr_at(cfg.optim, st.step, cfg.train.steps))
     update_metrics = []
     for dev in batches:
       st.params, st.opt_state, m = upd.update_step(gd, st.params, st.opt_state, dev, tx=self.tx,
@@ -135,19 +155,23 @@ class Trainer:
     good = [m for m in update_metrics if bool(m["finite"])] or update_metrics
     for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "dual_clip_frac", "approx_kl_old", "grad_norm"):
       metrics[k] = float(np.mean([m[k] for m in good]))
-    metrics.update(updates=len(parts), skipped_updates=finite.count(False),
+    metrics.update(updates=len(parts), skipped_updates=finite.count(False), nan_run=self._nan_run,
                    update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=metrics["rollout_tokens"] / max(t1 - t0, 1e-9),
                    update_seconds=t2 - t1, step_seconds=t2 - t0)
-    self.policy.state = st.params
+    self._sync_policy()
     return metrics
+
+  def _sync_policy(self):
+    """Rollouts run the current params in the model's dtype (bf16 on accelerators)."""
+    self.policy.state = upd.cast_params(self.state.params, self.cfg.model.dtype)
 
   # ----- evaluation ----------------------------------------------------------------------------
   def evaluate(self) -> dict[str, float]:
     """Accuracy of the current policy on the held-out split (released validation sampling)."""
     from memagent_jax import evaluation
     e = self.cfg.eval
-    summary = evaluation.run_eval(self.agent, self.cfg.data.task, self.eval_pool, None, e.batch_size,
+    summary = evaluation.run_eval(self.eval_agent, self.cfg.data.task, self.eval_pool, None, e.batch_size,
                                   e.temperature, e.top_p, seed=e.seed, progress=False)
     return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k != "n"}
 
@@ -183,8 +207,4 @@ class Trainer:
 
   def _lr(self):
     """The learning rate of the step just taken."""
-    from memagent_jax.rl.optim import learning_rate_schedule
-    o = self.cfg.optim
-    sched = learning_rate_schedule(o.lr, o.schedule, o.warmup_steps, self.cfg.train.steps, o.min_lr_ratio,
-                                   self.updates_per_step)
-    return sched((self.state.step - 1) * self.updates_per_step)
+    return lr_at(self.cfg.optim, self.state.step - 1, self.cfg.train.steps)

@@ -34,36 +34,52 @@ class UpdateSpec:
   kl_kind: str = "low_var_kl"
   entropy_coef: float = 0.0
   remat: bool = False
+  temperature: float = 1.0  # the rollout temperature: log-probs of the distribution that sampled
+  compute_dtype: str = "float32"  # forward/backward dtype; params and AdamW state stay float32
 
   @classmethod
-  def from_config(cls, rl, prompt_width: int, remat: bool) -> "UpdateSpec":
+  def from_config(cls, rl, prompt_width: int, remat: bool, compute_dtype: str = "float32") -> "UpdateSpec":
     return cls(prompt_width, rl.loss, rl.agg, rl.clip_low, rl.clip_high,
-               rl.clip_c if rl.clip_c else None, rl.kl_coef, rl.kl_kind, rl.entropy_coef, remat)
+               rl.clip_c if rl.clip_c else None, rl.kl_coef, rl.kl_kind, rl.entropy_coef, remat,
+               rl.temperature, compute_dtype)
 
 
-def response_logprobs(model, tokens, valid, prompt_width: int, remat: bool = False):
-  """log p of each response token and the entropy of its distribution. tokens, valid [r, P+N]
-  -> (logp [r, N], entropy [r, N]); only the N response positions are projected on the vocab."""
+def cast_params(params, dtype):
+  """A copy of the (float32 master) params in the compute dtype; differentiable."""
+  dt = jnp.dtype(dtype)
+  return jax.tree_util.tree_map(lambda p: p.astype(dt) if p.dtype != dt else p, params)
+
+
+def response_logprobs(model, tokens, valid, prompt_width: int, remat: bool = False,
+                      temperature: float = 1.0):
+  """log p of each response token and the entropy of its distribution at the sampling
+  temperature (as verl). tokens, valid [r, P+N] -> (logp [r, N], entropy [r, N]); only the N
+  response positions are projected on the vocabulary."""
   hidden, _ = model(tokens, positions_from_mask(valid), causal_mask(valid), remat=remat)
   n = tokens.shape[1] - prompt_width
   logits = model.logits(hidden[:, prompt_width - 1:prompt_width - 1 + n])  # [r, N, V]
+  if temperature != 1.0:
+    logits = logits / temperature
   logz = jax.nn.logsumexp(logits, axis=-1)
   target = tokens[:, prompt_width:]  # [r, N]
   logp = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0] - logz
   return logp, losses.entropy_from_logits(logits)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "prompt_width"))
-def batch_logprobs(graphdef, params, tokens, valid, *, prompt_width: int):
+@functools.partial(jax.jit, static_argnames=("graphdef", "prompt_width", "temperature", "compute_dtype"))
+def batch_logprobs(graphdef, params, tokens, valid, *, prompt_width: int, temperature: float = 1.0,
+                   compute_dtype: str = "float32"):
   """Log-probs of the response tokens, micro-batch by micro-batch: [M, r, L] -> [M, r, N]."""
-  model = nnx.merge(graphdef, params)
-  return jax.lax.map(lambda tv: response_logprobs(model, tv[0], tv[1], prompt_width)[0], (tokens, valid))
+  model = nnx.merge(graphdef, cast_params(params, compute_dtype))
+  return jax.lax.map(lambda tv: response_logprobs(model, tv[0], tv[1], prompt_width, False, temperature)[0],
+                     (tokens, valid))
 
 
 def _micro_loss(params, graphdef, mb, denominator, spec: UpdateSpec):
   """Loss of one micro-batch (already divided by the mini-batch denominator) + metric sums."""
-  model = nnx.merge(graphdef, params)
-  logp, entropy = response_logprobs(model, mb["tokens"], mb["valid"], spec.prompt_width, spec.remat)
+  model = nnx.merge(graphdef, cast_params(params, spec.compute_dtype))
+  logp, entropy = response_logprobs(model, mb["tokens"], mb["valid"], spec.prompt_width, spec.remat,
+                                    spec.temperature)
   mask = mb["loss_mask"]
   loss_fn = losses.get_policy_loss(spec.loss)
   loss_mat, terms = loss_fn(logp, mb["old_logp"], mb["advantages"], mask, clip_low=spec.clip_low,
