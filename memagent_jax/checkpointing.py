@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 
 import jax
@@ -157,7 +158,7 @@ class Checkpointer:
   """
 
   def __init__(self, directory, keep: int = 3, async_save: bool = True, save_interval_steps: int = 1):
-    self.directory = epath.Path(directory)
+    self.directory = epath.Path(os.path.abspath(os.fspath(directory)))  # orbax needs absolute paths
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, save_interval_steps=save_interval_steps,
         enable_async_checkpointing=async_save, create=False)  # created lazily by the first save

@@ -222,3 +222,15 @@ def test_corrupt_checkpoint_names_the_step(tmp_path):
     c.restore(target=jax.eval_shape(lambda: state))
   with pytest.raises(SystemExit, match=f"memagent: checkpoint {tmp_path / '2'} could not be read"):
     cli.main(["export", "--ckpt", str(tmp_path), "--out", str(tmp_path / "hf")])
+
+
+def test_relative_directory_is_accepted(tmp_path, monkeypatch):
+  """Run directories are often relative (runs/x); orbax itself only takes absolute paths."""
+  import jax.numpy as jnp
+  from memagent_jax.checkpointing import Checkpointer
+  monkeypatch.chdir(tmp_path)
+  ckpt = Checkpointer("runs/rel/checkpoints", keep=1)
+  ckpt.save(1, {"x": jnp.arange(3)}, {"k": 1})
+  ckpt.wait()
+  state, meta = Checkpointer("runs/rel/checkpoints").restore()
+  assert meta["k"] == 1 and list(state["x"]) == [0, 1, 2]
