@@ -44,12 +44,15 @@ def dapo(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
+def with_variant(name: str, variant: str, **released_kw) -> ml_collections.ConfigDict:
+  """The released config of one model size, or its `dapo` variant."""
+  if variant not in ("", "dapo"):
+    raise ValueError(f"unknown variant {variant!r} of {name}; choose '' or 'dapo'")
+  c = released(base.get_config(), **released_kw)
+  c.train.workdir = f"runs/{name}" + (f"_{variant}" if variant else "")
+  return dapo(c) if variant == "dapo" else c
+
+
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  c = released(base.get_config(), "qwen2.5-7b-instruct", questions_per_step=128, mini_batch=8,
-               fsdp=8, tensor=4)
-  c.train.workdir = "runs/memagent_qwen2_5_7b" + (f"_{variant}" if variant else "")
-  if variant == "dapo":
-    return dapo(c)
-  if variant:
-    raise ValueError(f"unknown variant {variant!r} of memagent_qwen2_5_7b; choose '' or 'dapo'")
-  return c
+  return with_variant("memagent_qwen2_5_7b", variant, model="qwen2.5-7b-instruct", questions_per_step=128,
+                      mini_batch=8, fsdp=8, tensor=4)
