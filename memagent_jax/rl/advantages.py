@@ -18,29 +18,13 @@ from typing import Callable
 
 import numpy as np
 
+from memagent_jax.registry import Registry
+
 AdvantageFn = Callable[[np.ndarray, np.ndarray, float], np.ndarray]
 
-ADVANTAGES: dict[str, AdvantageFn] = {}
-
-
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-  """Decorator adding `fn(rewards, group_ids, eps) -> [N]` to the registry under `name`."""
-
-  def decorator(fn: AdvantageFn) -> AdvantageFn:
-    if name in ADVANTAGES:
-      raise ValueError(f"advantage estimator {name!r} is already registered")
-    ADVANTAGES[name] = fn
-    return fn
-
-  return decorator
-
-
-def get_advantage(name: str) -> AdvantageFn:
-  """Looks an estimator up by config name; a typo should fail loudly, not train silently."""
-  try:
-    return ADVANTAGES[name]
-  except KeyError:
-    raise KeyError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGES)}") from None
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")  # fn(rewards, group_ids, eps) -> [N]
+register_advantage = ADVANTAGES.register
+get_advantage = ADVANTAGES.get
 
 
 def group_advantages(rewards, group_ids, std_normalize: bool = True,

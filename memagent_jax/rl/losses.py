@@ -25,6 +25,8 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from memagent_jax.registry import Registry
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
              "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "mse", "low_var_kl", "abs")
@@ -194,27 +196,9 @@ def sft_loss(logp, mask, agg: str = "token-mean",
 
 PolicyLossFn = Callable[..., tuple]
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-  """Decorator adding a loss with the module's uniform signature under `name`."""
-
-  def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-    if name in POLICY_LOSSES:
-      raise ValueError(f"policy loss {name!r} is already registered")
-    POLICY_LOSSES[name] = fn
-    return fn
-
-  return decorator
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-  """Looks a loss up by config name; unknown names fail with the list of known ones."""
-  try:
-    return POLICY_LOSSES[name]
-  except KeyError:
-    raise KeyError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}") from None
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+register_policy_loss = POLICY_LOSSES.register
+get_policy_loss = POLICY_LOSSES.get
 
 
 @register_policy_loss("ppo_clip")

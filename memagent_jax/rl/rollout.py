@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from memagent_jax.agent.results import AgentResult, ConversationBatch
+from memagent_jax.registry import Registry
 from memagent_jax.rl import advantages as adv_lib
 from memagent_jax.rl import rewards
 from memagent_jax.rl.batching import TrainRows, rows_from_conversations
@@ -24,19 +25,12 @@ def _prediction_or_answer(result: AgentResult) -> str:
 
 
 # reward name -> fn(result, answers) -> float in [0, 1]; all look at the final answer only.
-REWARD_FNS: dict[str, Callable[[AgentResult, list[str]], float]] = {
-    "memagent_verifier": lambda r, a: rewards.memagent_verifier(r.answer, a),  # released (boxed)
-    "sub_em": lambda r, a: rewards.sub_em(r.prediction, a),
-    "exact_match": lambda r, a: rewards.exact_match(_prediction_or_answer(r), a),
-    "string_match_all": lambda r, a: rewards.string_match_all(_prediction_or_answer(r), a),
-    "string_match_part": lambda r, a: rewards.string_match_part(_prediction_or_answer(r), a),
-}
-
-
-def get_reward_fn(name: str):
-  if name not in REWARD_FNS:
-    raise KeyError(f"rl.reward={name!r}; known rewards: {', '.join(sorted(REWARD_FNS))}")
-  return REWARD_FNS[name]
+REWARD_FNS: Registry[Callable[[AgentResult, list[str]], float]] = Registry("reward")
+REWARD_FNS.register("memagent_verifier", lambda r, a: rewards.memagent_verifier(r.answer, a))  # released
+REWARD_FNS.register("sub_em", lambda r, a: rewards.sub_em(r.prediction, a))
+for _name in ("exact_match", "string_match_all", "string_match_part"):
+  REWARD_FNS.register(_name, lambda r, a, fn=getattr(rewards, _name): fn(_prediction_or_answer(r), a))
+get_reward_fn = REWARD_FNS.get
 
 
 def overlong_penalty(lengths, max_tokens: int, cache_tokens: int) -> np.ndarray:

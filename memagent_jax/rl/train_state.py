@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from memagent_jax import checkpointing, parallel
+from memagent_jax.models import loading
 
 
 @dataclasses.dataclass
@@ -27,25 +28,17 @@ class TrainState:
 
 
 def _model_meta(trainer) -> dict:
-  return dict(model_config=dataclasses.asdict(trainer.policy.config), model_source=trainer.cfg.model.source,
-              tokenizer_source=tokenizer_source(trainer.cfg.model.source))
+  source = trainer.cfg.model.source
+  return dict(model_config=dataclasses.asdict(trainer.policy.config), model_source=source,
+              tokenizer_source=loading.tokenizer_source(source))
 
 
-def tokenizer_source(model_source: str) -> str | None:
-  """The load_tokenizer source that rebuilds this model's tokenizer at export time."""
-  from memagent_jax.models import loading
-  key = model_source.lower()
-  if key.startswith("random:"):
-    preset = key.split(":", 1)[1]
-    return loading.tokenizer_source_for_preset(preset)
-  return model_source
-
-
-def _tree(trainer, params, opt_state, ref_params, step, rng) -> dict:
-  tree = {"params": params.to_pure_dict(), "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32),
-          "rng": rng}
-  if ref_params is not None:
-    tree["ref_params"] = ref_params.to_pure_dict()
+def _tree(st: TrainState) -> dict:
+  """The checkpointed pytree (the checkpointer stores nnx.State nodes as plain dicts)."""
+  tree = {"params": st.params, "opt_state": st.opt_state, "step": jnp.asarray(st.step, jnp.int32),
+          "rng": st.rng}
+  if st.ref_params is not None:
+    tree["ref_params"] = st.ref_params
   return tree
 
 
@@ -64,16 +57,12 @@ def restore_or_init(trainer):
   state = TrainState(params, opt_state, ref_params, 0, rng)
   if ckpt.latest_step() is None:
     return state, ckpt
-  target = _tree(trainer, params, opt_state, ref_params, 0, rng)
-  restored, meta = ckpt.restore(target=target, expect_model_config=_model_meta(trainer)["model_config"])
-  nnx.replace_by_pure_dict(params, restored["params"])
-  if ref_params is not None:
-    nnx.replace_by_pure_dict(ref_params, restored["ref_params"])
-  # checkpoints hold plain dicts where the optimizer state had nnx.State nodes; the leaves come
-  # back in the target's order, so they refill the live structure exactly
-  opt_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(opt_state),
-                                           jax.tree_util.tree_leaves(restored["opt_state"]))
-  state = TrainState(params, opt_state, ref_params, int(restored["step"]), restored["rng"])
+  live = _tree(state)
+  restored, meta = ckpt.restore(target=live, expect_model_config=_model_meta(trainer)["model_config"])
+  # the checkpoint holds plain dicts where the live tree has nnx.State nodes; the leaves come back
+  # in the target's order (and shardings), so they refill the live structure exactly
+  tree = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(live), jax.tree_util.tree_leaves(restored))
+  state = TrainState(tree["params"], tree["opt_state"], tree.get("ref_params"), int(tree["step"]), tree["rng"])
   trainer.batches.set_state(meta["data_state"])
   _truncate_metrics(trainer, state.step)
   logging.info("resumed from step %d in %s", state.step, ckpt.directory)
@@ -84,8 +73,8 @@ def save_state(trainer):
   """Asynchronous save of everything a bit-exact resume needs."""
   st = trainer.state
   meta = dict(_model_meta(trainer), data_state=trainer.batches.get_state(), step=st.step,
-              config=trainer.cfg.to_json_best_effort() if hasattr(trainer.cfg, "to_json_best_effort") else None)
-  trainer.checkpointer.save(st.step, _tree(trainer, st.params, st.opt_state, st.ref_params, st.step, st.rng), meta)
+              config=trainer.cfg.to_json_best_effort())
+  trainer.checkpointer.save(st.step, _tree(st), meta)
 
 
 def _truncate_metrics(trainer, step: int):

@@ -44,10 +44,7 @@ def build_agent(cfg, policy, training: bool = True):
 def row_widths(agent, question_tokens: int) -> tuple[int, int]:
   """Static (prompt width P, response width N) covering every conversation of the config."""
   agent.check_budget(question_tokens)  # ContextBudgetError naming every part if it cannot fit
-  seg_m, seg_f = agent.memory_segments, agent.final_segments
-  p = max(seg_m.fixed_tokens + question_tokens + agent.memory_width + agent.chunk_tokens,
-          seg_f.fixed_tokens + question_tokens + agent.memory_width)
-  return p, max(agent.memory_tokens, agent.answer_tokens)
+  return max(agent.prompt_tokens(question_tokens).values()), max(agent.memory_tokens, agent.answer_tokens)
 
 
 def make_pool(task: str, size: int, seed: int, length: int, tokenizer, data_dir: str) -> list[dict]:

@@ -87,9 +87,9 @@ def _micro_loss(params, graphdef, mb, denominator, spec: UpdateSpec):
   pg = losses.aggregate(loss_mat, mask, spec.agg, denominator)
   ent = losses.aggregate(entropy, mask, spec.agg, denominator)
   total = pg - spec.entropy_coef * ent if spec.entropy_coef else pg
-  kl_mat = losses.kl_penalty(logp, mb["ref_logp"], spec.kl_kind) if spec.kl_coef else jnp.zeros_like(logp)
-  kl = losses.aggregate(kl_mat, mask, spec.agg, denominator)
+  kl = jnp.float32(0)
   if spec.kl_coef:
+    kl = losses.aggregate(losses.kl_penalty(logp, mb["ref_logp"], spec.kl_kind), mask, spec.agg, denominator)
     total = total + spec.kl_coef * kl
   n = jnp.sum(mask.astype(jnp.float32))  # the loss's per-call means -> token-weighted sums
   sums = {"pg_loss": pg, "kl": kl, "entropy": ent,
