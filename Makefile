@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo bench clean
+.PHONY: setup test test-fast demo demo-smollm2 reproduce bench clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,16 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" tests
 
+# The toy-world pipeline, short (<= 10 min on 2 cores): warm start, RL, baselines, curve.
 demo: setup
+	$(PY) experiments/toy_reproduction.py --scale=demo --fresh
+
+# The full toy reproduction (~45 min on 2 cores): writes docs/results/toy_reproduction.{md,png,json}.
+reproduce: setup
+	$(PY) experiments/toy_reproduction.py --scale=full --fresh
+
+# The embedded SmolLM2 reading a real document with MemAgent, memory shown after each chunk.
+demo-smollm2: setup
 	$(PY) -m memagent_jax.cli answer --doc experiments/data/demo_document.txt \
 	  --chunk-tokens 256 --memory-tokens 64 --answer-tokens 64 --show-memory \
 	  --question "How many stories tall is the main library at Notre Dame?"

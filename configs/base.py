@@ -21,6 +21,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       chunk_tokens=5000, memory_tokens=1024, answer_tokens=1024, question_tokens=1024,
       final_template="boxed", block_chunks=8,
       max_chunks=0,  # training-time centre truncation to this many chunks; 0 = read everything
+      kind="memagent",  # "memagent", or "direct": the whole document in one prompt (full-attention baseline)
+      context_tokens=0,  # direct only: context window (0 = the model's); evaluation centre-truncates beyond
   ))
   c.data = ml_collections.ConfigDict(dict(
       task="niah_single_1",  # a memagent_jax.evaluation task (RULER, squad, hotpotqa, toy)
@@ -49,12 +51,17 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       mask_truncated=False,  # drop conversations that hit their token cap from the loss
       overlong=ml_collections.ConfigDict(dict(enable=False, max_tokens=1024, cache_tokens=256)),
   ))
+  c.teacher = ml_collections.ConfigDict(dict(  # read when train.source == "teacher"
+      name="toy_memory",  # a memagent_jax.data.toy_teacher.TEACHERS entry
+      options=ml_collections.ConfigDict(dict(overwrite_prob=0.3)),  # keyword arguments of the teacher
+  ))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-6, schedule="constant", warmup_steps=20, min_lr_ratio=0.0,
       weight_decay=0.01, grad_clip=1.0, b1=0.9, b2=0.999, eps=1e-8,
   ))
   c.train = ml_collections.ConfigDict(dict(
       steps=200, seed=0, workdir="runs/default",
+      source="rollout",  # "rollout": RL on the agent's own trajectories; "teacher": supervised (rl.loss "sft")
       save_every=10, keep_checkpoints=3, async_checkpoint=True,
       log_every=1, max_nan_steps=3,  # consecutive non-finite updates before training stops
       progress=True,

@@ -121,3 +121,17 @@ def test_long_qa_from_manual_dir(tmp_path):
   with pytest.raises(FileNotFoundError, match="hotpot_train_v1.1.json"):
     other.download_and_prepare(file_format="array_record",
                                download_config=tfds.download.DownloadConfig(manual_dir=str(empty)))
+
+
+def test_toy_builder_writes_the_generator_samples(tmp_path):
+  from memagent_jax.data import toy
+  cfg = tb.ToyKVConfig(name="toy_tiny", length=256, num_samples=4, seed=3)
+  tb.ToyKV(config=cfg, data_dir=str(tmp_path)).download_and_prepare()
+  src = tfds.data_source("memagent_toy_kv/toy_tiny", data_dir=str(tmp_path))["test"]
+  records = sorted((pipeline.to_python(src[i]) for i in range(len(src))), key=lambda r: r["index"])
+  expected = toy.generate(4, 256, seed=3)
+  assert len(records) == 4
+  for r, e in zip(records, expected):
+    for k in ("question", "context", "answers", "key", "num_tokens", "num_overrides", "index"):
+      assert r[k] == e[k], k
+  assert tb.ToyKV.builder_configs["x256"].length == 256 * toy.TRAIN_TOKENS

@@ -38,7 +38,8 @@ class DirectReader:
     """Most document tokens that fit beside the template, the question and the answer cap."""
     return self.context - self.segments.fixed_tokens - question_len - self.answer_tokens
 
-  def _prompt(self, question: str, document: str, index: int, from_file: bool):
+  def prompt_ids(self, question: str, document: str, index: int = 0, from_file: bool = False):
+    """(prompt ids, document tokens before truncation) of one question and document."""
     q = encode_question(self.tokenizer, question, index, self.question_tokens)
     name = document if from_file else f"document {index}"
     pieces = (chunking.read_text_pieces(document, self.tokenizer) if from_file
@@ -65,7 +66,7 @@ class DirectReader:
                    from_files: bool = False) -> list[AgentResult]:
     if len(questions) != len(documents) or not questions:
       raise ValueError(f"got {len(questions)} questions for {len(documents)} documents")
-    built = [self._prompt(q, d, i, from_files) for i, (q, d) in enumerate(zip(questions, documents))]
+    built = [self.prompt_ids(q, d, i, from_files) for i, (q, d) in enumerate(zip(questions, documents))]
     prompts = [p for p, _ in built]
     longest = max(len(p) for p in prompts)
     gen = self.policy.sample(prompts, self.answer_tokens, SamplingParams(temperature, top_p, top_k),

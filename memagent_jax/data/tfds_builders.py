@@ -26,7 +26,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core import utils as tfds_utils
 
-from memagent_jax.data import longqa, ruler
+from memagent_jax.data import longqa, ruler, toy
 from memagent_jax.data.tokens import DEFAULT_TOKENIZER, counter_from_name
 
 ARRAY_RECORD = "array_record"
@@ -172,3 +172,43 @@ class LongQA(_LocalBuilder):
     examples = corpus.examples[:cfg.max_examples or None]
     for s in longqa.iter_long_qa(examples, cfg.num_docs, cfg.seed, pool=corpus.pool):
       yield s["index"], s
+
+
+TOY_MULTIPLES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the toy reproduction's lengths, x TRAIN_TOKENS
+
+
+@dataclasses.dataclass(eq=False)
+class ToyKVConfig(tfds.core.BuilderConfig):
+  """One toy-world length; name it e.g. `x16` (16 x the training length of 128 toy tokens)."""
+  length: int = toy.TRAIN_TOKENS  # document length in toy (word) tokens
+  num_samples: int = 200
+  seed: int = 0
+
+
+class ToyKV(_LocalBuilder):
+  """The toy memory world (memagent_jax.data.toy): key-value facts, distractors and overrides
+  in filler, lengths in toy tokens (one per space-separated item)."""
+
+  name = "memagent_toy_kv"
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  BUILDER_CONFIGS = [ToyKVConfig(name=f"x{m}", length=m * toy.TRAIN_TOKENS,
+                                 description=f"{m * toy.TRAIN_TOKENS}-token documents") for m in TOY_MULTIPLES]
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description="Synthetic key-value memory task for CPU-scale MemAgent experiments.",
+        features=_sample_features(key=tfds.features.Text(), num_tokens=np.int64, num_overrides=np.int64,
+                                  num_distractors=np.int64, seed=np.int64, index=np.int64),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # synthetic: nothing to download
+    return {"test": self._generate_examples()}
+
+  def _generate_examples(self):
+    cfg = self.builder_config
+    for s in toy.generate(cfg.num_samples, cfg.length, cfg.seed):
+      yield s["index"], {k: s[k] for k in ("question", "context", "answers", "key", "num_tokens",
+                                           "num_overrides", "num_distractors", "seed", "index")}

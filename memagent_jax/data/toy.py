@@ -12,6 +12,11 @@ and decode(encode(text)) == text. Lengths are in these toy tokens, and exact.
 Values are chosen so that substring rewards are unambiguous: no value is inside another
 vocabulary word, nor holds one (articles aside, which metrics drop; tests/test_toy.py checks
 it), and the answer value appears in the document only in the last fact about the asked key.
+
+A fact never straddles a boundary of `chunk_tokens` (the agent's chunk size), so every fact is
+readable within one chunk: the world tests what a memory keeps, not how chunking cuts a sentence.
+Distractors scale with the length (`DISTRACTOR_DENSITY` per 1000 tokens), so a longer document
+holds proportionally more chances to overwrite the memory with the wrong fact.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ TASK = "toy_kv"  # the name evaluation.make_samples knows this task by
 CHUNK_TOKENS = 64  # tokens per chunk the agent reads
 MEMORY_TOKENS = 16  # memory cap: about two facts in sentence form
 ANSWER_TOKENS = 8  # "\boxed{ tiger }" + <|im_end|> is 4
-TRAIN_TOKENS = 512  # training document length: 8 chunks
-NUM_DISTRACTORS = 6  # distractor facts per document (about other keys)
+TRAIN_TOKENS = 128  # training document length (1x): 2 chunks
+DISTRACTOR_DENSITY = 8.0  # distractor facts per 1000 tokens (about other keys), at least one
 OVERRIDE_PROB = 0.5  # chance of each further override of the asked key, up to MAX_OVERRIDES
 MAX_OVERRIDES = 2
 
@@ -82,14 +87,37 @@ def sample_rng(num_tokens: int, seed: int, index: int) -> random.Random:
   return random.Random(f"{TASK}:{num_tokens}:{seed}:{index}")
 
 
-def make_sample(rng: random.Random, num_tokens: int, num_distractors: int = NUM_DISTRACTORS,
-                override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES) -> dict:
+def _fact_starts(rng: random.Random, num_tokens: int, num_facts: int, chunk_tokens: int | None) -> list[int]:
+  """Sorted, non-overlapping start positions of `num_facts` facts, none across a chunk boundary."""
+  def fits(s: int) -> bool:
+    return chunk_tokens is None or s // chunk_tokens == (s + FACT_TOKENS - 1) // chunk_tokens
+  starts = [s for s in range(num_tokens - FACT_TOKENS + 1) if fits(s)]
+  taken = bytearray(num_tokens)
+  out = []
+  for _ in range(num_facts):
+    for _ in range(1000):
+      s = rng.choice(starts)
+      if not any(taken[s:s + FACT_TOKENS]):
+        break
+    else:
+      raise ValueError(f"cannot place {num_facts} facts of {FACT_TOKENS} tokens in {num_tokens} tokens "
+                       f"(chunk_tokens={chunk_tokens}); lower the number of distractors")
+    taken[s:s + FACT_TOKENS] = b"\x01" * FACT_TOKENS
+    out.append(s)
+  return sorted(out)
+
+
+def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
+                override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
+                chunk_tokens: int | None = CHUNK_TOKENS) -> dict:
   """One document of exactly `num_tokens` toy tokens, its question and answer."""
   if not 0.0 <= override_prob <= 1.0:
     raise ValueError(f"override_prob={override_prob} must lie in [0, 1]")
   if num_distractors < 0 or max_overrides < 0:
     raise ValueError(f"num_distractors={num_distractors} and max_overrides={max_overrides} "
                      "must be >= 0")
+  if chunk_tokens is not None and chunk_tokens < FACT_TOKENS:
+    raise ValueError(f"chunk_tokens={chunk_tokens} is shorter than one fact ({FACT_TOKENS} tokens)")
   key = rng.choice(KEYS)
   overrides = 0
   while overrides < max_overrides and rng.random() < override_prob:
@@ -100,30 +128,27 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int = NUM_
   other_values = [v for v in VALUES if v != answer]
   distractors = [(rng.choice(other_keys), rng.choice(other_values)) for _ in range(num_distractors)]
   num_facts = len(asked) + num_distractors
-  filler_total = num_tokens - FACT_TOKENS * num_facts
-  if filler_total < 0:
+  if FACT_TOKENS * num_facts > num_tokens:
     raise ValueError(f"num_tokens={num_tokens} is too short for {num_facts} facts of "
                      f"{FACT_TOKENS} tokens each")
-  fillers = [_filler(rng, n) for n in _filler_lengths(rng, filler_total)]
-  # Facts go between filler sentences at uniform slots; the asked key's facts keep their order.
-  slots = sorted(rng.randint(0, len(fillers)) for _ in range(num_facts))
+  starts = _fact_starts(rng, num_tokens, num_facts, chunk_tokens)
+  # The asked key's facts take random slots among the sorted ones and keep their order.
   asked_at = set(rng.sample(range(num_facts), len(asked)))
   asked_iter, distractor_iter = iter(asked), iter(distractors)
-  placed = [(slot, (key, next(asked_iter)) if j in asked_at else next(distractor_iter))
-            for j, slot in enumerate(slots)]
-  parts, p = [], 0
-  for i in range(len(fillers) + 1):
-    while p < len(placed) and placed[p][0] == i:
-      parts.append(fact(*placed[p][1]))
-      p += 1
-    if i < len(fillers):
-      parts.append(fillers[i])
+  placed = [(key, next(asked_iter)) if j in asked_at else next(distractor_iter) for j in range(num_facts)]
+  parts, pos = [], 0
+  for start, kv in zip(starts + [num_tokens], placed + [None]):
+    parts += [_filler(rng, n) for n in _filler_lengths(rng, start - pos)]  # the gap, exactly
+    if kv is not None:
+      parts.append(fact(*kv))
+    pos = start + FACT_TOKENS
   return {
       "question": question(key),
       "context": " ".join(parts),
       "answers": [answer],
       "key": key,
-      "facts": [list(kv) for _, kv in placed],  # (key, value) in document order
+      "facts": [list(kv) for kv in placed],  # (key, value) in document order
+      "fact_starts": starts,  # token offset of each fact
       "num_tokens": num_tokens,
       "num_overrides": overrides,
       "num_distractors": num_distractors,
@@ -132,16 +157,17 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int = NUM_
 
 def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
              num_distractors: int | None = None, distractor_density: float | None = None,
-             override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES) -> list[dict]:
+             override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
+             chunk_tokens: int | None = CHUNK_TOKENS) -> list[dict]:
   """n toy samples with documents of exactly `num_tokens` toy tokens.
 
   Args:
     n: number of samples (indices 0..n-1; sample i does not depend on n).
     num_tokens: document length in toy tokens (question excluded).
     seed: dataset seed; same (num_tokens, seed, index) and options -> same sample.
-    num_distractors: distractor facts per document (default NUM_DISTRACTORS).
-    distractor_density: instead, distractor facts per 1000 tokens (rounded), so that longer
-      documents hold proportionally more; give at most one of the two.
+    num_distractors: a fixed number of distractor facts per document.
+    distractor_density: instead, distractor facts per 1000 tokens (rounded, at least one;
+      default DISTRACTOR_DENSITY), so longer documents hold proportionally more. Give one.
     override_prob: chance of each further override of the asked key (0: never, 1: always
       max_overrides).
     max_overrides: cap on overrides of the asked key.
@@ -152,15 +178,16 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
   """
   if num_distractors is not None and distractor_density is not None:
     raise ValueError("give num_distractors or distractor_density, not both")
-  if distractor_density is not None:
-    num_distractors = round(distractor_density * num_tokens / 1000)
-  elif num_distractors is None:
-    num_distractors = NUM_DISTRACTORS
+  if num_distractors is None:
+    density = DISTRACTOR_DENSITY if distractor_density is None else distractor_density
+    if density < 0:
+      raise ValueError(f"distractor_density={density} must be >= 0")
+    num_distractors = max(1, round(density * num_tokens / 1000)) if density > 0 else 0
   if num_tokens <= 0:
     raise ValueError(f"num_tokens must be a positive number of tokens, got {num_tokens}")
   out = []
   for i in range(n):
     s = make_sample(sample_rng(num_tokens, seed, i), num_tokens, num_distractors, override_prob,
-                    max_overrides)
+                    max_overrides, chunk_tokens)
     out.append({**s, "task": TASK, "length": num_tokens, "seed": seed, "index": i})
   return out

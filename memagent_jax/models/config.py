@@ -155,12 +155,12 @@ PRESETS: dict[str, ModelConfig] = {
     # The toy world's word-level vocabulary (memagent_jax.word_tokenizer), CPU-scale RL.
     "toy-1m": ModelConfig(
         arch="llama", vocab_size=TOY_VOCAB_SIZE, hidden_size=128, intermediate_size=512, num_layers=4,
-        num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5,
-        max_position_embeddings=1024, tie_word_embeddings=True, attention_bias=False),
+        num_heads=4, num_kv_heads=4, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5,
+        max_position_embeddings=4096, tie_word_embeddings=True, attention_bias=False),
     "toy-tiny": ModelConfig(
         arch="llama", vocab_size=TOY_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_layers=2,
         num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
-        max_position_embeddings=1024, tie_word_embeddings=True, attention_bias=False),
+        max_position_embeddings=4096, tie_word_embeddings=True, attention_bias=False),
 }
 
 

@@ -19,7 +19,21 @@ def validate_config(cfg):
       _fail(f"rl.{name}={rl[name]} must be >= 1")
   if rl.advantage not in advantages.ADVANTAGES:
     _fail(f"rl.advantage={rl.advantage!r}; known: {sorted(advantages.ADVANTAGES)}")
-  if rl.advantage == "grpo" and rl.group_size < 2:
+  t = cfg.train
+  if t.source not in ("rollout", "teacher"):
+    _fail(f"train.source={t.source!r}; choose 'rollout' (RL) or 'teacher' (supervised)")
+  if (t.source == "teacher") != (rl.loss == "sft"):
+    _fail(f"train.source={t.source!r} with rl.loss={rl.loss!r}: teacher rows train with the 'sft' loss "
+          "and only they do (a policy-gradient loss needs rollouts and rewards)")
+  if cfg.agent.kind not in ("memagent", "direct"):
+    _fail(f"agent.kind={cfg.agent.kind!r}; choose 'memagent' or 'direct'")
+  if cfg.agent.kind == "direct" and t.source != "teacher":
+    _fail("agent.kind='direct' (the full-attention baseline) trains only supervised: set train.source='teacher'")
+  if t.source == "teacher":
+    from memagent_jax.data.toy_teacher import TEACHERS
+    if cfg.teacher.name not in TEACHERS:
+      _fail(f"teacher.name={cfg.teacher.name!r}; known: {sorted(TEACHERS)}")
+  if rl.advantage == "grpo" and rl.group_size < 2 and t.source == "rollout":
     _fail(f"rl.advantage='grpo' divides by the group's std, which needs rl.group_size >= 2 "
           f"(got {rl.group_size}); use rl.advantage='mean_centred' or a larger group")
   if rl.questions_per_step % rl.ppo_mini_batch:
@@ -63,7 +77,6 @@ def validate_config(cfg):
     _fail(f"optim.schedule={o.schedule!r}; choose one of {SCHEDULES}")
   if o.lr <= 0:
     _fail(f"optim.lr={o.lr} must be > 0")
-  t = cfg.train
   for name in ("steps", "save_every", "keep_checkpoints", "log_every", "max_nan_steps"):
     if int(t[name]) < 1:
       _fail(f"train.{name}={t[name]} must be >= 1")

@@ -23,6 +23,7 @@ from memagent_jax.rl.config_checks import validate_config
 from memagent_jax.rl.metrics import MetricWriter
 from memagent_jax.rl.optim import lr_at, make_optimizer, set_learning_rate
 from memagent_jax.rl.rollout import RolloutCollector
+from memagent_jax.rl.teacher_rows import TeacherCollector
 from memagent_jax.rl.train_state import TrainState, restore_or_init, save_state
 
 
@@ -32,17 +33,24 @@ class NonFiniteLossError(FloatingPointError):
 
 def build_agent(cfg, policy, training: bool = True):
   """The agent of the config; centre truncation to agent.max_chunks applies to training
-  rollouts only, evaluation always reads whole documents."""
+  rollouts only, evaluation always reads whole documents. agent.kind "direct" is the
+  full-attention baseline (whole document in one prompt, up to agent.context_tokens)."""
   import memagent_jax as mj
   a = cfg.agent
+  if a.kind == "direct":
+    return mj.DirectReader(policy, answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
+                           truncate=not training, context_tokens=a.context_tokens or None)
   return mj.MemAgent(policy, chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens,
                      answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
                      final_template=a.final_template, block_chunks=a.block_chunks,
                      max_chunks=(a.max_chunks or None) if training else None)
 
 
-def row_widths(agent, question_tokens: int) -> tuple[int, int]:
-  """Static (prompt width P, response width N) covering every conversation of the config."""
+def row_widths(agent, question_tokens: int, document_tokens: int = 0) -> tuple[int, int]:
+  """Static (prompt width P, response width N) covering every conversation of the config
+  (a direct reader's prompt holds the whole training document of `document_tokens`)."""
+  if not hasattr(agent, "check_budget"):  # DirectReader
+    return agent.segments.fixed_tokens + question_tokens + document_tokens, agent.answer_tokens
   agent.check_budget(question_tokens)  # ContextBudgetError naming every part if it cannot fit
   return max(agent.prompt_tokens(question_tokens).values()), max(agent.memory_tokens, agent.answer_tokens)
 
@@ -79,12 +87,15 @@ class Trainer:
     import memagent_jax as mj
     self.policy = mj.load_policy(cfg.model.source, dtype=cfg.model.dtype, seed=cfg.model.seed)
     self.agent = build_agent(cfg, self.policy)
-    self.prompt_width, self.response_width = row_widths(self.agent, cfg.agent.question_tokens)
+    self.prompt_width, self.response_width = row_widths(self.agent, cfg.agent.question_tokens, cfg.data.length)
     self.spec = upd.UpdateSpec.from_config(cfg.rl, self.prompt_width, cfg.model.remat, cfg.model.dtype)
     self.updates_per_step = cfg.rl.questions_per_step // cfg.rl.ppo_mini_batch
     self.tx = make_optimizer(cfg.optim, cfg.train.steps)
     self.row_multiple = cfg.rl.micro_batches * parallel.batch_shards(self.mesh)
-    self.collector = RolloutCollector(self.agent, cfg.rl, self.prompt_width, self.response_width)
+    if cfg.train.source == "teacher":  # supervised warm start / baseline: teacher-forced rows, loss "sft"
+      self.collector = TeacherCollector(self.agent, cfg.teacher, self.prompt_width, self.response_width)
+    else:
+      self.collector = RolloutCollector(self.agent, cfg.rl, self.prompt_width, self.response_width)
     tok = self.agent.tokenizer
     pool = make_pool(cfg.data.task, cfg.data.train_size, cfg.data.seed, cfg.data.length, tok, cfg.data.data_dir)
     self.batches = pipeline.make_iterator(pool, cfg.rl.questions_per_step, seed=cfg.data.seed,
@@ -129,7 +140,7 @@ class Trainer:
       dev = self._device_batch(arrays)
       kw = dict(prompt_width=self.prompt_width, temperature=self.spec.temperature,
                 compute_dtype=self.spec.compute_dtype)
-      if cfg.rl.recompute_old_logprobs:
+      if cfg.rl.recompute_old_logprobs and cfg.rl.loss != "sft":  # sft reads no old log-probs
         dev["old_logp"] = upd.batch_logprobs(gd, st.params, dev["tokens"], dev["valid"], **kw)
       if cfg.rl.kl_coef:
         dev["ref_logp"] = upd.batch_logprobs(gd, st.ref_params, dev["tokens"], dev["valid"], **kw)

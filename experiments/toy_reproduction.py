@@ -1,0 +1,140 @@
+"""The toy-world reproduction of MemAgent's headline curve: warm start -> Multi-Conv DAPO, two
+baselines, accuracy / time / memory against document length, a table and a plot.
+
+  python experiments/toy_reproduction.py --scale=full     # make reproduce (~45 min, 2 cores)
+  python experiments/toy_reproduction.py --scale=demo     # make demo (<= 10 min)
+
+Stages (each resumes from its checkpoints; --fresh starts over):
+  warm_start      supervised on the imperfect memory teacher (configs/toy_memagent.py:warm_start)
+  rl              Multi-Conv DAPO from the exported warm start, final-answer reward only
+  full_attention  the same model size, supervised to answer from whole training documents
+  eval            1x .. max_multiple x the training length for the three policies, n per point
+Everything is seeded: the same flags give the same table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+
+from configs import toy_memagent  # noqa: E402
+from memagent_jax.data import toy  # noqa: E402
+
+SCALES = {  # eval samples per point, largest multiple of the training length, memagent eval batch
+    "full": dict(n=200, max_multiple=256, batch=200),
+    "demo": dict(n=48, max_multiple=16, batch=48),
+}
+METHODS = (("rl", "RL-MemAgent"), ("warm_start", "warm-start only"), ("full_attention", "full attention"))
+DIRECT_BATCH = 8  # documents per full-attention call (its memory grows with the square of the length)
+
+_SCALE = flags.DEFINE_enum("scale", "full", list(SCALES), "full (make reproduce) or demo (make demo)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default runs/toy_<scale>)")
+_RESULTS = flags.DEFINE_string("results_dir", None, "table + plot directory (default: docs/results for "
+                               "full, <workdir>/results for demo)")
+_FRESH = flags.DEFINE_bool("fresh", False, "delete the workdir first (a full, deterministic re-run)")
+_STAGES = flags.DEFINE_list("stages", ["warm_start", "rl", "full_attention", "eval"], "stages to run")
+_N = flags.DEFINE_integer("n", None, "evaluation documents per point (default per scale)")
+_MAX_MULTIPLE = flags.DEFINE_integer("max_multiple", None, "largest length / training length (power of 2)")
+_EVAL_SEED = flags.DEFINE_integer("eval_seed", 1000, "seed of the evaluation documents and sampling")
+_STEPS = flags.DEFINE_string("steps", "", "override training steps, e.g. 'warm_start=3,rl=2,full_attention=3'")
+
+
+def stage_config(stage: str, scale: str, root: str):
+  cfg = toy_memagent.get_config(f"{stage},{scale}")
+  cfg.train.workdir = os.path.join(root, stage)
+  if stage == "rl":
+    cfg.model.source = os.path.join(root, "warm_start", "export")
+  steps = dict(kv.split("=") for kv in _STEPS.value.split(",") if kv)
+  if stage in steps:
+    cfg.train.steps = int(steps[stage])
+  return cfg
+
+
+def train_stage(stage: str, scale: str, root: str) -> dict:
+  """Trains (or resumes) one stage and exports its final params as an HF directory."""
+  from memagent_jax.checkpointing import export_checkpoint
+  from memagent_jax.rl.trainer import Trainer
+  cfg = stage_config(stage, scale, root)
+  t0 = time.perf_counter()
+  print(f"\n== {stage}: {cfg.train.steps} steps, logs in {cfg.train.workdir}/logs", flush=True)
+  out = Trainer(cfg).train()
+  export = os.path.join(root, stage, "export")
+  export_checkpoint(os.path.join(root, stage, "checkpoints"), export)
+  return {"stage": stage, "steps": out["step"], "seconds": round(time.perf_counter() - t0, 1),
+          "export": export}
+
+
+def make_reader(stage: str, scale: str, root: str):
+  import memagent_jax as mj
+  cfg = stage_config(stage, scale, root)
+  policy = mj.load_policy(os.path.join(root, stage, "export"), dtype="float32")
+  a = cfg.agent
+  if a.kind == "direct":  # beyond its context window the document is centre-truncated, as the paper's baselines
+    return mj.DirectReader(policy, answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
+                           truncate=True, context_tokens=a.context_tokens)
+  return mj.MemAgent(policy, chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens,
+                     answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
+                     final_template=a.final_template, block_chunks=8)
+
+
+def evaluate(scale: str, root: str, results_dir: str, n: int, max_multiple: int, seed: int) -> list[dict]:
+  from memagent_jax.length_sweep import sweep_lengths
+  ev = toy_memagent.get_config(f"rl,{scale}").eval
+  lengths, m = [], 1
+  while m <= max_multiple:
+    lengths.append(toy.TRAIN_TOKENS * m)
+    m *= 2
+  rows = []
+  for stage, label in METHODS:
+    reader = make_reader(stage, scale, root)
+    direct = stage == "full_attention"
+    print(f"\n== eval {label}: {n} documents at {len(lengths)} lengths", flush=True)
+    rows += sweep_lengths(reader, stage, toy.TASK, lengths, n, seed, DIRECT_BATCH if direct else SCALES[scale]["batch"],
+                          ev.temperature, ev.top_p, out_dir=os.path.join(root, "eval"),
+                          warmup_each_length=direct)
+  return rows
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  from experiments import toy_report
+  scale = _SCALE.value
+  root = _WORKDIR.value or f"runs/toy_{scale}"
+  results_dir = _RESULTS.value or ("docs/results" if scale == "full" else os.path.join(root, "results"))
+  n = _N.value or SCALES[scale]["n"]
+  max_multiple = _MAX_MULTIPLE.value or SCALES[scale]["max_multiple"]
+  if _FRESH.value and os.path.isdir(root):
+    shutil.rmtree(root)
+  os.makedirs(os.path.join(root, "eval"), exist_ok=True)
+  t0 = time.perf_counter()
+  stages_path = os.path.join(root, "stages.json")
+  stages = json.load(open(stages_path)) if os.path.exists(stages_path) else {}
+  for stage in ("warm_start", "rl", "full_attention"):
+    if stage in _STAGES.value:
+      stages[stage] = train_stage(stage, scale, root)
+      json.dump(stages, open(stages_path, "w"), indent=1)
+  if "eval" not in _STAGES.value:
+    return
+  rows = evaluate(scale, root, results_dir, n, max_multiple, _EVAL_SEED.value)
+  command = "python experiments/toy_reproduction.py " + " ".join(argv[0:0] + sys.argv[1:])
+  paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
+                                  command=command.strip(), seconds=time.perf_counter() - t0)
+  print("\n" + open(paths["table"]).read().split("\n## ", 2)[1] if False else "")
+  print(f"\nTable:       {paths['table']}\nPlot:        {paths['plot']}\nJSON:        {paths['json']}\n"
+        f"TensorBoard: tensorboard --logdir {root}  (train/ and eval/ scalars of every stage)\n"
+        f"Checkpoints: {root}/<stage>/checkpoints (orbax), exports: {root}/<stage>/export (HF format)\n"
+        f"Per-document answers: {root}/eval/<stage>_<length>.jsonl")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,111 @@
+"""Teacher policies for the toy world: teacher-forced conversations for supervised warm starts.
+
+`toy_memory` is the deliberately imperfect memory policy of issue 5: it always writes the latest
+fact about the asked key into memory, but on a chunk that holds only other keys' facts it
+overwrites the memory with them with probability `overwrite_prob`. A model fitted to it is a
+stochastic policy that RL can improve. `toy_direct` answers from the whole document, for the
+full-attention baseline. Teachers read only the texts (question, chunks), never hidden labels,
+and emit conversations in the exact prompt format the agents run.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import numpy as np
+
+from memagent_jax.agent import chunking
+from memagent_jax.agent.memagent import encode_question
+from memagent_jax.agent.results import AgentResult, Conversation
+from memagent_jax.agent.templates import NO_MEMORY
+from memagent_jax.data import toy
+from memagent_jax.registry import Registry
+
+FACT_RE = re.compile(r"the code of (\w+) is (\w+) \.")
+QUESTION_RE = re.compile(r"what is the latest code of (\w+) \?")
+
+# teacher name -> fn(agent, question, context, rng, **options) -> AgentResult
+TEACHERS: Registry = Registry("teacher")
+
+
+def asked_key(question: str) -> str:
+  m = QUESTION_RE.fullmatch(question.strip())
+  if not m:
+    raise ValueError(f"not a toy question: {question!r}")
+  return m.group(1)
+
+
+def facts_in(text: str) -> list[tuple[str, str]]:
+  """(key, value) of every complete fact in a text, in order."""
+  return FACT_RE.findall(text)
+
+
+def memory_text(facts: list[tuple[str, str]]) -> str:
+  return " ".join(toy.fact(k, v) for k, v in facts) if facts else NO_MEMORY
+
+
+def answer_text(value: str) -> str:
+  return f"\\boxed{{ {value} }}"
+
+
+def _conversation(prompt: list[int], response_text: str, tokenizer, cap: int, is_final: bool) -> Conversation:
+  ids = tokenizer.encode(response_text) + [tokenizer.eos_token_id]
+  if len(ids) > cap:
+    raise ValueError(f"teacher response {response_text!r} has {len(ids)} tokens, over the cap of {cap}")
+  zeros = np.zeros(len(ids), np.float32)
+  return Conversation(np.asarray(prompt, np.int32), np.asarray(ids, np.int32), zeros, zeros,
+                      truncated=False, is_final=is_final)
+
+
+def guess(memory: list[tuple[str, str]], key: str, rng: random.Random) -> str:
+  """The answer a reader of `memory` gives: the asked key's value, else the last remembered value,
+  else a random value (the teacher answers from its memory, right or wrong)."""
+  for k, v in reversed(memory):
+    if k == key:
+      return v
+  return memory[-1][1] if memory else rng.choice(toy.VALUES)
+
+
+@TEACHERS.register("toy_memory")
+def memory_teacher(agent, question: str, context: str, rng: random.Random,
+                   overwrite_prob: float = 0.3) -> AgentResult:
+  """One trajectory of the imperfect memory policy through `agent`'s chunking and templates."""
+  if not 0.0 <= overwrite_prob <= 1.0:
+    raise ValueError(f"overwrite_prob={overwrite_prob} must lie in [0, 1]")
+  tok, key = agent.tokenizer, asked_key(question)
+  q = encode_question(tok, question, 0, agent.question_tokens)
+  memory: list[tuple[str, str]] = []
+  conversations, memories, doc_tokens = [], [], 0
+  for chunk in chunking.document_chunks(tok, context, agent.chunk_tokens, "document", False):
+    prompt = agent.memory_segments.assemble(prompt=q, memory=tok.encode(memory_text(memory)), chunk=chunk)
+    found = facts_in(tok.decode(chunk))
+    asked = [f for f in found if f[0] == key]
+    if asked:
+      memory = [asked[-1]]
+    elif found and rng.random() < overwrite_prob:
+      memory = found[-2:]  # the chunk's facts replace the memory (two fit in 16 tokens)
+    conversations.append(_conversation(prompt, memory_text(memory), tok, agent.memory_tokens, False))
+    memories.append(memory_text(memory))
+    doc_tokens += len(chunk)
+  if not conversations:
+    raise ValueError(f"empty document for question {question!r}")
+  prompt = agent.final_segments.assemble(prompt=q, memory=tok.encode(memory_text(memory)))
+  value = guess(memory, key, rng)
+  answer = answer_text(value)
+  conversations.append(_conversation(prompt, answer, tok, agent.answer_tokens, True))
+  return AgentResult(question, answer, f" {value} ", value, memories, conversations, len(memories), doc_tokens)
+
+
+@TEACHERS.register("toy_direct")
+def direct_teacher(reader, question: str, context: str, rng: random.Random) -> AgentResult:
+  """The right answer from the whole document in one prompt (the full-attention baseline)."""
+  del rng
+  tok, key = reader.tokenizer, asked_key(question)
+  prompt, doc_tokens = reader.prompt_ids(question, context, 0)
+  told = [v for k, v in facts_in(context) if k == key]
+  if not told:
+    raise ValueError(f"the document never states the code of {key!r}")
+  answer = answer_text(told[-1])
+  conv = _conversation(prompt, answer, tok, reader.answer_tokens, True)
+  return AgentResult(question, answer, f" {told[-1]} ", told[-1], [], [conv], 0, doc_tokens)

@@ -1,0 +1,80 @@
+"""Accuracy, time and peak memory of a reader as documents grow: the extrapolation curve.
+
+Each length is evaluated on its own seeded samples (the same documents for every reader), after
+one warm-up batch of the same shapes, so the time per document excludes compilation. Peak memory
+is the process's resident set, sampled every 5 ms while that length runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+from memagent_jax import evaluation
+
+
+def _rss_bytes() -> int:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRSS:
+  """Context manager: the peak resident memory of this process while the block runs."""
+
+  def __init__(self, interval_s: float = 0.005):
+    self.interval_s, self.peak = interval_s, 0
+    self._stop = threading.Event()
+
+  def _watch(self):
+    while not self._stop.is_set():
+      self.peak = max(self.peak, _rss_bytes())
+      self._stop.wait(self.interval_s)
+
+  def __enter__(self):
+    self.peak = _rss_bytes()
+    self._thread = threading.Thread(target=self._watch, daemon=True)
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+    self.peak = max(self.peak, _rss_bytes())
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+  """95% Wilson score interval of a binomial proportion (sound at 0% and 100%)."""
+  if n == 0:
+    return 0.0, 1.0
+  p = successes / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def sweep_lengths(reader, name: str, task: str, lengths: list[int], n: int, seed: int, batch_size: int,
+                  temperature: float, top_p: float, out_dir: str | None = None,
+                  warmup_each_length: bool = True, progress: bool = True) -> list[dict]:
+  """One row per length: accuracy (+ Wilson 95% interval), seconds per document, peak RSS.
+
+  warmup_each_length=False warms up at the first length only: for readers whose compiled shapes
+  do not depend on the length (MemAgent), so no long document is read twice."""
+  rows = []
+  for i, length in enumerate(lengths):
+    samples = evaluation.make_samples(task, length, n, seed + length, reader.tokenizer)
+    if i == 0 or warmup_each_length:
+      warm = samples[:batch_size]
+      reader.answer_batch([s["question"] for s in warm], [s["context"] for s in warm],
+                          temperature=temperature, top_p=top_p, seed=seed)  # compile these shapes
+    out = os.path.join(out_dir, f"{name}_{length}.jsonl") if out_dir else None
+    with PeakRSS() as mem:
+      summary = evaluation.run_eval(reader, task, samples, out, batch_size, temperature, top_p,
+                                    seed=seed, progress=progress)
+    acc = summary["score"]
+    lo, hi = wilson_interval(acc * n, n)
+    rows.append({"method": name, "length": length, "n": n, "accuracy": acc, "ci_low": lo, "ci_high": hi,
+                 "seconds_per_doc": summary["seconds"] / n, "peak_rss_mib": mem.peak / 2 ** 20,
+                 "doc_tokens": summary["mean_document_tokens"]})
+  return rows

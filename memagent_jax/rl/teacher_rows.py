@@ -1,0 +1,48 @@
+"""Supervised steps through the RL trainer: teacher-forced conversations as `TrainRows`.
+
+A `TeacherCollector` stands where the `RolloutCollector` stands: it draws a question batch,
+lets a registered teacher (memagent_jax.data.toy_teacher) write each trajectory in the agent's
+exact prompt format, and returns the same fixed-width rows with advantage 1, so the update
+step's `sft` loss (token-mean negative log-likelihood of the responses) trains on them.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+
+from memagent_jax.agent.results import ConversationBatch
+from memagent_jax.rl import rewards
+from memagent_jax.rl.batching import rows_from_conversations
+from memagent_jax.rl.rollout import StepRollout
+
+
+class TeacherCollector:
+  """Teacher trajectories of one step's questions -> TrainRows (one trajectory per question)."""
+
+  def __init__(self, agent, teacher_cfg, prompt_width: int, response_width: int):
+    from memagent_jax.data.toy_teacher import TEACHERS
+    self.agent, self.prompt_width, self.response_width = agent, prompt_width, response_width
+    self.teacher = TEACHERS.get(teacher_cfg.name)
+    self.options = dict(teacher_cfg.options)
+
+  def collect(self, batches: Iterator[dict], seed_of: Callable[[int, int], int]) -> StepRollout:
+    t0 = time.perf_counter()
+    samples = next(batches)
+    rng = random.Random(seed_of(0, 0))
+    results = [self.teacher(self.agent, q, c, rng, **self.options)
+               for q, c in zip(samples["question"], samples["context"])]
+    conv = ConversationBatch.from_results(results, self.agent.pad_id, self.prompt_width, self.response_width)
+    rows = rows_from_conversations(conv, np.ones(len(conv.trajectory), np.float32), conv.trajectory)
+    scores = [rewards.exact_match(r.prediction, list(a)) for r, a in zip(results, samples["answers"])]
+    memory = conv.response_mask[~conv.is_final].sum(1)
+    metrics = {"reward_mean": float(np.mean(scores)), "accuracy": float(np.mean(scores)),
+               "teacher_accuracy": float(np.mean(scores)), "kept_group_frac": 1.0,
+               "memory_tokens": float(memory.mean()) if memory.size else 0.0,
+               "chunks_per_doc": float(np.mean([r.num_chunks for r in results])),
+               "rollout_tokens": float(conv.prompt_lengths.sum() + conv.response_mask.sum()),
+               "rollout_seconds": time.perf_counter() - t0}
+    return StepRollout(rows, len(results), metrics, results)

@@ -1,0 +1,78 @@
+"""The toy reproduction pipeline end to end at a tiny scale, its determinism, and the notebook."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "experiments", "toy_reproduction.py")
+TINY = ["--scale=demo", "--steps=warm_start=3,rl=2,full_attention=3", "--n=6", "--max_multiple=2"]
+
+
+def _run(args, cwd):
+  env = {**os.environ, "PYTHONPATH": REPO}
+  out = subprocess.run([sys.executable, SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  return out.stdout
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  root = tmp_path_factory.mktemp("toy")
+  stdout = _run([*TINY, f"--workdir={root}/run"], cwd=root)
+  return root, stdout
+
+
+@pytest.mark.slow
+def test_pipeline_writes_table_plot_logs_and_checkpoints(run):
+  root, stdout = run
+  res = root / "run" / "results"
+  for name in ("toy_reproduction_demo.md", "toy_reproduction_demo.png", "toy_reproduction_demo.json"):
+    assert (res / name).is_file() and (res / name).stat().st_size > 200, name
+    assert str(res / name) in stdout  # the script says where everything is
+  for stage in ("warm_start", "rl", "full_attention"):
+    assert (root / "run" / stage / "export" / "config.json").is_file()
+    assert (root / "run" / stage / "logs" / "metrics.jsonl").is_file()
+    assert any((root / "run" / stage / "logs" / "tensorboard").iterdir())
+  assert "TensorBoard" in stdout and "Checkpoints" in stdout
+  table = json.load(open(res / "toy_reproduction_demo.json"))
+  rows = table["rows"]
+  assert {(r["method"], r["length"]) for r in rows} == {(m, l) for m in ("rl", "warm_start", "full_attention")
+                                                        for l in (128, 256)}
+  for r in rows:
+    assert r["n"] == 6 and 0 <= r["ci_low"] <= r["accuracy"] <= r["ci_high"] <= 1
+    assert r["seconds_per_doc"] > 0 and r["peak_rss_mib"] > 50
+  md = open(res / "toy_reproduction_demo.md").read()
+  assert "| 256 | 2x |" in md and "RL-MemAgent" in md and "peak RSS" in md
+
+
+@pytest.mark.slow
+def test_rerunning_the_evaluation_gives_the_same_accuracies(run):
+  root, _ = run
+  res = root / "run" / "results" / "toy_reproduction_demo.json"
+  before = {(r["method"], r["length"]): r["accuracy"] for r in json.load(open(res))["rows"]}
+  _run([*TINY, f"--workdir={root}/run", "--stages=eval"], cwd=root)
+  after = {(r["method"], r["length"]): r["accuracy"] for r in json.load(open(res))["rows"]}
+  assert after == before
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_runs_top_to_bottom(run):
+  import nbformat
+  from nbclient import NotebookClient
+  root, _ = run
+  path = os.path.join(REPO, "experiments", "notebooks", "memagent_quickstart.ipynb")
+  nb = nbformat.read(path, as_version=4)
+  os.environ["MEMAGENT_TOY_RUN"] = str(root / "run")
+  try:
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": os.path.dirname(path)}}).execute()
+  finally:
+    del os.environ["MEMAGENT_TOY_RUN"]
+  text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+  assert "memory:" in text and "final answer:" in text
+  assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))

@@ -1,0 +1,140 @@
+"""The toy world's teachers and supervised steps through the RL trainer (issue 5's warm start)."""
+
+import random
+
+import numpy as np
+import pytest
+
+import memagent_jax as mj
+from configs import toy_memagent
+from memagent_jax.agent import ConversationBatch
+from memagent_jax.data import toy
+from memagent_jax.data.toy_teacher import TEACHERS, asked_key, facts_in, memory_text
+from memagent_jax.rl import rewards
+from memagent_jax.rl.batching import rows_from_conversations
+from memagent_jax.rl.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def agent():
+  policy = mj.load_policy("random:toy-tiny", seed=0)
+  return mj.MemAgent(policy, chunk_tokens=toy.CHUNK_TOKENS, memory_tokens=toy.MEMORY_TOKENS,
+                     answer_tokens=toy.ANSWER_TOKENS, question_tokens=16, block_chunks=4)
+
+
+def _teacher(agent, sample, q, seed=0):
+  return TEACHERS.get("toy_memory")(agent, sample["question"], sample["context"], random.Random(seed),
+                                    overwrite_prob=q)
+
+
+def _survives(sample) -> bool:
+  """Independent of the teacher: True when no chunk holding only other keys' facts comes after
+  the chunk of the last fact about the asked key (what a teacher that always overwrites needs)."""
+  c = toy.CHUNK_TOKENS
+  chunk_of = [s // c for s in sample["fact_starts"]]
+  asked = [ch for ch, (k, _) in zip(chunk_of, sample["facts"]) if k == sample["key"]]
+  later = {ch for ch, (k, _) in zip(chunk_of, sample["facts"]) if ch > asked[-1]}
+  return not later  # every later fact-bearing chunk holds no asked fact (asked[-1] is the last)
+
+
+def test_teacher_prompts_are_the_agents_own(agent):
+  s = toy.generate(1, 3 * toy.CHUNK_TOKENS, seed=4)[0]
+  ran = agent.answer(s["question"], s["context"], temperature=1.0, seed=0)
+  taught = _teacher(agent, s, 0.5)
+  assert len(taught.conversations) == len(ran.conversations) == 4
+  np.testing.assert_array_equal(taught.conversations[0].prompt_ids, ran.conversations[0].prompt_ids)
+  # Later prompts differ only in the memory field: same template pieces and chunk around it.
+  tok = agent.tokenizer
+  for k in (1, 2):
+    text = tok.decode(taught.conversations[k].prompt_ids, skip_special_tokens=False)
+    assert f"<memory> {taught.memories[k - 1]} </memory>" in text
+    assert tok.decode(ran.conversations[k].prompt_ids, skip_special_tokens=False).split("</memory>")[1] == \
+        text.split("</memory>")[1]
+
+
+def test_teacher_without_overwrites_is_always_right(agent):
+  for s in toy.generate(40, 4 * toy.TRAIN_TOKENS, seed=1):
+    r = _teacher(agent, s, 0.0)
+    assert rewards.exact_match(r.prediction, s["answers"]) == 1.0
+    assert r.memories[-1] == toy.fact(s["key"], s["answers"][0])
+    for conv in r.conversations:
+      assert conv.response_ids[-1] == agent.tokenizer.eos_token_id
+      assert len(conv.response_ids) <= (toy.ANSWER_TOKENS if conv.is_final else toy.MEMORY_TOKENS)
+
+
+def test_teacher_that_always_overwrites_fails_exactly_when_a_distractor_chunk_follows(agent):
+  samples = toy.generate(60, 4 * toy.TRAIN_TOKENS, seed=2)
+  right = [rewards.exact_match(_teacher(agent, s, 1.0).prediction, s["answers"]) == 1.0 for s in samples]
+  assert right == [_survives(s) for s in samples]
+  assert 0 < sum(right) < len(right)  # both cases occur
+
+
+def test_teacher_overwrites_at_its_rate(agent):
+  samples = toy.generate(300, 2 * toy.TRAIN_TOKENS, seed=3)
+  events = kept = 0
+  for i, s in enumerate(samples):
+    r = _teacher(agent, s, 0.3, seed=i)
+    key = s["key"]
+    for k in range(1, len(r.memories)):
+      chunk = agent.tokenizer.decode(r.conversations[k].prompt_ids).split("<section>")[1]
+      found = facts_in(chunk)
+      before = r.memories[k - 1]
+      if found and not any(kk == key for kk, _ in found) and before != memory_text(found[-2:]):
+        events += 1
+        kept += r.memories[k] == before
+  assert events > 100
+  assert abs(1 - kept / events - 0.3) < 0.1, (kept, events)
+
+
+def test_direct_teacher_answers_from_the_whole_document():
+  policy = mj.load_policy("random:toy-tiny", seed=0)
+  reader = mj.DirectReader(policy, answer_tokens=8, question_tokens=16, context_tokens=600)
+  s = toy.generate(1, toy.TRAIN_TOKENS, seed=5)[0]
+  r = TEACHERS.get("toy_direct")(reader, s["question"], s["context"], random.Random(0))
+  assert r.prediction == s["answers"][0] and asked_key(s["question"]) == s["key"]
+  np.testing.assert_array_equal(r.conversations[0].prompt_ids, reader.prompt_ids(s["question"], s["context"])[0])
+
+
+def test_teacher_rows_carry_unit_advantages_and_the_whole_response(agent):
+  samples = toy.generate(3, toy.TRAIN_TOKENS, seed=6)
+  results = [_teacher(agent, s, 0.5) for s in samples]
+  conv = ConversationBatch.from_results(results, agent.pad_id, 200, 16)
+  rows = rows_from_conversations(conv, np.ones(len(conv.trajectory)), conv.trajectory)
+  assert rows.loss_mask.sum() == sum(len(c.response_ids) for r in results for c in r.conversations)
+  assert np.all(rows.advantages == 1)
+
+
+def _sft_config(stage, tmp_path, steps):
+  c = toy_memagent.get_config(f"{stage},demo")
+  c.model.source = "random:toy-tiny"
+  c.data.update(train_size=64)
+  c.rl.update(questions_per_step=8, ppo_mini_batch=8, rollout_batch=8)
+  c.optim.update(lr=1e-2, warmup_steps=1)
+  c.train.update(steps=steps, workdir=str(tmp_path / stage), progress=False, save_every=steps)
+  return c
+
+
+@pytest.mark.parametrize("stage", ["warm_start", "full_attention"])
+def test_supervised_steps_run_through_the_trainer_and_lower_the_loss(tmp_path, stage):
+  out = Trainer(_sft_config(stage, tmp_path, 8)).train()
+  losses = [h["loss"] for h in out["history"]]
+  assert out["step"] == 8 and np.isfinite(losses).all()
+  assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:2]), losses
+  assert out["history"][0]["teacher_accuracy"] > 0.5
+
+
+def test_bad_stage_combinations_fail_up_front(tmp_path):
+  c = _sft_config("warm_start", tmp_path, 2)
+  c.rl.loss = "ppo_clip"
+  with pytest.raises(ValueError, match="sft"):
+    Trainer(c)
+  c = _sft_config("full_attention", tmp_path, 2)
+  c.train.source, c.rl.loss = "rollout", "ppo_clip"
+  with pytest.raises(ValueError, match="direct"):
+    Trainer(c)
+  c = _sft_config("warm_start", tmp_path, 2)
+  c.teacher.name = "oracle"
+  with pytest.raises(ValueError, match="teacher.name"):
+    Trainer(c)
+  with pytest.raises(ValueError, match="variant"):
+    toy_memagent.get_config("rl,huge")
