@@ -54,6 +54,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.teacher = ml_collections.ConfigDict(dict(  # read when train.source == "teacher"
       name="toy_memory",  # a memagent_jax.data.toy_teacher.TEACHERS entry
       options=ml_collections.ConfigDict(dict(overwrite_prob=0.3)),  # keyword arguments of the teacher
+      prompt_loss=False,  # also train on prompt tokens (next-token loss on whole conversations)
   ))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-6, schedule="constant", warmup_steps=20, min_lr_ratio=0.0,

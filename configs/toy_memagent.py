@@ -1,10 +1,12 @@
 """The toy-world reproduction of MemAgent's headline curve (issue 5), one stage per variant.
 
+  --config=configs/toy_memagent.py:pretrain         base model: find-and-copy a fact on short plain texts
   --config=configs/toy_memagent.py:warm_start       supervised warm start from the imperfect teacher
   --config=configs/toy_memagent.py:rl               Multi-Conv DAPO from the warm start (final reward only)
   --config=configs/toy_memagent.py:full_attention   same-size model, supervised on whole documents
 Append ",demo" for the short version `make demo` runs (fewer steps). The stages are chained by
-experiments/toy_reproduction.py, which sets rl's model.source to the exported warm start.
+experiments/toy_reproduction.py, which starts warm_start and full_attention from the exported
+pretrained base (as the paper's runs all start from one instruct model) and rl from the warm start.
 World: chunk 64, memory 16, answer 8 toy tokens; training documents of 128 tokens (1x, 2 chunks);
 toy-1m policy (1.0M parameters, 4 layers).
 """
@@ -14,7 +16,8 @@ import ml_collections
 from configs import base
 from memagent_jax.data import toy
 
-STAGES = ("warm_start", "rl", "full_attention")
+STAGES = ("pretrain", "warm_start", "rl", "full_attention")
+PRETRAIN_TOKENS = 48  # pretraining documents: short, so attention finds the fact among few tokens
 SCALES = ("full", "demo")
 
 
@@ -34,28 +37,41 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
   c.eval.update(every=0, size=128, seed=12345, temperature=0.7, top_p=0.95, batch_size=128)
   c.mesh.update(data=-1, fsdp=1, tensor=1)
   c.train.update(seed=0, save_every=50, keep_checkpoints=2, log_every=1)
-  if stage in ("warm_start", "full_attention"):
+  if stage in ("pretrain", "warm_start", "full_attention"):
     c.train.source = "teacher"
     c.rl.update(loss="sft", agg="token-mean", group_size=1, advantage="mean_centred", kl_coef=0.0,
                 questions_per_step=32, ppo_mini_batch=32, rollout_batch=32)
-    c.optim.update(lr=3e-3, schedule="cosine", warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.0,
+    c.optim.update(lr=1e-3, schedule="constant", warmup_steps=20, weight_decay=0.0,
                    grad_clip=1.0)
-    c.train.update(steps=120 if demo else 400)
-  if stage == "warm_start":
-    c.teacher.update(name="toy_memory", options=ml_collections.ConfigDict(dict(overwrite_prob=0.5)))
+    c.train.update(steps=100 if demo else 150)
+  if stage == "pretrain":
+    c.agent.update(kind="direct", context_tokens=0)
+    c.data.update(length=PRETRAIN_TOKENS)
+    c.teacher.name, c.teacher.options = "toy_recall", ml_collections.ConfigDict()
+    c.rl.update(questions_per_step=64, ppo_mini_batch=64, rollout_batch=64)
+    c.optim.update(lr=1e-3, schedule="constant", warmup_steps=20)
+    c.train.update(steps=150 if demo else 300, workdir="runs/toy_memagent/pretrain")
+  elif stage == "warm_start":
+    c.model.source = "runs/toy_memagent/pretrain/export"
+    c.teacher.name, c.teacher.options = "toy_memory", ml_collections.ConfigDict(dict(overwrite_prob=0.5))
     c.train.workdir = "runs/toy_memagent/warm_start"
   elif stage == "full_attention":
+    c.model.source = "runs/toy_memagent/pretrain/export"
     c.agent.update(kind="direct", context_tokens=16 * toy.TRAIN_TOKENS + 128)
-    c.teacher.update(name="toy_direct", options=ml_collections.ConfigDict())
-    c.train.workdir = "runs/toy_memagent/full_attention"
+    c.teacher.name, c.teacher.options = "toy_direct", ml_collections.ConfigDict()
+    c.train.update(steps=60 if demo else 150, workdir="runs/toy_memagent/full_attention")
   elif stage == "rl":
     c.model.source = "runs/toy_memagent/warm_start/export"  # the toy_reproduction script sets it
-    c.rl.update(loss="ppo_clip", agg="token-mean", group_size=8, questions_per_step=16, ppo_mini_batch=16,
-                micro_batches=1, rollout_batch=128, temperature=1.0, top_p=1.0, reward="exact_match",
-                advantage="grpo", clip_low=0.2, clip_high=0.28, clip_c=3.0, kl_coef=0.0,
+    c.rl.update(loss="ppo_clip", agg="token-mean", group_size=8, questions_per_step=8, ppo_mini_batch=8,
+                micro_batches=1, rollout_batch=64, temperature=1.0, top_p=1.0, reward="exact_match",
+                advantage="grpo", clip_low=0.2, clip_high=0.28, clip_c=3.0,
+                # KL to the warm start (as released MemAgent; coefficient 0.01 for a 1M model at lr 2e-4):
+                # without it, 120 steps drifted into repeating "the" in memories, harmless at T=1 in
+                # rollouts but fatal at evaluation temperature 0.7 (docs/results/toy_reproduction.md).
+                kl_coef=0.01, kl_kind="low_var_kl",
                 entropy_coef=0.0, recompute_old_logprobs=True, dynamic_sampling=True,
                 max_extra_gen_batches=2, on_insufficient="proceed")
     c.rl.overlong.update(enable=True, max_tokens=toy.ANSWER_TOKENS, cache_tokens=4)
     c.optim.update(lr=2e-4, schedule="constant", warmup_steps=5, weight_decay=0.0, grad_clip=1.0)
-    c.train.update(steps=15 if demo else 60, workdir="runs/toy_memagent/rl")
+    c.train.update(steps=8 if demo else 80, workdir="runs/toy_memagent/rl")
   return c

@@ -32,14 +32,15 @@ def _curve(root: str, stage: str, key: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def training_summary(root: str, stages: dict) -> list[str]:
-  lines = ["| stage | steps | wall time | first 10 steps | last 10 steps |", "|---|---|---|---|---|"]
+  lines = ["| stage | steps | time in steps | first 10 steps | last 10 steps |", "|---|---|---|---|---|"]
   for stage, info in stages.items():
-    key = "train/reward_mean" if stage == "rl" else "train/loss"
+    key = "train/accuracy" if stage == "rl" else "train/loss"
     _, v = _curve(root, stage, key)
-    name = "mean reward" if stage == "rl" else "SFT loss"
+    name = "rollout accuracy" if stage == "rl" else "SFT loss"
     first = f"{name} {v[:10].mean():.3f}" if v.size else "-"
     last = f"{name} {v[-10:].mean():.3f}" if v.size else "-"
-    lines.append(f"| {stage} | {info['steps']} | {info['seconds'] / 60:.1f} min | {first} | {last} |")
+    _, secs = _curve(root, stage, "train/step_seconds")  # summed per step: right for resumed runs too
+    lines.append(f"| {stage} | {info['steps']} | {secs.sum() / 60:.1f} min | {first} | {last} |")
   return lines
 
 
@@ -78,6 +79,13 @@ def plot(rows, root: str, path: str):
   plt.close(fig)
 
 
+def _model_line() -> str:
+  from memagent_jax.models.config import get_preset
+  c = get_preset("toy-1m")
+  return (f"{c.num_layers} layers, width {c.hidden_size}, {c.num_heads} heads, "
+          f"{c.num_params / 1e6:.2f}M parameters, trained from scratch")
+
+
 def _acc(r) -> str:
   return f"{r['accuracy'] * 100:.1f} [{r['ci_low'] * 100:.0f}, {r['ci_high'] * 100:.0f}]"
 
@@ -111,8 +119,11 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
       f"{platform.processor() or platform.machine()}).", "",
       f"World: {toy.CHUNK_TOKENS}-token chunks, {toy.MEMORY_TOKENS}-token memory, training documents of "
       f"{toy.TRAIN_TOKENS} tokens (1x), {toy.DISTRACTOR_DENSITY:g} distractor facts per 1000 tokens, up to "
-      f"{toy.MAX_OVERRIDES} overrides of the asked key. Policy: toy-1m (4 layers, 1.0M parameters). "
-      "Configs: `configs/toy_memagent.py` (stages warm_start, rl, full_attention).", "",
+      f"{toy.MAX_OVERRIDES} overrides of the asked key (questions ask about {', '.join(toy.ASKED_KEYS)}). "
+      f"Policy: toy-1m ({_model_line()}), the same for all three. Stages (`configs/toy_memagent.py`): "
+      "pretrain (base model: find and copy a fact in short plain texts) -> warm_start (supervised on the "
+      "imperfect memory teacher) -> rl (Multi-Conv DAPO, final-answer reward only); full_attention "
+      "(supervised on whole training documents) from the same base.", "",
       f"Seeds: training data 0, model init 0, training 0; evaluation documents {eval_seed} + length, "
       f"sampling {eval_seed}. Evaluation sampling: temperature 0.7, top-p 0.95 (the paper's). "
       f"n = {n} documents per point; accuracy is exact match of the boxed answer, in % with a 95% "
@@ -125,7 +136,9 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
       "Seconds per document: wall time of the whole batched evaluation at that length divided by n "
       "(compilation excluded by a warm-up). Peak RSS: the evaluating process's resident memory, "
       "sampled every 5 ms (it includes the loaded models and earlier allocations).", "", *cost, "",
-      f"![accuracy, time and reward]({os.path.basename(paths['plot'])})", ""]
+      f"![accuracy, time and reward]({os.path.basename(paths['plot'])})", "",
+      "What was tried before these settings, and why (pretraining stage, one asked key, KL): "
+      "`toy_reproduction_history.md`; the learnability probe: `probe_recall.md`.", ""]
   with open(paths["table"], "w") as f:
     f.write("\n".join(text))
   return paths

@@ -5,9 +5,10 @@ baselines, accuracy / time / memory against document length, a table and a plot.
   python experiments/toy_reproduction.py --scale=demo     # make demo (<= 10 min)
 
 Stages (each resumes from its checkpoints; --fresh starts over):
-  warm_start      supervised on the imperfect memory teacher (configs/toy_memagent.py:warm_start)
+  pretrain        the base model: find and copy a fact in short plain texts (toy_recall teacher)
+  warm_start      from the base, supervised on the imperfect memory teacher's conversations
   rl              Multi-Conv DAPO from the exported warm start, final-answer reward only
-  full_attention  the same model size, supervised to answer from whole training documents
+  full_attention  from the base, supervised to answer from whole training documents
   eval            1x .. max_multiple x the training length for the three policies, n per point
 Everything is seeded: the same flags give the same table.
 """
@@ -39,11 +40,12 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default runs/toy
 _RESULTS = flags.DEFINE_string("results_dir", None, "table + plot directory (default: docs/results for "
                                "full, <workdir>/results for demo)")
 _FRESH = flags.DEFINE_bool("fresh", False, "delete the workdir first (a full, deterministic re-run)")
-_STAGES = flags.DEFINE_list("stages", ["warm_start", "rl", "full_attention", "eval"], "stages to run")
+TRAIN_STAGES = ("pretrain", "warm_start", "rl", "full_attention")
+_STAGES = flags.DEFINE_list("stages", [*TRAIN_STAGES, "eval"], "stages to run")
 _N = flags.DEFINE_integer("n", None, "evaluation documents per point (default per scale)")
 _MAX_MULTIPLE = flags.DEFINE_integer("max_multiple", None, "largest length / training length (power of 2)")
 _EVAL_SEED = flags.DEFINE_integer("eval_seed", 1000, "seed of the evaluation documents and sampling")
-_STEPS = flags.DEFINE_string("steps", "", "override training steps, e.g. 'warm_start=3,rl=2,full_attention=3'")
+_STEPS = flags.DEFINE_string("steps", "", "override training steps, e.g. 'pretrain=3,warm_start=3,rl=2'")
 
 
 def stage_config(stage: str, scale: str, root: str):
@@ -51,6 +53,8 @@ def stage_config(stage: str, scale: str, root: str):
   cfg.train.workdir = os.path.join(root, stage)
   if stage == "rl":
     cfg.model.source = os.path.join(root, "warm_start", "export")
+  elif stage in ("warm_start", "full_attention"):  # both start from the same pretrained base
+    cfg.model.source = os.path.join(root, "pretrain", "export")
   steps = dict(kv.split("=") for kv in _STEPS.value.split(",") if kv)
   if stage in steps:
     cfg.train.steps = int(steps[stage])
@@ -119,7 +123,7 @@ def main(argv):
   t0 = time.perf_counter()
   stages_path = os.path.join(root, "stages.json")
   stages = json.load(open(stages_path)) if os.path.exists(stages_path) else {}
-  for stage in ("warm_start", "rl", "full_attention"):
+  for stage in TRAIN_STAGES:
     if stage in _STAGES.value:
       stages[stage] = train_stage(stage, scale, root)
       json.dump(stages, open(stages_path, "w"), indent=1)
@@ -129,7 +133,6 @@ def main(argv):
   command = "python experiments/toy_reproduction.py " + " ".join(argv[0:0] + sys.argv[1:])
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
                                   command=command.strip(), seconds=time.perf_counter() - t0)
-  print("\n" + open(paths["table"]).read().split("\n## ", 2)[1] if False else "")
   print(f"\nTable:       {paths['table']}\nPlot:        {paths['plot']}\nJSON:        {paths['json']}\n"
         f"TensorBoard: tensorboard --logdir {root}  (train/ and eval/ scalars of every stage)\n"
         f"Checkpoints: {root}/<stage>/checkpoints (orbax), exports: {root}/<stage>/export (HF format)\n"

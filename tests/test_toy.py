@@ -189,3 +189,19 @@ def test_registered_in_evaluation(tok):
   assert toy.TASK in evaluation.task_names()
   samples = evaluation.make_samples(toy.TASK, 128, 2, 0, tok)
   assert samples == toy.generate(2, 128, 0)
+
+
+def test_no_fact_crosses_a_chunk_boundary_and_distractors_scale_with_length():
+  for length in (toy.TRAIN_TOKENS, 16 * toy.TRAIN_TOKENS):
+    for s in toy.generate(20, length, seed=9):
+      words = s["context"].split(" ")
+      for start, (k, v) in zip(s["fact_starts"], s["facts"]):
+        assert words[start:start + toy.FACT_TOKENS] == toy.fact(k, v).split(" ")
+        assert start // toy.CHUNK_TOKENS == (start + toy.FACT_TOKENS - 1) // toy.CHUNK_TOKENS
+      assert s["num_distractors"] == max(1, round(toy.DISTRACTOR_DENSITY * length / 1000))
+  # Without alignment some facts do cross (the option is what prevents it).
+  crossing = [st for s in toy.generate(50, 512, seed=9, chunk_tokens=None) for st in s["fact_starts"]
+              if st // 64 != (st + toy.FACT_TOKENS - 1) // 64]
+  assert crossing
+  with pytest.raises(ValueError, match="shorter than one fact"):
+    toy.generate(1, 128, seed=0, chunk_tokens=4)

@@ -9,7 +9,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "experiments", "toy_reproduction.py")
-TINY = ["--scale=demo", "--steps=warm_start=3,rl=2,full_attention=3", "--n=6", "--max_multiple=2"]
+TINY = ["--scale=demo", "--steps=pretrain=2,warm_start=3,rl=2,full_attention=3", "--n=6", "--max_multiple=2"]
 
 
 def _run(args, cwd):
@@ -34,7 +34,7 @@ def test_pipeline_writes_table_plot_logs_and_checkpoints(run):
   for name in ("toy_reproduction_demo.md", "toy_reproduction_demo.png", "toy_reproduction_demo.json"):
     assert (res / name).is_file() and (res / name).stat().st_size > 200, name
     assert str(res / name) in stdout  # the script says where everything is
-  for stage in ("warm_start", "rl", "full_attention"):
+  for stage in ("pretrain", "warm_start", "rl", "full_attention"):
     assert (root / "run" / stage / "export" / "config.json").is_file()
     assert (root / "run" / stage / "logs" / "metrics.jsonl").is_file()
     assert any((root / "run" / stage / "logs" / "tensorboard").iterdir())

@@ -104,6 +104,26 @@ def test_teacher_rows_carry_unit_advantages_and_the_whole_response(agent):
   assert np.all(rows.advantages == 1)
 
 
+def test_recall_teacher_writes_plain_text_rows():
+  policy = mj.load_policy("random:toy-tiny", seed=0)
+  reader = mj.DirectReader(policy, answer_tokens=8, question_tokens=16, context_tokens=600)
+  s = toy.generate(1, 48, seed=8)[0]
+  r = TEACHERS.get("toy_recall")(reader, s["question"], s["context"], random.Random(0))
+  tok = reader.tokenizer
+  assert tok.decode(r.conversations[0].prompt_ids) == f"{s['context']} {s['question']}"  # no template
+  assert tok.decode_response(r.conversations[0].response_ids) == f"\\boxed{{ {s['answers'][0]} }}"
+
+
+def test_prompt_loss_makes_every_real_token_a_target(agent):
+  from memagent_jax.rl.teacher_rows import language_model_rows
+  results = [_teacher(agent, s, 0.5) for s in toy.generate(2, toy.TRAIN_TOKENS, seed=6)]
+  conv = ConversationBatch.from_results(results, agent.pad_id, 200, 16)
+  rows = language_model_rows(rows_from_conversations(conv, np.ones(len(conv.trajectory)), conv.trajectory))
+  assert rows.prompt_width == 1 and rows.loss_mask.shape == (len(conv.trajectory), 215)
+  real = conv.prompt_lengths + conv.response_mask.sum(1)
+  np.testing.assert_array_equal(rows.loss_mask.sum(1), real - 1)  # all but the first real token
+
+
 def _sft_config(stage, tmp_path, steps):
   c = toy_memagent.get_config(f"{stage},demo")
   c.model.source = "random:toy-tiny"
@@ -114,7 +134,7 @@ def _sft_config(stage, tmp_path, steps):
   return c
 
 
-@pytest.mark.parametrize("stage", ["warm_start", "full_attention"])
+@pytest.mark.parametrize("stage", ["pretrain", "warm_start", "full_attention"])
 def test_supervised_steps_run_through_the_trainer_and_lower_the_loss(tmp_path, stage):
   out = Trainer(_sft_config(stage, tmp_path, 8)).train()
   losses = [h["loss"] for h in out["history"]]
@@ -138,3 +158,12 @@ def test_bad_stage_combinations_fail_up_front(tmp_path):
     Trainer(c)
   with pytest.raises(ValueError, match="variant"):
     toy_memagent.get_config("rl,huge")
+
+
+def test_prompt_loss_trains_through_the_trainer(tmp_path):
+  c = _sft_config("warm_start", tmp_path, 3)
+  c.teacher.prompt_loss = True
+  trainer = Trainer(c)
+  assert trainer.spec.prompt_width == 1
+  out = trainer.train()
+  assert np.isfinite([h["loss"] for h in out["history"]]).all()

@@ -51,8 +51,8 @@ def test_tiny_run_logs_every_metric_and_saves(tmp_path):
 
 def test_bad_configs_fail_before_any_work(tmp_path):
   from memagent_jax.agent.memagent import ContextBudgetError
-  with pytest.raises(ContextBudgetError, match="context window is 1024 tokens"):
-    trainer_lib.Trainer(tiny(**{"agent.chunk_tokens": 2000}), workdir=str(tmp_path / "a"))
+  with pytest.raises(ContextBudgetError, match="context window is 4096 tokens"):
+    trainer_lib.Trainer(tiny(**{"agent.chunk_tokens": 5000}), workdir=str(tmp_path / "a"))
   with pytest.raises(ValueError, match="group_size >= 2"):
     trainer_lib.Trainer(tiny(**{"rl.group_size": 1, "rl.rollout_batch": 4}), workdir=str(tmp_path / "b"))
   with pytest.raises(ValueError, match="does not match the 1 available devices"):

@@ -33,6 +33,7 @@ class DirectReader:
       raise ValueError(f"context_tokens={self.context} exceeds the model's context window of "
                        f"{policy.config.max_position_embeddings}")
     self.segments = TemplateSegments.build(self.tokenizer, DIRECT_TEMPLATE)
+    self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
   def document_budget(self, question_len: int) -> int:
     """Most document tokens that fit beside the template, the question and the answer cap."""

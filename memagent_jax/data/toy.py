@@ -31,6 +31,11 @@ MEMORY_TOKENS = 16  # memory cap: about two facts in sentence form
 ANSWER_TOKENS = 8  # "\boxed{ tiger }" + <|im_end|> is 4
 TRAIN_TOKENS = 128  # training document length (1x): 2 chunks
 DISTRACTOR_DENSITY = 8.0  # distractor facts per 1000 tokens (about other keys), at least one
+# Keys a question may ask about (the others only appear in distractors). One key by default: a
+# 1M-parameter model trained from scratch on 2 CPU cores learns to find and copy that key's facts
+# in a few hundred steps, but matching a random question key to facts did not emerge in 800
+# (docs/results/toy_reproduction.md); pass asked_keys=None for a random key per document.
+ASKED_KEYS = ("oslo",)
 OVERRIDE_PROB = 0.5  # chance of each further override of the asked key, up to MAX_OVERRIDES
 MAX_OVERRIDES = 2
 
@@ -109,7 +114,7 @@ def _fact_starts(rng: random.Random, num_tokens: int, num_facts: int, chunk_toke
 
 def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
                 override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
-                chunk_tokens: int | None = CHUNK_TOKENS) -> dict:
+                chunk_tokens: int | None = CHUNK_TOKENS, asked_keys: tuple[str, ...] | None = ASKED_KEYS) -> dict:
   """One document of exactly `num_tokens` toy tokens, its question and answer."""
   if not 0.0 <= override_prob <= 1.0:
     raise ValueError(f"override_prob={override_prob} must lie in [0, 1]")
@@ -118,7 +123,9 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
                      "must be >= 0")
   if chunk_tokens is not None and chunk_tokens < FACT_TOKENS:
     raise ValueError(f"chunk_tokens={chunk_tokens} is shorter than one fact ({FACT_TOKENS} tokens)")
-  key = rng.choice(KEYS)
+  if asked_keys is not None and (not asked_keys or set(asked_keys) - set(KEYS)):
+    raise ValueError(f"asked_keys={asked_keys!r} must be a non-empty subset of toy.KEYS")
+  key = rng.choice(asked_keys or KEYS)
   overrides = 0
   while overrides < max_overrides and rng.random() < override_prob:
     overrides += 1
@@ -158,7 +165,8 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
 def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
              num_distractors: int | None = None, distractor_density: float | None = None,
              override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
-             chunk_tokens: int | None = CHUNK_TOKENS) -> list[dict]:
+             chunk_tokens: int | None = CHUNK_TOKENS,
+             asked_keys: tuple[str, ...] | None = ASKED_KEYS) -> list[dict]:
   """n toy samples with documents of exactly `num_tokens` toy tokens.
 
   Args:
@@ -188,6 +196,6 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
   out = []
   for i in range(n):
     s = make_sample(sample_rng(num_tokens, seed, i), num_tokens, num_distractors, override_prob,
-                    max_overrides, chunk_tokens)
+                    max_overrides, chunk_tokens, asked_keys)
     out.append({**s, "task": TASK, "length": num_tokens, "seed": seed, "index": i})
   return out

@@ -4,7 +4,10 @@
 fact about the asked key into memory, but on a chunk that holds only other keys' facts it
 overwrites the memory with them with probability `overwrite_prob`. A model fitted to it is a
 stochastic policy that RL can improve. `toy_direct` answers from the whole document, for the
-full-attention baseline. Teachers read only the texts (question, chunks), never hidden labels,
+full-attention baseline. `toy_recall` is the base model's pretraining: a short document and the
+question as plain text, no template, answered in the boxed format; on such short rows a model
+trained from scratch learns in minutes to find and copy a fact, which it cannot on 170-token rows.
+Teachers read only the texts (question, chunks), never hidden labels,
 and emit conversations in the exact prompt format the agents run.
 """
 
@@ -109,3 +112,17 @@ def direct_teacher(reader, question: str, context: str, rng: random.Random) -> A
   answer = answer_text(told[-1])
   conv = _conversation(prompt, answer, tok, reader.answer_tokens, True)
   return AgentResult(question, answer, f" {told[-1]} ", told[-1], [], [conv], 0, doc_tokens)
+
+
+@TEACHERS.register("toy_recall")
+def recall_teacher(reader, question: str, context: str, rng: random.Random) -> AgentResult:
+  """Base-model pretraining row: "<document> <question>" as plain text -> the latest value, boxed."""
+  del rng
+  tok, key = reader.tokenizer, asked_key(question)
+  told = [v for k, v in facts_in(context) if k == key]
+  if not told:
+    raise ValueError(f"the document never states the code of {key!r}")
+  prompt = tok.encode(f"{context} {question}")
+  answer = answer_text(told[-1])
+  conv = _conversation(prompt, answer, tok, reader.answer_tokens, True)
+  return AgentResult(question, answer, f" {told[-1]} ", told[-1], [], [conv], 0, len(tok.encode(context)))

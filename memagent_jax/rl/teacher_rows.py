@@ -16,8 +16,16 @@ import numpy as np
 
 from memagent_jax.agent.results import ConversationBatch
 from memagent_jax.rl import rewards
-from memagent_jax.rl.batching import rows_from_conversations
+from memagent_jax.rl.batching import TrainRows, rows_from_conversations
 from memagent_jax.rl.rollout import StepRollout
+
+
+def language_model_rows(rows: TrainRows) -> TrainRows:
+  """The same rows with every real token after the first as a target (prompt_width 1): next-token
+  loss on whole conversations, as a base model is pretrained, instead of on responses only."""
+  loss_mask = rows.valid[:, 1:] & rows.valid[:, :-1]  # [R, W - 1]: a target and a real token before it
+  zeros = np.zeros(loss_mask.shape, np.float32)
+  return TrainRows(rows.tokens, rows.valid, loss_mask, zeros, zeros, rows.advantages, rows.question, 1)
 
 
 class TeacherCollector:
@@ -28,6 +36,7 @@ class TeacherCollector:
     self.agent, self.prompt_width, self.response_width = agent, prompt_width, response_width
     self.teacher = TEACHERS.get(teacher_cfg.name)
     self.options = dict(teacher_cfg.options)
+    self.prompt_loss = bool(teacher_cfg.prompt_loss)
 
   def collect(self, batches: Iterator[dict], seed_of: Callable[[int, int], int]) -> StepRollout:
     t0 = time.perf_counter()
@@ -37,6 +46,8 @@ class TeacherCollector:
                for q, c in zip(samples["question"], samples["context"])]
     conv = ConversationBatch.from_results(results, self.agent.pad_id, self.prompt_width, self.response_width)
     rows = rows_from_conversations(conv, np.ones(len(conv.trajectory), np.float32), conv.trajectory)
+    if self.prompt_loss:
+      rows = language_model_rows(rows)
     scores = [rewards.exact_match(r.prediction, list(a)) for r, a in zip(results, samples["answers"])]
     memory = conv.response_mask[~conv.is_final].sum(1)
     metrics = {"reward_mean": float(np.mean(scores)), "accuracy": float(np.mean(scores)),

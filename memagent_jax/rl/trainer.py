@@ -88,7 +88,10 @@ class Trainer:
     self.policy = mj.load_policy(cfg.model.source, dtype=cfg.model.dtype, seed=cfg.model.seed)
     self.agent = build_agent(cfg, self.policy)
     self.prompt_width, self.response_width = row_widths(self.agent, cfg.agent.question_tokens, cfg.data.length)
-    self.spec = upd.UpdateSpec.from_config(cfg.rl, self.prompt_width, cfg.model.remat, cfg.model.dtype)
+    self.loss_from = self.prompt_width  # the column the loss starts from
+    if cfg.train.source == "teacher" and cfg.teacher.prompt_loss:
+      self.loss_from = 1  # language-model loss on whole conversations (teacher_rows.language_model_rows)
+    self.spec = upd.UpdateSpec.from_config(cfg.rl, self.loss_from, cfg.model.remat, cfg.model.dtype)
     self.updates_per_step = cfg.rl.questions_per_step // cfg.rl.ppo_mini_batch
     self.tx = make_optimizer(cfg.optim, cfg.train.steps)
     self.row_multiple = cfg.rl.micro_batches * parallel.batch_shards(self.mesh)
@@ -138,7 +141,7 @@ class Trainer:
     for part in parts:  # old / reference log-probs: all from the params that sampled
       arrays = upd.split_micro(part.arrays(), cfg.rl.micro_batches)
       dev = self._device_batch(arrays)
-      kw = dict(prompt_width=self.prompt_width, temperature=self.spec.temperature,
+      kw = dict(prompt_width=self.loss_from, temperature=self.spec.temperature,
                 compute_dtype=self.spec.compute_dtype)
       if cfg.rl.recompute_old_logprobs and cfg.rl.loss != "sft":  # sft reads no old log-probs
         dev["old_logp"] = upd.batch_logprobs(gd, st.params, dev["tokens"], dev["valid"], **kw)

@@ -1,0 +1,54 @@
+"""The extrapolation sweep's statistics and measurements."""
+
+import numpy as np
+import pytest
+
+from memagent_jax.length_sweep import PeakRSS, sweep_lengths, wilson_interval
+
+
+def test_wilson_interval_matches_hand_computed_values():
+  # z = 1.96: 5/10 -> 0.2366..0.7634 and 0/10 -> 0..0.2775 (closed form worked by hand).
+  np.testing.assert_allclose(wilson_interval(5, 10), (0.2366, 0.7634), atol=1e-4)
+  np.testing.assert_allclose(wilson_interval(0, 10), (0.0, 0.2775), atol=1e-4)
+  lo, hi = wilson_interval(200, 200)
+  assert hi == 1.0 and 0.98 < lo < 0.985
+  assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_peak_rss_sees_a_transient_allocation():
+  with PeakRSS() as before:
+    pass
+  with PeakRSS() as mem:
+    block = np.ones(300 * 2 ** 20 // 8)  # 300 MiB, touched
+    del block
+  assert mem.peak - before.peak > 200 * 2 ** 20
+
+
+class _Oracle:
+  """A reader that answers right on documents up to `limit` words: a known curve."""
+
+  def __init__(self, limit):
+    from memagent_jax.word_tokenizer import toy_tokenizer
+    self.tokenizer, self.limit, self.calls = toy_tokenizer(), limit, 0
+
+  def answer_batch(self, questions, documents, temperature=0.0, top_p=1.0, seed=0):
+    from memagent_jax.agent.results import AgentResult
+    from memagent_jax.data.toy_teacher import asked_key, facts_in
+    self.calls += 1
+    out = []
+    for q, d in zip(questions, documents):
+      told = [v for k, v in facts_in(d) if k == asked_key(q)]
+      v = told[-1] if len(d.split(" ")) <= self.limit else "nothing"
+      out.append(AgentResult(q, f"\\boxed{{ {v} }}", f" {v} ", f" {v} ", [], [], 1, len(d.split(" "))))
+    return out
+
+
+@pytest.mark.parametrize("each", [True, False])
+def test_sweep_rows_follow_the_reader(each):
+  reader = _Oracle(limit=200)
+  rows = sweep_lengths(reader, "oracle", "toy_kv", [128, 256, 512], n=8, seed=3, batch_size=4,
+                       temperature=0.0, top_p=1.0, warmup_each_length=each, progress=False)
+  assert [r["accuracy"] for r in rows] == [1.0, 0.0, 0.0]
+  assert [r["doc_tokens"] for r in rows] == [128, 256, 512]
+  assert all(r["n"] == 8 and r["seconds_per_doc"] >= 0 and r["peak_rss_mib"] > 10 for r in rows)
+  assert reader.calls == 3 * 2 + (3 if each else 1)  # 2 batches per length + warm-ups
