@@ -59,6 +59,8 @@ def plot(rows, root: str, path: str):
     ax[0].fill_between(x, [r["ci_low"] * 100 for r in rs], [r["ci_high"] * 100 for r in rs],
                        color=COLOURS[method], alpha=0.15)
     ax[1].plot(x, [r["seconds_per_doc"] for r in rs], "o-", color=COLOURS[method], label=LABELS[method])
+  for a in ax[:2]:  # beyond it the full-attention model reads a centre-truncated document
+    a.axvline(16, color="C3", ls=":", lw=1, label="full-attention context window")
   ax[0].set_xscale("log", base=2), ax[0].set_ylim(-2, 102)
   ax[0].set_xlabel(f"document length / training length ({toy.TRAIN_TOKENS} tokens)")
   ax[0].set_ylabel("accuracy (%), 95% interval"), ax[0].legend(), ax[0].set_title("accuracy vs length")
