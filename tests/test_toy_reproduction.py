@@ -61,6 +61,20 @@ def test_rerunning_the_evaluation_gives_the_same_accuracies(run):
 
 
 @pytest.mark.slow
+def test_a_fresh_rerun_trains_and_scores_identically(run, tmp_path):
+  """Same seeds, new workdir: every stage retrained from scratch gives the same losses and table."""
+  from memagent_jax.rl.metrics import read_jsonl
+  root, _ = run
+  _run([*TINY, f"--workdir={tmp_path}/again", "--fresh"], cwd=tmp_path)
+  acc = lambda d: {(r["method"], r["length"]): r["accuracy"]
+                   for r in json.load(open(f"{d}/results/toy_reproduction_demo.json"))["rows"]}
+  assert acc(tmp_path / "again") == acc(root / "run")
+  for stage in ("pretrain", "warm_start", "rl", "full_attention"):
+    losses = lambda d: [l.get("train/loss") for l in read_jsonl(f"{d}/{stage}/logs/metrics.jsonl")]
+    assert losses(tmp_path / "again") == losses(root / "run"), stage
+
+
+@pytest.mark.slow
 def test_quickstart_notebook_runs_top_to_bottom(run):
   import nbformat
   from nbclient import NotebookClient
