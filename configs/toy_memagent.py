@@ -8,7 +8,7 @@ Append ",demo" for the short version `make demo` runs (fewer steps). The stages 
 experiments/toy_reproduction.py, which starts warm_start and full_attention from the exported
 pretrained base (as the paper's runs all start from one instruct model) and rl from the warm start.
 World: chunk 64, memory 16, answer 8 toy tokens; training documents of 128 tokens (1x, 2 chunks);
-toy-1m policy (1.0M parameters, 4 layers).
+toy-1m policy (1.07M parameters, 4 layers).
 """
 
 import ml_collections
@@ -49,7 +49,6 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
     c.data.update(length=PRETRAIN_TOKENS)
     c.teacher.name, c.teacher.options = "toy_recall", ml_collections.ConfigDict()
     c.rl.update(questions_per_step=64, ppo_mini_batch=64, rollout_batch=64)
-    c.optim.update(lr=1e-3, schedule="constant", warmup_steps=20)
     c.train.update(steps=150 if demo else 300, workdir="runs/toy_memagent/pretrain")
   elif stage == "warm_start":
     c.model.source = "runs/toy_memagent/pretrain/export"
@@ -67,7 +66,7 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
                 advantage="grpo", clip_low=0.2, clip_high=0.28, clip_c=3.0,
                 # KL to the warm start (as released MemAgent; coefficient 0.01 for a 1M model at lr 2e-4):
                 # without it, 120 steps drifted into repeating "the" in memories, harmless at T=1 in
-                # rollouts but fatal at evaluation temperature 0.7 (docs/results/toy_reproduction.md).
+                # rollouts but fatal at evaluation temperature 0.7 (docs/results/toy_reproduction_history.md).
                 kl_coef=0.01, kl_kind="low_var_kl",
                 entropy_coef=0.0, recompute_old_logprobs=True, dynamic_sampling=True,
                 max_extra_gen_batches=2, on_insufficient="proceed")

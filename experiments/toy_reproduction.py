@@ -88,7 +88,7 @@ def make_reader(stage: str, scale: str, root: str):
                      final_template=a.final_template, block_chunks=8)
 
 
-def evaluate(scale: str, root: str, results_dir: str, n: int, max_multiple: int, seed: int) -> list[dict]:
+def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int) -> list[dict]:
   from memagent_jax.length_sweep import sweep_lengths
   ev = toy_memagent.get_config(f"rl,{scale}").eval
   lengths, m = [], 1
@@ -129,8 +129,8 @@ def main(argv):
       json.dump(stages, open(stages_path, "w"), indent=1)
   if "eval" not in _STAGES.value:
     return
-  rows = evaluate(scale, root, results_dir, n, max_multiple, _EVAL_SEED.value)
-  command = "python experiments/toy_reproduction.py " + " ".join(argv[0:0] + sys.argv[1:])
+  rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value)
+  command = "python experiments/toy_reproduction.py " + " ".join(sys.argv[1:])
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
                                   command=command.strip(), seconds=time.perf_counter() - t0)
   print(f"\nTable:       {paths['table']}\nPlot:        {paths['plot']}\nJSON:        {paths['json']}\n"

@@ -34,7 +34,7 @@ DISTRACTOR_DENSITY = 8.0  # distractor facts per 1000 tokens (about other keys),
 # Keys a question may ask about (the others only appear in distractors). One key by default: a
 # 1M-parameter model trained from scratch on 2 CPU cores learns to find and copy that key's facts
 # in a few hundred steps, but matching a random question key to facts did not emerge in 800
-# (docs/results/toy_reproduction.md); pass asked_keys=None for a random key per document.
+# (docs/results/probe_recall.md); pass asked_keys=None for a random key per document.
 ASKED_KEYS = ("oslo",)
 OVERRIDE_PROB = 0.5  # chance of each further override of the asked key, up to MAX_OVERRIDES
 MAX_OVERRIDES = 2

@@ -70,6 +70,14 @@ def guess(memory: list[tuple[str, str]], key: str, rng: random.Random) -> str:
   return memory[-1][1] if memory else rng.choice(toy.VALUES)
 
 
+def latest_value(context: str, key: str) -> str:
+  """The value of the last fact about `key` in a document: the right answer."""
+  told = [v for k, v in facts_in(context) if k == key]
+  if not told:
+    raise ValueError(f"the document never states the code of {key!r}")
+  return told[-1]
+
+
 @TEACHERS.register("toy_memory")
 def memory_teacher(agent, question: str, context: str, rng: random.Random,
                    overwrite_prob: float = 0.3) -> AgentResult:
@@ -106,12 +114,7 @@ def direct_teacher(reader, question: str, context: str, rng: random.Random) -> A
   del rng
   tok, key = reader.tokenizer, asked_key(question)
   prompt, doc_tokens = reader.prompt_ids(question, context, 0)
-  told = [v for k, v in facts_in(context) if k == key]
-  if not told:
-    raise ValueError(f"the document never states the code of {key!r}")
-  answer = answer_text(told[-1])
-  conv = _conversation(prompt, answer, tok, reader.answer_tokens, True)
-  return AgentResult(question, answer, f" {told[-1]} ", told[-1], [], [conv], 0, doc_tokens)
+  return _answered(tok, reader, question, prompt, latest_value(context, key), doc_tokens)
 
 
 @TEACHERS.register("toy_recall")
@@ -119,10 +122,13 @@ def recall_teacher(reader, question: str, context: str, rng: random.Random) -> A
   """Base-model pretraining row: "<document> <question>" as plain text -> the latest value, boxed."""
   del rng
   tok, key = reader.tokenizer, asked_key(question)
-  told = [v for k, v in facts_in(context) if k == key]
-  if not told:
-    raise ValueError(f"the document never states the code of {key!r}")
-  prompt = tok.encode(f"{context} {question}")
-  answer = answer_text(told[-1])
+  document = tok.encode(context)  # word-level: encode(a + " " + b) == encode(a) + encode(b)
+  prompt = document + tok.encode(question)
+  return _answered(tok, reader, question, prompt, latest_value(context, key), len(document))
+
+
+def _answered(tok, reader, question: str, prompt: list[int], value: str, doc_tokens: int) -> AgentResult:
+  """A one-conversation trajectory whose response is `value` boxed."""
+  answer = answer_text(value)
   conv = _conversation(prompt, answer, tok, reader.answer_tokens, True)
-  return AgentResult(question, answer, f" {told[-1]} ", told[-1], [], [conv], 0, len(tok.encode(context)))
+  return AgentResult(question, answer, f" {value} ", value, [], [conv], 0, doc_tokens)
