@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo demo-smollm2 reproduce bench clean
+.PHONY: setup test test-fast demo demo-smollm2 reproduce notebook bench clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,10 @@ demo-smollm2: setup
 	$(PY) -m memagent_jax.cli answer --doc experiments/data/demo_document.txt \
 	  --chunk-tokens 256 --memory-tokens 64 --answer-tokens 64 --show-memory \
 	  --question "How many stories tall is the main library at Notre Dame?"
+
+# The quickstart notebook executed headless (after make demo or make reproduce) into runs/notebooks/.
+notebook: setup
+	$(PY) experiments/run_notebook.py
 
 bench: setup
 	$(PY) experiments/bench_sampler.py

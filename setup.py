@@ -29,6 +29,7 @@ setup(
         "tqdm>=4.66",
         "matplotlib>=3.8",
         "tensorboardX==2.6.5",  # TensorBoard event files without TensorFlow
+        "tensorboard==2.21.0",  # the viewer the README and the pipelines point to (no TensorFlow)
     ],
     extras_require={
         # torch (+ accelerate, which transformers needs to read GGUF) is only the reference

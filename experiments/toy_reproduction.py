@@ -134,7 +134,7 @@ def main(argv):
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
                                   command=command.strip(), seconds=time.perf_counter() - t0)
   print(f"\nTable:       {paths['table']}\nPlot:        {paths['plot']}\nJSON:        {paths['json']}\n"
-        f"TensorBoard: tensorboard --logdir {root}  (train/ and eval/ scalars of every stage)\n"
+        f"TensorBoard: .venv/bin/tensorboard --logdir {root}  (train/ and eval/ scalars of every stage)\n"
         f"Checkpoints: {root}/<stage>/checkpoints (orbax), exports: {root}/<stage>/export (HF format)\n"
         f"Per-document answers: {root}/eval/<stage>_<length>.jsonl")
 
