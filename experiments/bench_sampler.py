@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 import memagent_jax as mj
+from memagent_jax.atomic_io import atomic_write
 from memagent_jax import sampling
 
 
@@ -123,7 +124,7 @@ def main(argv=None):
   table = "\n".join(lines)
   print(table)
   if args.out:
-    with open(args.out, "w") as f:
+    with atomic_write(args.out) as f:
       f.write(f"# Sampler benchmark\n\nCommand: `{' '.join([sys.executable.split('/')[-1]] + sys.argv)}`\n\n{table}\n")
 
 

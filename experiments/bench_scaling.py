@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from memagent_jax.atomic_io import atomic_write, save_figure
+
 CHUNK, MEMORY, ANSWER, BLOCK = 512, 32, 8, 8
 CONTEXT = 32768  # the tiny model's context window (the direct baseline's limit)
 SENTENCE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
@@ -118,7 +120,7 @@ def plot(rows_mem, rows_dir, path):
   for a in ax[1:]:
     a.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
 
 
 def main():
@@ -183,7 +185,7 @@ def main():
   table = "\n".join(lines) + "\n"
   print(table)
   os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "bench_scaling.md"), "w") as f:
+  with atomic_write(os.path.join(args.out, "bench_scaling.md")) as f:
     f.write(table + "\n![scaling](bench_scaling.png)\n")
   plot(mem, dirs, os.path.join(args.out, "bench_scaling.png"))
 

@@ -22,6 +22,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from memagent_jax.atomic_io import atomic_write  # noqa: E402
 from memagent_jax.models.config import get_preset  # noqa: E402
 from memagent_jax.models.decoder import Decoder  # noqa: E402
 from memagent_jax.rl import update as upd  # noqa: E402
@@ -138,7 +139,7 @@ def main(argv=None):
   table = "\n".join(lines)
   print(table)
   if args.out:
-    with open(args.out, "w") as f:
+    with atomic_write(args.out) as f:
       f.write(f"Command: `python experiments/bench_train.py {' '.join(argv or sys.argv[1:])}`\n\n{table}\n")
 
 

@@ -11,6 +11,7 @@ import os
 import time
 
 import memagent_jax as mj
+from memagent_jax.atomic_io import atomic_write, save_figure
 from memagent_jax import evaluation
 
 
@@ -55,7 +56,7 @@ def main():
   lines += [f"| {' | '.join(str(c) for c in r)} |" for r in rows]
   table = "\n".join(lines) + "\n"
   print(table)
-  with open(os.path.join(args.out, f"{name}.md"), "w") as f:
+  with atomic_write(os.path.join(args.out, f"{name}.md")) as f:
     f.write(table + f"\n![accuracy]({name}.png)\n")
   import matplotlib
   matplotlib.use("Agg")
@@ -68,7 +69,7 @@ def main():
   ax.set(xscale="log", xlabel="context tokens", ylabel="accuracy", ylim=(-0.02, 1.02), title=args.task)
   ax.legend()
   fig.tight_layout()
-  fig.savefig(os.path.join(args.out, f"{name}.png"), dpi=110)
+  save_figure(fig, os.path.join(args.out, f"{name}.png"), dpi=110)
 
 
 if __name__ == "__main__":

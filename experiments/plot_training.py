@@ -13,6 +13,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from memagent_jax.atomic_io import atomic_write, save_figure  # noqa: E402
 from memagent_jax.rl.metrics import read_jsonl  # noqa: E402
 
 
@@ -44,13 +45,13 @@ def main(argv=None):
   fig.suptitle(os.path.basename(os.path.normpath(args.workdir)))
   fig.tight_layout()
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-  fig.savefig(args.out + ".png", dpi=120)
+  save_figure(fig, args.out + ".png", dpi=120)
   rows = ["| steps | mean reward | mean entropy | seconds (cumulative) |", "|---|---|---|---|"]
   for s in range(0, len(lines), args.window):
     sl = slice(s, s + args.window)
     rows.append(f"| {steps[sl][0]}-{steps[sl][-1]} | {reward[sl].mean():.3f} | {entropy[sl].mean():.2f} | "
                 f"{seconds[:s + args.window].sum():.0f} |")
-  with open(args.out + ".md", "w") as f:
+  with atomic_write(args.out + ".md") as f:
     f.write(f"# Training curve: {args.workdir}\n\n")
     if args.command:
       f.write(f"Command: `{args.command}`\n\n")

@@ -20,6 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from memagent_jax.atomic_io import atomic_write  # noqa: E402
 from memagent_jax.rl.metrics import read_jsonl  # noqa: E402
 
 COLUMNS = ("train/reward_mean", "train/accuracy", "train/kept_group_frac", "train/memory_tokens",
@@ -71,9 +72,9 @@ def write_table(rows: list[dict], out_dir: str) -> str:
   md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   md += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
   os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "summary.md"), "w") as f:
+  with atomic_write(os.path.join(out_dir, "summary.md")) as f:
     f.write("\n".join(md) + "\n")
-  with open(os.path.join(out_dir, "summary.csv"), "w", newline="") as f:
+  with atomic_write(os.path.join(out_dir, "summary.csv"), newline="") as f:
     w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
     w.writerows(rows)

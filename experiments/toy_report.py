@@ -8,6 +8,7 @@ import platform
 
 import numpy as np
 
+from memagent_jax.atomic_io import atomic_write, save_figure
 from memagent_jax.data import toy
 from memagent_jax.rl.metrics import read_jsonl
 
@@ -77,7 +78,7 @@ def plot(rows, root: str, path: str):
   ax[2].set_xlabel("RL step"), ax[2].set_ylabel("reward"), ax[2].set_title("Multi-Conv DAPO from the warm start")
   ax[2].legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -97,7 +98,7 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
   os.makedirs(results_dir, exist_ok=True)
   base = os.path.join(results_dir, "toy_reproduction" if scale == "full" else f"toy_reproduction_{scale}")
   paths = {"table": base + ".md", "plot": base + ".png", "json": base + ".json"}
-  with open(paths["json"], "w") as f:
+  with atomic_write(paths["json"]) as f:
     json.dump({"scale": scale, "n": n, "eval_seed": eval_seed, "rows": rows,
                "stages": {k: {"steps": v["steps"]} for k, v in stages.items()}}, f, indent=1)
   plot(rows, root, paths["plot"])
@@ -141,6 +142,6 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
       f"![accuracy, time and reward]({os.path.basename(paths['plot'])})", "",
       "What was tried before these settings, and why (pretraining stage, one asked key, KL): "
       "`toy_reproduction_history.md`; the learnability probe: `probe_recall.md`.", ""]
-  with open(paths["table"], "w") as f:
+  with atomic_write(paths["table"]) as f:
     f.write("\n".join(text))
   return paths

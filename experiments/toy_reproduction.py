@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags, logging  # noqa: E402
 
 from configs import toy_memagent  # noqa: E402
+from memagent_jax.atomic_io import atomic_write  # noqa: E402
 from memagent_jax.data import toy  # noqa: E402
 
 SCALES = {  # eval samples per point, largest multiple of the training length, memagent eval batch
@@ -126,7 +127,8 @@ def main(argv):
   for stage in TRAIN_STAGES:
     if stage in _STAGES.value:
       stages[stage] = train_stage(stage, scale, root)
-      json.dump(stages, open(stages_path, "w"), indent=1)
+      with atomic_write(stages_path) as f:
+        json.dump(stages, f, indent=1)
   if "eval" not in _STAGES.value:
     return
   rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value)

@@ -10,21 +10,31 @@ import tempfile
 from typing import IO, Iterator
 
 
-def _tmp_name(path: str, suffix: str = "") -> str:
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
+def _tmp_name(path: str) -> str:
+  """An empty file beside `path` with the permissions a plain open() would give."""
   directory, base = os.path.split(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=suffix + ".tmp", dir=directory)
+  fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
   os.close(fd)
+  os.chmod(tmp, 0o666 & ~_umask())
   return tmp
 
 
 @contextlib.contextmanager
-def atomic_write(path: str, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+def atomic_write(path: str, mode: str = "w", encoding: str | None = "utf-8",
+                 newline: str | None = None) -> Iterator[IO]:
   """`with atomic_write(p) as f: f.write(...)`: p appears (or is replaced) only if the block
   finishes; on an exception the temporary file is removed and p is untouched."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = _tmp_name(path)
   try:
-    with open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
+    binary = "b" in mode
+    with open(tmp, mode, encoding=None if binary else encoding, newline=None if binary else newline) as f:
       yield f
       f.flush()
       os.fsync(f.fileno())
@@ -42,6 +52,7 @@ def atomic_directory(path: str) -> Iterator[str]:
   parent = os.path.dirname(os.path.abspath(path))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+  os.chmod(tmp, 0o777 & ~_umask())
   try:
     yield tmp
   except BaseException:
@@ -58,3 +69,11 @@ def atomic_directory(path: str) -> Iterator[str]:
   os.replace(tmp, path)
   if old:
     shutil.rmtree(old, ignore_errors=True)
+
+
+def save_figure(fig, path: str, **savefig_kwargs) -> str:
+  """A matplotlib figure written atomically (format from the file's extension)."""
+  fmt = os.path.splitext(path)[1].lstrip(".") or "png"
+  with atomic_write(path, "wb") as f:
+    fig.savefig(f, format=fmt, **savefig_kwargs)
+  return path
