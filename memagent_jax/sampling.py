@@ -75,15 +75,27 @@ def process_logits(logits, temperature, top_p, *, top_k: int, use_top_p: bool):
   return x
 
 
-def _pick(logits, key, temperature, top_p, *, greedy, top_k, use_top_p):
-  """One token per row, with its model log-prob and its sampling log-prob."""
+def row_keys(key, row_ids):
+  """Row r's key is fold_in(key, row_ids[r]): a row samples the same tokens whatever batch,
+  device or process it lands in. key: raw uint32 [2]; row_ids [B] -> keys [B, 2]."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(row_ids, jnp.uint32))
+
+
+def fold_rows(keys, data):
+  """fold_in(keys[r], data) for every row: keys [B, 2] -> [B, 2]."""
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
+
+
+def _pick(logits, keys, temperature, top_p, *, greedy, top_k, use_top_p):
+  """One token per row (row r drawn with keys[r] alone), with its model log-prob and its
+  sampling log-prob. logits [B, V], keys [B, 2]."""
   model_lp = jax.nn.log_softmax(logits, axis=-1)
   if greedy:
     tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     sample_lp = jnp.zeros(tok.shape, jnp.float32)
   else:
     x = process_logits(logits, temperature, top_p, top_k=top_k, use_top_p=use_top_p)
-    tok = jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+    tok = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
     sample_lp = jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), tok[:, None], axis=-1)[:, 0]
   lp = jnp.take_along_axis(model_lp, tok[:, None], axis=-1)[:, 0]
   return tok, lp, sample_lp
@@ -97,13 +109,14 @@ def prefill(model, tokens, valid, cache_size: int):
   return model.logits(hidden[:, -1]), cache
 
 
-def sample_from_prompts(model, tokens, valid, stop_tokens, key, temperature, top_p, done, *,
+def sample_from_prompts(model, tokens, valid, stop_tokens, keys, temperature, top_p, done, *,
                         max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
                         use_top_p: bool, pad_id: int) -> Generation:
   """Traceable core of generation (used inside `generate_tokens` and the agent's `lax.scan`).
 
-  tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none); done [B] rows that
-  generate nothing (inactive). Needs P + max_new_tokens <= cache_size.
+  tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none); keys [B, 2] one PRNG key
+  per row (token t of row r uses fold_in(keys[r], t)); done [B] rows that generate nothing
+  (inactive). Needs P + max_new_tokens <= cache_size.
   """
   b, p = tokens.shape
   n = max_new_tokens
@@ -115,7 +128,7 @@ def sample_from_prompts(model, tokens, valid, stop_tokens, key, temperature, top
 
   def body(c):
     step = c["step"]
-    tok, lp, slp = _pick(c["logits"], jax.random.fold_in(key, step), temperature, top_p,
+    tok, lp, slp = _pick(c["logits"], fold_rows(keys, step), temperature, top_p,
                          greedy=greedy, top_k=top_k, use_top_p=use_top_p)
     live = ~c["done"]
     tok = jnp.where(live, tok, pad_id)
@@ -143,9 +156,11 @@ def sample_from_prompts(model, tokens, valid, stop_tokens, key, temperature, top
 def generate_tokens(graphdef, state, tokens, valid, stop_tokens, key, temperature, top_p, *,
                     max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
                     use_top_p: bool, pad_id: int) -> Generation:
-  """tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none). Needs P + N <= cache_size."""
+  """tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none); key [2] (row r samples
+  with fold_in(key, r)). Needs P + N <= cache_size."""
   return sample_from_prompts(
-      nnx.merge(graphdef, state), tokens, valid, stop_tokens, key, temperature, top_p,
+      nnx.merge(graphdef, state), tokens, valid, stop_tokens, row_keys(key, jnp.arange(tokens.shape[0])),
+      temperature, top_p,
       jnp.zeros((tokens.shape[0],), bool), max_new_tokens=max_new_tokens, cache_size=cache_size,
       greedy=greedy, top_k=top_k, use_top_p=use_top_p, pad_id=pad_id)
 

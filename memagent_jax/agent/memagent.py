@@ -17,12 +17,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from memagent_jax.agent import chunking
+from memagent_jax.agent.placement import RowPlacement
 from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_block
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
 from memagent_jax.agent.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
                                           TemplateSegments, answer_text_to_prediction)
 from memagent_jax.rl import rewards
-from memagent_jax.sampling import SamplingParams, round_up
+from memagent_jax.sampling import SamplingParams, round_up, row_keys
 
 QUESTION_BUCKET = 32  # question widths are padded to a multiple of this to bound recompiles
 
@@ -43,11 +44,15 @@ def encode_question(tokenizer, question: str, index: int, budget: int) -> list[i
 
 
 class MemAgent:
-  """MemAgent workflow around a `Policy`: memory updates over chunks, then a final answer."""
+  """MemAgent workflow around a `Policy`: memory updates over chunks, then a final answer.
+
+  With a `mesh`, the batch's rows (and their memories) are split over its ("data", "fsdp") axes
+  and over processes: each process passes its own questions and documents and gets its own
+  results, while the policy's params stay sharded as in training."""
 
   def __init__(self, policy, chunk_tokens: int = 5000, memory_tokens: int = 1024,
                answer_tokens: int = 1024, question_tokens: int = 1024, final_template: str = "boxed",
-               block_chunks: int = 8, max_chunks: int | None = None):
+               block_chunks: int = 8, max_chunks: int | None = None, mesh=None):
     for name, v in dict(chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
                         answer_tokens=answer_tokens, question_tokens=question_tokens,
                         block_chunks=block_chunks).items():
@@ -61,6 +66,7 @@ class MemAgent:
     self.tokenizer = tok = policy._require_tokenizer()
     self.chunk_tokens, self.memory_tokens, self.answer_tokens = chunk_tokens, memory_tokens, answer_tokens
     self.question_tokens, self.block_chunks, self.max_chunks = question_tokens, block_chunks, max_chunks
+    self.mesh = mesh
     self.final_template = final_template
     self.memory_segments = TemplateSegments.build(tok, MEMORY_TEMPLATE)
     self.final_segments = TemplateSegments.build(tok, FINAL_TEMPLATES[final_template])
@@ -99,9 +105,9 @@ class MemAgent:
         raise ContextBudgetError(f"{kind} needs {need} tokens ({parts}) but the model's context "
                                  f"window is {self.context} tokens; lower chunk_tokens/memory_tokens/answer_tokens")
 
-  def _question_ids(self, questions: Sequence[str]):
+  def _question_ids(self, questions: Sequence[str], placement: RowPlacement):
     ids = [encode_question(self.tokenizer, q, i, self.question_tokens) for i, q in enumerate(questions)]
-    longest = max(len(q) for q in ids)
+    longest = placement.agree_max(max(len(q) for q in ids))  # one static width on every process
     self.check_budget(longest)
     width = round_up(longest, QUESTION_BUCKET)
     if max(self.prompt_budget(width).values()) > self.context:
@@ -128,44 +134,53 @@ class MemAgent:
 
   def answer_batch(self, questions: Sequence[str], documents: Sequence[str], temperature: float = 0.0,
                    top_p: float = 1.0, seed: int = 0, *, top_k: int = 0, from_files: bool = False,
-                   keep_prompts: bool = True, progress: bool = False) -> list[AgentResult]:
-    """Reads documents (texts, or file paths with from_files=True) and answers each question."""
+                   keep_prompts: bool = True, progress: bool = False,
+                   row_ids: Sequence[int] | None = None) -> list[AgentResult]:
+    """Reads documents (texts, or file paths with from_files=True) and answers each question.
+
+    Row i samples with the key fold_in(PRNGKey(seed), row_ids[i]) (default: i), so a trajectory
+    is the same whichever batch, device or process generates it."""
     if isinstance(questions, str) or isinstance(documents, str):
       raise TypeError("answer_batch takes lists; use answer() for a single document")
     if len(questions) != len(documents) or not questions:
       raise ValueError(f"got {len(questions)} questions for {len(documents)} documents")
+    b = len(questions)
+    row_ids = np.arange(b) if row_ids is None else np.asarray(row_ids, np.int64)
+    if row_ids.shape != (b,) or (b and (row_ids.min() < 0 or row_ids.max() >= 2 ** 32)):
+      raise ValueError(f"row_ids must be {b} integers in [0, 2**32) (one per question); got {row_ids}")
     params = SamplingParams(temperature, top_p, top_k)
     spec = self._spec(params, keep_prompts)
-    question, q_len = self._question_ids(questions)
-    b = len(questions)
+    place = RowPlacement(self.mesh, b)
+    question, q_len = self._question_ids(questions, place)
     streams = [self._chunks(d, i, from_files) for i, d in enumerate(documents)]
     memory = np.full((b, self.memory_width), self.pad_id, np.int32)
     memory[:, :len(self.initial_memory)] = self.initial_memory
-    mem_len = jnp.full((b,), len(self.initial_memory), jnp.int32)
-    memory = jnp.asarray(memory)
-    key = jax.random.PRNGKey(seed)
+    memory, mem_len = place.put(memory), place.put(np.full((b,), len(self.initial_memory), np.int32))
+    question, q_len = place.put(question), place.put(q_len)
+    keys = place.put(np.asarray(row_keys(jax.random.PRNGKey(seed), row_ids)))  # [b, 2]
     temp, tp = jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p)
     pol = self.policy
     conversations = [[] for _ in range(b)]
     memories = [[] for _ in range(b)]
     doc_tokens = np.zeros(b, np.int64)
     bar = tqdm(desc="reading", unit="tok", unit_scale=True, disable=not progress, leave=False)
+    first_chunk = 0
     while True:
       rows = [list(itertools.islice(s, self.block_chunks)) for s in streams]
-      if not any(rows):
+      if not place.any_process(any(rows)):  # every process runs the same blocks
         break
       chunks, lengths = chunking.pack_chunks(rows, self.block_chunks, self.chunk_tokens, self.pad_id)
-      memory, mem_len, key, outs = memory_block(
-          pol.graphdef, pol.state, self._memory_pieces, jnp.asarray(question), jnp.asarray(q_len), memory,
-          mem_len, jnp.asarray(chunks), jnp.asarray(lengths), key, temp, tp, spec=spec)
-      outs = jax.device_get(outs)
-      self._collect(outs, conversations, memories, is_final=False)
+      memory, mem_len, outs = memory_block(
+          pol.graphdef, pol.state, self._memory_pieces, question, q_len, memory, mem_len,
+          place.put(chunks), place.put(lengths), keys, jnp.int32(first_chunk), temp, tp, spec=spec)
+      first_chunk += self.block_chunks
+      self._collect(place.local(outs, row_axis=1), conversations, memories, is_final=False)
       doc_tokens += lengths.sum(axis=1)
       bar.update(int(lengths.sum()))
     bar.close()
-    prompt, valid, gen = answer_block(pol.graphdef, pol.state, self._final_pieces, jnp.asarray(question),
-                                      jnp.asarray(q_len), memory, mem_len, key, temp, tp, spec=spec)
-    prompt, valid, gen = jax.device_get((prompt, valid, gen))
+    prompt, valid, gen = answer_block(pol.graphdef, pol.state, self._final_pieces, question, q_len,
+                                      memory, mem_len, keys, temp, tp, spec=spec)
+    prompt, valid, gen = place.local((prompt, valid, gen))
     final = dict(response=gen.tokens[None], logprobs=gen.logprobs[None],
                  sample_logprobs=gen.sample_logprobs[None], response_len=gen.lengths[None],
                  stopped=gen.stopped[None], prompt_len=valid.sum(1)[None],

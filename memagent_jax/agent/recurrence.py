@@ -15,7 +15,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.sampling import Generation, sample_from_prompts
+from memagent_jax.sampling import Generation, fold_rows, sample_from_prompts
+
+FINAL_STREAM = 0xFFFFFFFF  # the final answer's key is fold_in(row key, FINAL_STREAM); chunk k uses k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,40 +69,41 @@ def _empty_generation(b: int, n: int, pad_id: int) -> Generation:
                     jnp.zeros((b,), bool), jnp.int32(0))
 
 
-def _sample(model, tokens, valid, key, temperature, top_p, inactive, n, spec: RecurrenceSpec):
+def _sample(model, tokens, valid, keys, temperature, top_p, inactive, n, spec: RecurrenceSpec):
   stops = jnp.broadcast_to(jnp.asarray(spec.stop_tokens or (-1,), jnp.int32)[None],
                            (tokens.shape[0], max(1, len(spec.stop_tokens))))
   return sample_from_prompts(
-      model, tokens, valid, stops, key, temperature, top_p, inactive, max_new_tokens=n,
+      model, tokens, valid, stops, keys, temperature, top_p, inactive, max_new_tokens=n,
       cache_size=tokens.shape[1] + n, greedy=spec.greedy, top_k=spec.top_k,
       use_top_p=spec.use_top_p, pad_id=spec.pad_id)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
 def memory_block(graphdef, state, pieces, question, q_len, memory, mem_len, chunks, chunk_len,
-                 key, temperature, top_p, *, spec: RecurrenceSpec):
+                 keys, first_chunk, temperature, top_p, *, spec: RecurrenceSpec):
   """K memory updates in one scan.
 
   pieces: 4 template pieces [L_i]; question [B, Q], q_len [B]; memory [B, M], mem_len [B];
-  chunks [B, K, C], chunk_len [B, K] (0 = inactive); key: PRNG key carried across steps.
-  Returns (memory, mem_len, key, per-step outputs stacked [K, B, ...]).
+  chunks [B, K, C], chunk_len [B, K] (0 = inactive); keys [B, 2] one PRNG key per row: chunk
+  first_chunk + k samples with fold_in(keys[r], first_chunk + k), so a row's trajectory depends
+  on its own key alone (not on the batch, the block size or the device count).
+  Returns (memory, mem_len, per-step outputs stacked [K, B, ...]).
   """
   model = nnx.merge(graphdef, state)
   b, m = memory.shape
   n = spec.memory_tokens
 
   def step(carry, xs):
-    memory, mem_len, key = carry
-    chunk, clen = xs  # [B, C], [B]
+    memory, mem_len = carry
+    chunk, clen, k = xs  # [B, C], [B], []
     active = clen > 0
-    next_key, sub = jax.random.split(key)
-    key = jnp.where(jnp.any(active), next_key, key)  # padding steps leave the key as it was
+    step_keys = fold_rows(keys, (first_chunk + k).astype(jnp.uint32))
     tokens, valid = pack_left([_fixed(pieces[0], b), (question, q_len), _fixed(pieces[1], b),
                                (memory, mem_len), _fixed(pieces[2], b), (chunk, clen),
                                _fixed(pieces[3], b)], spec.pad_id)
     gen = jax.lax.cond(
         jnp.any(active),
-        lambda: _sample(model, tokens, valid, sub, temperature, top_p, ~active, n, spec),
+        lambda: _sample(model, tokens, valid, step_keys, temperature, top_p, ~active, n, spec),
         lambda: _empty_generation(b, n, spec.pad_id))
     new_memory, new_len = _strip_stop(gen, m, spec.pad_id)
     memory = jnp.where(active[:, None], new_memory, memory)
@@ -110,22 +113,22 @@ def memory_block(graphdef, state, pieces, question, q_len, memory, mem_len, chun
                active=active)
     if spec.keep_prompts:
       out["prompt"] = tokens
-    return (memory, mem_len, key), out
+    return (memory, mem_len), out
 
-  xs = (jnp.swapaxes(chunks, 0, 1), jnp.swapaxes(chunk_len, 0, 1))
-  (memory, mem_len, key), outs = jax.lax.scan(step, (memory, mem_len, key), xs)
-  return memory, mem_len, key, outs
+  xs = (jnp.swapaxes(chunks, 0, 1), jnp.swapaxes(chunk_len, 0, 1), jnp.arange(chunks.shape[1]))
+  (memory, mem_len), outs = jax.lax.scan(step, (memory, mem_len), xs)
+  return memory, mem_len, outs
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
-def answer_block(graphdef, state, pieces, question, q_len, memory, mem_len, key, temperature,
+def answer_block(graphdef, state, pieces, question, q_len, memory, mem_len, keys, temperature,
                  top_p, *, spec: RecurrenceSpec):
-  """The final conversation: question + final memory -> answer. Returns (prompt [B, P], valid, gen)."""
+  """The final conversation: question + final memory -> answer, row r sampled with
+  fold_in(keys[r], FINAL_STREAM). Returns (prompt [B, P], valid, gen)."""
   model = nnx.merge(graphdef, state)
   b = question.shape[0]
-  _, sub = jax.random.split(key)
   tokens, valid = pack_left([_fixed(pieces[0], b), (question, q_len), _fixed(pieces[1], b),
                              (memory, mem_len), _fixed(pieces[2], b)], spec.pad_id)
-  gen = _sample(model, tokens, valid, sub, temperature, top_p, jnp.zeros((b,), bool),
-                spec.answer_tokens, spec)
+  gen = _sample(model, tokens, valid, fold_rows(keys, jnp.uint32(FINAL_STREAM)), temperature, top_p,
+                jnp.zeros((b,), bool), spec.answer_tokens, spec)
   return tokens, valid, gen
