@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import threading
 import time
+import traceback
+
+INT_MAX = 2 ** 31 - 1  # sizes end up in int32 arrays
+
+
+class UsageError(Exception):
+  """A flag combination that cannot work: printed as one `memagent: error:` line, exit 2."""
+
 
 def _fail(msg: str):
-  raise SystemExit(f"memagent: {msg}")
+  raise UsageError(msg)
 
 
 MEMAGENT_ONLY = ("chunk_tokens", "memory_tokens", "block_chunks", "final_template", "show_memory")
@@ -50,16 +61,13 @@ def cmd_answer(args) -> int:
   """Streams the document (file or stdin) through the reader and prints the answer."""
   _check_flags(args)
   policy = _load(args)
-  try:
-    reader = _reader(args, policy)
-    t0 = time.perf_counter()
-    kw = dict(from_files=True)
-    if args.method == "memagent":
-      kw.update(progress=not args.quiet, keep_prompts=False)
-    res = reader.answer_batch([args.question], [args.doc], temperature=args.temperature,
-                              top_p=args.top_p, seed=args.seed, **kw)[0]
-  except (ValueError, FileNotFoundError, IsADirectoryError) as e:
-    _fail(str(e))
+  reader = _reader(args, policy)
+  t0 = time.perf_counter()
+  kw = dict(from_files=True)
+  if args.method == "memagent":
+    kw.update(progress=not args.quiet, keep_prompts=False)
+  res = reader.answer_batch([args.question], [args.doc], temperature=args.temperature,
+                            top_p=args.top_p, seed=args.seed, **kw)[0]
   dt = time.perf_counter() - t0
   if args.show_memory:
     for k, m in enumerate(res.memories):
@@ -73,20 +81,27 @@ def cmd_answer(args) -> int:
   return 0
 
 
+def default_eval_out(args) -> str:
+  """Default predictions file: under runs/ (git-ignored), never loose in the current directory."""
+  return os.path.join("runs", "eval", f"eval_{args.task}_{args.length}_{args.method}.jsonl")
+
+
 def cmd_eval(args) -> int:
-  """Generates the task at the length, runs the reader, prints accuracy, writes JSONL."""
+  """Generates the task at the length, runs the reader, prints accuracy, writes JSONL.
+
+  Finished batches go to `<out>.partial` as they come; `<out>` is replaced only on success."""
   from memagent_jax import evaluation
   _check_flags(args)
+  out = args.out or default_eval_out(args)
+  if os.path.isdir(out):
+    raise IsADirectoryError(f"--out {out} is a directory; pass a file name for the JSONL")
   policy = _load(args)
-  try:
-    samples = evaluation.make_samples(args.task, args.length, args.n, args.data_seed,
-                                      policy._require_tokenizer(), args.data_dir)
-    reader = _reader(args, policy)
-    out = args.out or f"eval_{args.task}_{args.length}_{args.method}.jsonl"
-    summary = evaluation.run_eval(reader, args.task, samples, out, args.batch_size,
-                                  args.temperature, args.top_p, args.seed, progress=not args.quiet)
-  except (ValueError, FileNotFoundError) as e:
-    _fail(str(e))
+  samples = evaluation.make_samples(args.task, args.length, args.n, args.data_seed,
+                                    policy._require_tokenizer(), args.data_dir)
+  reader = _reader(args, policy)
+  args.partial = evaluation.partial_path(out)  # named by the main thread if interrupted
+  summary = evaluation.run_eval(reader, args.task, samples, out, args.batch_size,
+                                args.temperature, args.top_p, args.seed, progress=not args.quiet)
   summary.update(method=args.method, length=args.length, model=args.model, predictions=out)
   print(json.dumps(summary))
   print(f"{args.task} @ {args.length} tokens, {args.method}: accuracy {summary['score']:.3f} "
@@ -95,16 +110,55 @@ def cmd_eval(args) -> int:
 
 
 def cmd_export(args) -> int:
-  """Exports the params of a checkpoint step (latest complete one by default) to an HF dir."""
+  """Exports the params of a checkpoint step (latest complete one by default) to an HF dir.
+
+  Written beside --out and swapped in on success: a failed export leaves --out as it was."""
   from memagent_jax import checkpointing
-  try:
-    step = checkpointing.export_checkpoint(args.ckpt, args.out, step=args.step, dtype=args.dtype)
-  except (ValueError, FileNotFoundError, checkpointing.CheckpointCorruptError) as e:
-    _fail(str(e))
-  except KeyError as e:  # an unknown tokenizer_source recorded in the checkpoint
-    _fail(str(e.args[0]))
-  print(f"[memagent] exported step {step} of {args.ckpt} to {args.out}", file=sys.stderr)
+  from memagent_jax.atomic_io import atomic_directory
+  out = args.out
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise NotADirectoryError(f"--out {out} exists and is not a directory")
+  if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "config.json")):
+    raise FileExistsError(f"--out {out} is a non-empty directory without config.json; export "
+                          "replaces the whole directory, so pass a new or empty one")
+  with atomic_directory(out) as tmp:
+    step = checkpointing.export_checkpoint(args.ckpt, tmp, step=args.step, dtype=args.dtype)
+  print(f"[memagent] exported step {step} of {args.ckpt} to {out}", file=sys.stderr)
   return 0
+
+
+def _int_flag(lo: int, hi: int = INT_MAX):
+  """argparse type: an integer in [lo, hi], else an error with the value and the range
+  (argparse prefixes `argument --flag:`)."""
+  def parse(text: str) -> int:
+    try:
+      v = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"must be an integer in [{lo}, {hi}], got {text!r}") from None
+    if not lo <= v <= hi:
+      raise argparse.ArgumentTypeError(f"must be an integer in [{lo}, {hi}], got {v}")
+    return v
+  return parse
+
+
+def _float_flag(lo: float, hi: float, lo_open: bool = False):
+  """argparse type: a finite float in [lo, hi] (or (lo, hi] with lo_open)."""
+  rng = f">= {lo:g}" if hi == math.inf else f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+  def parse(text: str) -> float:
+    try:
+      v = float(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"must be a finite number {rng}, got {text!r}") from None
+    if not math.isfinite(v) or v < lo or (lo_open and v == lo) or v > hi:
+      raise argparse.ArgumentTypeError(f"must be a finite number {rng}, got {text}")
+    return v
+  return parse
+
+
+def _debug_flag(p: argparse.ArgumentParser, top: bool = False):
+  # On subcommands too, without overwriting a top-level `memagent --debug answer`.
+  p.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                 help="show the Python traceback of an error")
 
 
 def _common(p: argparse.ArgumentParser):
@@ -112,20 +166,31 @@ def _common(p: argparse.ArgumentParser):
                  help="embedded default, preset/hub id, random:<preset>, HF directory or .gguf file")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--method", default="memagent", choices=["memagent", "direct"])
-  p.add_argument("--chunk-tokens", type=int, help="memagent: tokens per chunk (default 5000)")
-  p.add_argument("--memory-tokens", type=int, help="memagent: memory cap in tokens (default 1024)")
-  p.add_argument("--answer-tokens", type=int, default=1024)
-  p.add_argument("--block-chunks", type=int, help="memagent: scan steps compiled per block (default 8)")
+  p.add_argument("--chunk-tokens", type=_int_flag(1), help="memagent: tokens per chunk (default 5000)")
+  p.add_argument("--memory-tokens", type=_int_flag(1), help="memagent: memory cap in tokens (default 1024)")
+  p.add_argument("--answer-tokens", type=_int_flag(1), default=1024)
+  p.add_argument("--block-chunks", type=_int_flag(1),
+                 help="memagent: scan steps compiled per block (default 8)")
   p.add_argument("--final-template", choices=["boxed", "eval"], help="memagent: final prompt (default boxed)")
   p.add_argument("--truncate", action="store_true", help="direct: centre-truncate to the context")
-  p.add_argument("--temperature", type=float, default=0.0)
-  p.add_argument("--top-p", type=float, default=1.0)
+  p.add_argument("--temperature", type=_float_flag(0.0, math.inf), default=0.0,
+                 help="0 = greedy")
+  p.add_argument("--top-p", type=_float_flag(0.0, 1.0, lo_open=True), default=1.0)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--quiet", action="store_true", help="no progress bar")
+  _debug_flag(p)
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse with the CLI's one-line error form (still exit code 2)."""
+
+  def error(self, message):
+    self.exit(2, f"memagent: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="memagent", description=__doc__)
+  parser = _Parser(prog="memagent", description=__doc__)
+  _debug_flag(parser, top=True)
   sub = parser.add_subparsers(dest="command", required=True)
   a = sub.add_parser("answer", help="answer a question about a document of any length")
   a.add_argument("--doc", required=True, help="UTF-8 text file, or - for stdin")
@@ -135,26 +200,94 @@ def build_parser() -> argparse.ArgumentParser:
   a.set_defaults(func=cmd_answer)
   e = sub.add_parser("eval", help="accuracy on a RULER or long-QA task at a length")
   e.add_argument("--task", required=True, help="niah_single_1 .. fwe, or squad / hotpotqa")
-  e.add_argument("--length", type=int, required=True, help="context tokens per sample")
-  e.add_argument("--n", type=int, default=16)
+  e.add_argument("--length", type=_int_flag(1), required=True, help="context tokens per sample")
+  e.add_argument("--n", type=_int_flag(1), default=16, help="number of samples")
   e.add_argument("--data-seed", type=int, default=0)
   e.add_argument("--data-dir", help="squad/hotpotqa: directory (or file) of the JSON corpus")
-  e.add_argument("--batch-size", type=int, default=4)
-  e.add_argument("--out", help="JSONL of every prediction (default eval_<task>_<length>_<method>.jsonl)")
+  e.add_argument("--batch-size", type=_int_flag(1), default=4)
+  e.add_argument("--out", help="JSONL of every prediction (default runs/eval/eval_<task>_<length>_<method>"
+                               ".jsonl); finished batches are kept in <out>.partial until the run succeeds")
   _common(e)
   e.set_defaults(func=cmd_eval)
   x = sub.add_parser("export", help="write a training checkpoint as a transformers model directory")
   x.add_argument("--ckpt", required=True, help="checkpoint directory written by training")
-  x.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
-  x.add_argument("--step", type=int, help="checkpoint step (default: the latest complete one)")
+  x.add_argument("--out", required=True, help="output directory (config.json + model.safetensors), "
+                                              "replaced whole on success")
+  x.add_argument("--step", type=_int_flag(0), help="checkpoint step (default: the latest complete one)")
   x.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  _debug_flag(x)
   x.set_defaults(func=cmd_export)
   return parser
 
 
+def _is_user_error(e: BaseException) -> bool:
+  """Bad input rather than a bug: ValueError (the project's load, budget and document errors),
+  OSError, KeyError("unknown ..."), CheckpointCorruptError."""
+  if isinstance(e, (UsageError, ValueError, OSError)):  # OSError: FileNotFound, IsADirectory, ...
+    return True
+  if isinstance(e, KeyError):  # the project's lookups raise KeyError("unknown <kind> ...")
+    return len(e.args) == 1 and isinstance(e.args[0], str) and e.args[0].startswith("unknown ")
+  ck = sys.modules.get("memagent_jax.checkpointing")  # not imported -> cannot be its error
+  return ck is not None and isinstance(e, ck.CheckpointCorruptError)
+
+
+def _message(e: BaseException) -> str:
+  text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+  return " ".join(str(text).split()) or type(e).__name__  # one line
+
+
+def _run_in_worker(func, args):
+  """Runs func(args) in a daemon thread; the main thread waits in short slices so Ctrl-C is
+  handled at once even while the worker sits inside a long compiled XLA call."""
+  box = {}
+
+  def work():
+    try:
+      box["result"] = func(args)
+    except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+      box["error"] = e
+
+  worker = threading.Thread(target=work, name=f"memagent-{args.command}", daemon=True)
+  worker.start()
+  while worker.is_alive():
+    worker.join(0.05)
+  if "error" in box:
+    raise box["error"]
+  return box["result"]
+
+
+def _interrupted(args):
+  """Ctrl-C: outputs are already flushed batch by batch; exit now without waiting for XLA."""
+  kept = getattr(args, "partial", None)
+  note = f" (finished predictions kept in {kept})" if kept and os.path.exists(kept) else ""
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      pass
+  os.write(2, f"memagent: interrupted{note}\n".encode())
+  os._exit(130)
+
+
 def main(argv=None) -> int:
+  """Parses argv and runs the command: user errors are one `memagent: error:` line (exit 2),
+  internal errors one line too (exit 1); --debug adds the traceback; Ctrl-C exits 130."""
   args = build_parser().parse_args(argv)
-  return args.func(args)
+  try:
+    return _run_in_worker(args.func, args)
+  except KeyboardInterrupt:
+    _interrupted(args)
+  except SystemExit:
+    raise
+  except BaseException as e:  # noqa: BLE001 - the CLI's error contract
+    if args.debug:
+      traceback.print_exception(e, file=sys.stderr)
+    if _is_user_error(e):
+      print(f"memagent: error: {_message(e)}", file=sys.stderr)
+      raise SystemExit(2) from None
+    print(f"memagent: internal error: {type(e).__name__}: {_message(e)} (run with --debug for the "
+          "traceback)", file=sys.stderr)
+    raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

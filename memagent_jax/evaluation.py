@@ -80,37 +80,70 @@ def _batches(items: list, size: int) -> Iterable[list]:
     yield items[i:i + size]
 
 
+def partial_path(out_path: str) -> str:
+  """Where run_eval keeps the finished batches of a run until it succeeds."""
+  return out_path + ".partial"
+
+
+def _write_all(fd: int, data: bytes):
+  while data:  # one write per batch: no torn lines if the process is killed between batches
+    data = data[os.write(fd, data):]
+
+
+def _row(task: str, s: dict, r, scores: dict) -> str:
+  return json.dumps({"task": task, "index": s.get("index"), "question": s["question"],
+                     "answers": list(s["answers"]), "prediction": r.prediction, "answer": r.answer,
+                     "boxed": r.boxed, **scores, "num_chunks": r.num_chunks,
+                     "document_tokens": r.document_tokens,
+                     "final_memory": r.memories[-1] if r.memories else None}) + "\n"
+
+
 def run_eval(reader, task: str, samples: list[dict], out_path: str | None, batch_size: int = 4,
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
              progress: bool = True) -> dict:
-  """Runs `reader` (MemAgent or DirectReader) over samples; writes one JSON line per sample."""
+  """Runs `reader` (MemAgent or DirectReader) over samples; one JSON line per sample.
+
+  Each finished batch is appended to `<out_path>.partial` (started afresh) as it completes, so
+  a failed or interrupted run keeps what it computed; out_path is replaced by rename on success."""
+  if not samples:
+    raise ValueError("no samples to evaluate: n must be >= 1")
+  if batch_size < 1:
+    raise ValueError(f"batch_size={batch_size}: must be >= 1")
+  if out_path and os.path.isdir(out_path):
+    raise IsADirectoryError(f"eval output {out_path} is a directory; pass a file name for the JSONL")
   t0 = time.perf_counter()
   totals: dict[str, float] = {}
-  out = open(out_path, "w") if out_path else None
+  partial = partial_path(out_path) if out_path else None
+  fd = None
+  if partial:
+    os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
   done = doc_tokens = 0
   bar = tqdm(total=len(samples), desc=f"eval {task}", unit="doc", disable=not progress)
   try:
     for b, batch in enumerate(_batches(samples, batch_size)):
       results = reader.answer_batch([s["question"] for s in batch], [s["context"] for s in batch],
                                     temperature=temperature, top_p=top_p, seed=seed + b)
+      lines = []
       for s, r in zip(batch, results):
         scores = score(task, r, list(s["answers"]))
         doc_tokens += r.document_tokens
         for k, v in scores.items():
           totals[k] = totals.get(k, 0.0) + v
-        if out:
-          out.write(json.dumps({"task": task, "index": s.get("index"), "question": s["question"],
-                                "answers": list(s["answers"]), "prediction": r.prediction,
-                                "answer": r.answer, "boxed": r.boxed, **scores,
-                                "num_chunks": r.num_chunks, "document_tokens": r.document_tokens,
-                                "final_memory": r.memories[-1] if r.memories else None}) + "\n")
+        lines.append(_row(task, s, r, scores))
+      if fd is not None:
+        _write_all(fd, "".join(lines).encode("utf-8"))
       done += len(batch)
       bar.update(len(batch))
       bar.set_postfix(acc=f"{totals.get('score', 0) / done:.3f}")
+    if fd is not None:
+      os.fsync(fd)
   finally:
     bar.close()
-    if out:
-      out.close()
+    if fd is not None:
+      os.close(fd)
+  if partial:
+    os.replace(partial, out_path)  # only now is an earlier out_path replaced
   summary = {k: v / len(samples) for k, v in totals.items()}
   summary.update(task=task, n=len(samples), mean_document_tokens=round(doc_tokens / len(samples)),
                  seconds=round(time.perf_counter() - t0, 2))

@@ -2,11 +2,21 @@
 
 import io
 import json
+import re
 import sys
 
 import pytest
 
 from memagent_jax import cli
+
+def fails(capsys, argv, code=2) -> str:
+  """Runs the CLI expecting the one-line error form; returns that line."""
+  with pytest.raises(SystemExit) as e:
+    cli.main(argv)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == code and err and err[-1].startswith("memagent: error: "), err
+  return err[-1]
+
 
 TINY = ["--question", "What?", "--model", "random:tiny-smollm2", "--chunk-tokens", "64", "--memory-tokens", "8",
         "--answer-tokens", "6", "--quiet"]
@@ -32,50 +42,48 @@ def test_answer_reads_stdin(capsys, monkeypatch):
   assert n_chunks >= 5 and cap.out.count("--- memory after chunk ") == n_chunks
 
 
-def test_missing_document():
-  with pytest.raises(SystemExit, match="document not found: /no/such/file.txt"):
-    cli.main(["answer", "--doc", "/no/such/file.txt"] + TINY)
+def test_missing_document(capsys):
+  line = fails(capsys, ["answer", "--doc", "/no/such/file.txt"] + TINY)
+  assert "document not found: /no/such/file.txt" in line
 
 
-def test_non_utf8_document(tmp_path):
+def test_non_utf8_document(tmp_path, capsys):
   bad = tmp_path / "latin1.txt"
   bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
-  with pytest.raises(SystemExit, match=r"latin1.txt is not UTF-8 text \(invalid byte at offset 3"):
-    cli.main(["answer", "--doc", str(bad)] + TINY)
+  assert re.search(r"latin1.txt is not UTF-8 text \(invalid byte at offset 3",
+                   fails(capsys, ["answer", "--doc", str(bad)] + TINY))
 
 
-def test_empty_document(tmp_path):
+def test_empty_document(tmp_path, capsys):
   empty = tmp_path / "empty.txt"
   empty.write_text("\n \n")
-  with pytest.raises(SystemExit, match=r"empty.txt is empty: there is no text to read"):
-    cli.main(["answer", "--doc", str(empty)] + TINY)
+  assert "empty.txt is empty: there is no text to read" in fails(capsys, ["answer", "--doc", str(empty)] + TINY)
 
 
-def test_direct_reading_over_the_context_window(tmp_path):
+def test_direct_reading_over_the_context_window(tmp_path, capsys):
   long_doc = tmp_path / "long.txt"
   long_doc.write_text("The library has fourteen stories. " * 1500)  # about 10K tokens > 8192
-  with pytest.raises(SystemExit, match=r"long.txt has \d+ tokens but only \d+ fit the context window "
-                                       r"of 8192 tokens"):
-    cli.main(["answer", "--doc", str(long_doc), "--method", "direct", "--question", "Q?",
-              "--model", "random:tiny-smollm2", "--answer-tokens", "64"])
+  line = fails(capsys, ["answer", "--doc", str(long_doc), "--method", "direct", "--question", "Q?",
+                        "--model", "random:tiny-smollm2", "--answer-tokens", "64"])
+  assert re.search(r"long.txt has \d+ tokens but only \d+ fit the context window of 8192 tokens", line)
 
 
-def test_chunk_and_memory_over_the_context_window(tmp_path):
+def test_chunk_and_memory_over_the_context_window(tmp_path, capsys):
   doc = tmp_path / "d.txt"
   doc.write_text("Some text.")
-  with pytest.raises(SystemExit, match=r"memory update needs \d+ tokens \(template \d+ \+ question "
-                                       r"\d+ \+ memory 1024 \+ chunk 7000 \+ generation cap 1024\)"):
-    cli.main(["answer", "--doc", str(doc), "--question", "Q?", "--model", "random:tiny-smollm2",
-              "--chunk-tokens", "7000"])
+  line = fails(capsys, ["answer", "--doc", str(doc), "--question", "Q?", "--model", "random:tiny-smollm2",
+                        "--chunk-tokens", "7000"])
+  assert re.search(r"memory update needs \d+ tokens \(template \d+ \+ question \d+ \+ memory 1024 \+ "
+                   r"chunk 7000 \+ generation cap 1024\)", line)
 
 
-def test_flags_that_would_do_nothing_are_errors(tmp_path):
+def test_flags_that_would_do_nothing_are_errors(tmp_path, capsys):
   doc = tmp_path / "d.txt"
   doc.write_text("Some text.")
-  with pytest.raises(SystemExit, match="--chunk-tokens has no effect with --method direct"):
-    cli.main(["answer", "--doc", str(doc), "--method", "direct"] + TINY)
-  with pytest.raises(SystemExit, match="--truncate applies to --method direct only"):
-    cli.main(["answer", "--doc", str(doc), "--truncate"] + TINY)
+  assert "--chunk-tokens has no effect with --method direct" in fails(
+      capsys, ["answer", "--doc", str(doc), "--method", "direct"] + TINY)
+  assert "--truncate applies to --method direct only" in fails(
+      capsys, ["answer", "--doc", str(doc), "--truncate"] + TINY)
 
 
 def test_eval_writes_every_prediction(tmp_path, capsys):
@@ -85,6 +93,7 @@ def test_eval_writes_every_prediction(tmp_path, capsys):
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert len(rows) == 3 and summary["n"] == 3 and summary["task"] == "niah_single_1"
+  assert not (tmp_path / "preds.jsonl.partial").exists()
   assert summary["score"] == pytest.approx(sum(r["score"] for r in rows) / 3)
   assert 250 < summary["mean_document_tokens"] <= 300
   for r in rows:
