@@ -18,6 +18,18 @@ from memagent_jax.tokenization import Tokenizer
 PROMPT_BUCKET = 64  # prompt lengths are padded up to a multiple of this to bound recompiles
 
 
+def check_token_ids(ids: np.ndarray, vocab_size: int, what: str = "ids"):
+  """Integer ids inside the vocabulary; float or bool ids are refused, never silently cast."""
+  if ids.size and ids.dtype.kind not in "iu":
+    raise TypeError(f"{what} must be integer token ids, got dtype {ids.dtype} "
+                    "(float and bool arrays are not cast: convert explicitly)")
+  if ids.size:
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+      raise ValueError(f"token ids must lie in [0, {vocab_size}) (the vocabulary size); {what} holds "
+                       f"{lo if lo < 0 else hi} (range [{lo}, {hi}])")
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _logits(graphdef, state, ids, valid):
   return forward_logits(nnx.merge(graphdef, state), ids, valid)
@@ -54,9 +66,7 @@ class Policy:
     if ids.shape[1] > self.config.max_position_embeddings:
       raise ValueError(f"ids of length {ids.shape[1]} exceed the model's context window of "
                        f"{self.config.max_position_embeddings} tokens")
-    if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
-      raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got "
-                       f"[{ids.min()}, {ids.max()}]")
+    check_token_ids(ids, self.config.vocab_size)
     valid = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask, bool)
     return _logits(self.graphdef, self.state, jnp.asarray(ids, jnp.int32), jnp.asarray(valid))
 
@@ -73,6 +83,11 @@ class Policy:
     longest = max(len(p) for p in prompts)
     if min(len(p) for p in prompts) == 0:
       raise ValueError("empty prompt: every prompt needs at least one token")
+    for i, p in enumerate(prompts):
+      a = np.asarray(p)
+      if a.ndim != 1:
+        raise ValueError(f"prompt {i} must be a flat sequence of token ids, got shape {a.shape}")
+      check_token_ids(a, self.config.vocab_size, f"prompt {i}")
     size = cache_size or sampling.round_up(longest, PROMPT_BUCKET) + max_new_tokens
     sampling.check_budget(longest, max_new_tokens, size, self.config.max_position_embeddings)
     width = max(longest, min(sampling.round_up(longest, PROMPT_BUCKET), size - max_new_tokens))
@@ -82,6 +97,9 @@ class Policy:
     rows = [list(s) for s in stops] if stops and not np.isscalar(stops[0]) else [list(stops)] * len(prompts)
     if len(rows) != len(prompts):
       raise ValueError(f"per-row stop_tokens has {len(rows)} rows for {len(prompts)} prompts")
+    for i, r in enumerate(rows):
+      if r and np.asarray(r).dtype.kind not in "iu":
+        raise TypeError(f"stop_tokens of row {i} must be integer token ids, got dtype {np.asarray(r).dtype}")
     k = max(1, max(len(r) for r in rows))
     stop_arr = np.full((len(rows), k), -1, np.int32)
     for i, r in enumerate(rows):

@@ -99,3 +99,69 @@ def test_empty_document(tok):
   for blank in ("", "  \n\t "):
     with pytest.raises(chunking.EmptyDocumentError, match="my doc is empty"):
       list(chunking.document_chunks(tok, blank, 10, name="my doc"))
+
+
+@pytest.mark.parametrize("ch", ["\x00", "\x01", "\x08", "\x0e", "\x1b", "\x1f", "\x7f"])
+def test_control_characters_are_refused_in_text(tok, ch):
+  text = "line one\nline two " + ch + " tail"
+  with pytest.raises(chunking.ControlCharacterError,
+                     match=rf"my doc contains the control character U\+{ord(ch):04X} at character offset 18 "
+                           r"\(line 2\)"):
+    chunking.document_chunks(tok, text, 10, name="my doc")  # raised at once, before any chunk
+
+
+def test_whitespace_controls_are_allowed(tok):
+  text = "a\tb\nc\rd\x0be\x0cf end"
+  ids = np.concatenate(list(chunking.document_chunks(tok, text, 4))).tolist()
+  assert ids == tok.encode(text)
+
+
+def test_control_character_in_file_names_file_and_offset(tok, tmp_path, monkeypatch):
+  """The offset counts characters of the whole file, across reads and multi-byte characters."""
+  text = "caf\u00e9 words\n" * 300 + "bad\x00byte"
+  path = tmp_path / "doc.txt"
+  path.write_bytes(text.encode())
+  monkeypatch.setattr(chunking, "READ_BYTES", 101)
+  at = text.index("\x00")
+  with pytest.raises(chunking.ControlCharacterError,
+                     match=rf"doc\.txt contains the control character U\+0000 at character offset {at} "
+                           r"\(line 301\)"):
+    list(chunking.document_chunks(tok, str(path), 50, from_file=True))
+
+
+def test_token_stream_checks_pieces_it_is_given(tok):
+  with pytest.raises(chunking.ControlCharacterError,
+                     match=r"doc 3 .*U\+007F at character offset 7 \(line 2\)"):
+    list(chunking.token_stream(tok, ["abc\n", "def", "\x7f"], name="doc 3"))
+
+
+def test_agents_name_the_document_with_a_control_character(tok):
+  import memagent_jax as mj
+  from memagent_jax.agent.direct import DirectReader
+  policy = mj.load_policy("random:tiny-smollm2")
+  agent = mj.MemAgent(policy, chunk_tokens=64, memory_tokens=16, answer_tokens=8, question_tokens=32)
+  with pytest.raises(chunking.ControlCharacterError,
+                     match=r"document 1 contains .*U\+0000 at character offset 4"):
+    agent.answer_batch(["q?", "q?"], ["fine text", "bad \x00 text"])
+  with pytest.raises(chunking.ControlCharacterError, match=r"document 0 contains .*U\+0007"):
+    DirectReader(policy, answer_tokens=8).prompt_ids("q?", "ring \x07")
+
+
+def test_toy_world_text_has_no_control_characters():
+  """The toy generator and word tokenizer never produce what chunking refuses."""
+  from memagent_jax import word_tokenizer
+  from memagent_jax.data import toy
+  for s in toy.generate(8, num_tokens=512, seed=1):
+    chunking.check_text(s["context"], "toy context")
+    chunking.check_text(s["question"], "toy question")
+  tok = word_tokenizer.toy_tokenizer()
+  for w in word_tokenizer.vocabulary():
+    chunking.check_text(w, f"toy token {w!r}")
+  chunking.check_text(tok.decode(list(range(tok.vocab_size))), "decoded toy vocabulary")
+
+
+def test_question_with_control_character_is_an_error():
+  from memagent_jax.agent.chunking import ControlCharacterError
+  from memagent_jax.agent.memagent import encode_question
+  with pytest.raises(ControlCharacterError, match=r"question 3 contains the control character U\+0000"):
+    encode_question(None, "what\x00 is it?", 3, 16)

@@ -136,3 +136,26 @@ def test_chat_stop_tokens_include_every_terminator(smollm):
   which is also its unknown-token id): both must stop generation."""
   names = smollm.tokenizer.hf.convert_ids_to_tokens(smollm.default_stop_tokens())
   assert set(names) == {"<|im_end|>", "<|endoftext|>"}
+
+
+def test_non_integer_and_out_of_range_ids_are_refused(tiny):
+  """Float and bool ids are never cast silently; ids outside the vocabulary name the bad value."""
+  for bad in (np.array([[1.0, 2.0]]), np.array([[1.5, 2.0]], np.float32), np.array([[True, False]])):
+    with pytest.raises(TypeError, match=rf"ids must be integer token ids, got dtype {bad.dtype}"):
+      tiny.logits(bad)
+  with pytest.raises(ValueError,
+                     match=r"token ids must lie in \[0, 256\) \(the vocabulary size\); ids holds -1"):
+    tiny.logits(np.array([[3, -1, 4]]))
+  with pytest.raises(ValueError, match=r"\[0, 256\).*ids holds 256"):
+    tiny.logits(np.array([[3, 256]], np.uint16))
+  assert tiny.logits(np.array([[3, 255]], np.uint8)).shape == (1, 2, 256)
+  with pytest.raises(TypeError, match=r"prompt 1 must be integer token ids, got dtype float64"):
+    tiny.sample([[1, 2], [3.0, 4.0]], 2)
+  with pytest.raises(TypeError, match=r"prompt 0 must be integer token ids, got dtype bool"):
+    tiny.sample([np.array([True, True])], 2)
+  with pytest.raises(ValueError, match=r"\[0, 256\).*prompt 1 holds 300"):
+    tiny.sample([[1, 2], [3, 300]], 2)
+  with pytest.raises(ValueError, match=r"prompt 0 must be a flat sequence of token ids"):
+    tiny.sample([[[1, 2]]], 2)
+  with pytest.raises(TypeError, match=r"stop_tokens of row 0 must be integer token ids, got dtype float64"):
+    tiny.sample([[1, 2]], 2, stop_tokens=[2.0])

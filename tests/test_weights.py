@@ -164,3 +164,38 @@ def test_prompt_longer_than_cache_and_cache_overflow():
     policy.sample([[]], 4)
   with pytest.raises(ValueError, match=r"token ids must lie in \[0, 256\)"):
     policy.logits(np.array([[1, 999]]))
+
+
+def test_export_replaces_the_directory_atomically(tmp_path, monkeypatch):
+  """A failed export leaves the previous one intact; a finished one leaves no stale shards."""
+  from memagent_jax.models import hf_weights
+  policy = mj.load_policy("random:tiny-llama", seed=2)
+  out = tmp_path / "export"
+  policy.export(str(out))
+  (out / "model-00001-of-00002.safetensors").write_bytes(b"stale shard")
+  policy.export(str(out))
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+  before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+
+  def fail_midway(path, tensors, metadata=None):
+    open(path, "wb").write(b"half")
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(hf_weights, "save_tensors", fail_midway)
+  with pytest.raises(OSError, match="No space left"):
+    mj.load_policy("random:tiny-llama", seed=3).export(str(out))
+  assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+  assert sorted(os.listdir(tmp_path)) == ["export"]  # no temporary directory left behind
+
+
+def test_export_refuses_unrelated_directory_and_nan_weights(tmp_path):
+  policy = mj.load_policy("random:tiny-llama")
+  other = tmp_path / "notes"
+  other.mkdir()
+  (other / "todo.txt").write_text("keep me")
+  with pytest.raises(FileExistsError, match=r"notes is not empty and holds no config\.json"):
+    policy.export(str(other))
+  assert os.listdir(other) == ["todo.txt"]
+  policy.model.final_norm.scale[...] = np.full(policy.config.hidden_size, np.nan, np.float32)
+  with pytest.raises(mj.WeightsError, match=r"tensor 'model\.norm\.weight' has 64 non-finite"):
+    policy.export(str(tmp_path / "nan"))
+  assert not os.path.exists(tmp_path / "nan")

@@ -22,10 +22,28 @@ CUT_MARGIN = 64  # characters of context on each side used to verify a cut
 CUT_TRIES = 16  # candidate cuts verified per window before looking further ahead
 # Candidate cuts: after a single newline between non-spaces, or before " word" after a non-space.
 _CANDIDATE = re.compile(r"(?<=\S\n)(?=\S)|(?<=\S)(?= \S)")
+# C0 controls and DEL, except the whitespace ones (\t \n \v \f \r = U+0009..U+000D).
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 
 
 class EmptyDocumentError(ValueError):
   """A document with no text to read."""
+
+
+class ControlCharacterError(ValueError):
+  """A document holds a NUL or another control character: binary data, not text."""
+
+
+def check_text(piece: str, name: str, offset: int = 0, line: int = 1):
+  """Raises ControlCharacterError naming the document, the character and its offset; tokenizers
+  would otherwise encode such bytes silently (or drop them)."""
+  m = _CONTROL.search(piece)
+  if m:
+    i = m.start()
+    raise ControlCharacterError(
+        f"{name} contains the control character U+{ord(piece[i]):04X} at character offset {offset + i} "
+        f"(line {line + piece.count(chr(10), 0, i)}); documents must be text (tab, newline, carriage "
+        "return, form feed and vertical tab are the only control characters allowed)")
 
 
 def is_clean_cut(tokenizer, text: str, i: int, margin: int = CUT_MARGIN) -> bool:
@@ -72,7 +90,7 @@ def split_text(text: str, tokenizer, piece_chars: int = PIECE_CHARS, final: bool
 def read_text_pieces(path: str, tokenizer, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
   """Streams a UTF-8 file ('-' = stdin) as clean-cut text pieces; errors name the file and byte."""
   decoder = codecs.getincrementaldecoder("utf-8")("strict")
-  offset, pending = 0, ""
+  offset, pending, chars, lines = 0, "", 0, 1
   try:
     f = sys.stdin.buffer if path == "-" else open(path, "rb")
   except FileNotFoundError:
@@ -84,11 +102,13 @@ def read_text_pieces(path: str, tokenizer, piece_chars: int = PIECE_CHARS) -> It
       raw = f.read(READ_BYTES)
       held = decoder.getstate()[0]  # bytes of a character split across reads
       try:
-        pending += decoder.decode(raw, final=not raw)
+        text = decoder.decode(raw, final=not raw)
       except UnicodeDecodeError as e:
         data = held + raw
         raise ValueError(f"{path} is not UTF-8 text (invalid byte at offset "
                          f"{offset - len(held) + e.start}: {data[e.start:e.start + 4]!r})") from None
+      check_text(text, path, chars, lines)  # before any tokenisation
+      chars, lines, pending = chars + len(text), lines + text.count("\n"), pending + text
       offset += len(raw)
       if not raw:
         break
@@ -99,9 +119,12 @@ def read_text_pieces(path: str, tokenizer, piece_chars: int = PIECE_CHARS) -> It
 
 
 def token_stream(tokenizer, pieces: Iterable[str], name: str = "document") -> Iterator[np.ndarray]:
-  """Token ids [n] int32 per text piece; raises EmptyDocumentError if there is no text at all."""
-  seen_text = False
+  """Token ids [n] int32 per text piece; raises EmptyDocumentError if there is no text at all and
+  ControlCharacterError (before tokenising) at the first NUL or other control character."""
+  seen_text, offset, line = False, 0, 1
   for piece in pieces:
+    check_text(piece, name, offset, line)
+    offset, line = offset + len(piece), line + piece.count("\n")
     seen_text = seen_text or bool(piece.strip())
     ids = tokenizer.encode(piece)
     if ids:
@@ -122,10 +145,21 @@ def chunk_stream(token_arrays: Iterable[np.ndarray], chunk_tokens: int) -> Itera
     yield buf
 
 
+def text_pieces(tokenizer, document: str, name: str = "document", from_file: bool = False) -> Iterator[str]:
+  """Clean-cut pieces of a document given as text (checked for control characters here, at
+  once) or as a file path ('-' = stdin) when `from_file` (checked as it is read)."""
+  if from_file:
+    return read_text_pieces(document, tokenizer)
+  if not isinstance(document, str):
+    raise TypeError(f"{name} must be a str, got {type(document).__name__}")
+  check_text(document, name)
+  return split_text(document, tokenizer)
+
+
 def document_chunks(tokenizer, document: str, chunk_tokens: int, name: str = "document",
                     from_file: bool = False) -> Iterator[np.ndarray]:
   """Chunks of a document given as text, or as a file path ('-' = stdin) when `from_file`."""
-  pieces = read_text_pieces(document, tokenizer) if from_file else split_text(document, tokenizer)
+  pieces = text_pieces(tokenizer, document, name, from_file)
   return chunk_stream(token_stream(tokenizer, pieces, name), chunk_tokens)
 
 

@@ -43,8 +43,7 @@ class DirectReader:
     """(prompt ids, document tokens before truncation) of one question and document."""
     q = encode_question(self.tokenizer, question, index, self.question_tokens)
     name = document if from_file else f"document {index}"
-    pieces = (chunking.read_text_pieces(document, self.tokenizer) if from_file
-              else chunking.split_text(document, self.tokenizer))
+    pieces = chunking.text_pieces(self.tokenizer, document, name, from_file)
     doc = np.concatenate(list(chunking.token_stream(self.tokenizer, pieces, name)))
     budget = self.document_budget(len(q))
     if budget < 1:

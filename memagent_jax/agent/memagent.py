@@ -36,6 +36,7 @@ def encode_question(tokenizer, question: str, index: int, budget: int) -> list[i
   """Question ids; an empty question or one over the budget is an error (never truncated)."""
   if not isinstance(question, str) or not question.strip():
     raise ValueError(f"question {index} is empty")
+  chunking.check_text(question, f"question {index}")
   ids = tokenizer.encode(question)
   if len(ids) > budget:
     raise ValueError(f"question {index} has {len(ids)} tokens, over the question budget of "

@@ -3,9 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+               "num_kv_heads", "head_dim", "max_position_embeddings")
+
+
+class UnknownModelError(KeyError, ValueError):
+  """An unknown preset or model source: a KeyError for lookups, a ValueError for bad input."""
+
+  def __str__(self):  # KeyError would print the message quoted, as a repr
+    return str(self.args[0]) if self.args else ""
+
+
+def _positive_int(v) -> bool:
+  return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+
+
+def _positive_float(v) -> bool:
+  return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +48,12 @@ class ModelConfig:
   def __post_init__(self):
     if self.arch not in ARCHITECTURES:
       raise ValueError(f"ModelConfig.arch={self.arch!r}; supported: {sorted(ARCHITECTURES)}")
+    for name in _INT_FIELDS:
+      if not _positive_int(getattr(self, name)):
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be a positive integer")
+    for name in ("rope_theta", "rms_norm_eps"):
+      if not _positive_float(getattr(self, name)):
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be a positive finite number")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"ModelConfig: num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
@@ -51,36 +76,55 @@ class ModelConfig:
   # --- HF config.json interchange -------------------------------------------------
   @classmethod
   def from_hf_dict(cls, hf: dict[str, Any], source: str = "config.json") -> "ModelConfig":
-    """Builds a config from a transformers `config.json` dict (Llama or Qwen2)."""
+    """Builds a config from a transformers `config.json` dict (Llama or Qwen2); errors name the key."""
+    if not isinstance(hf, dict):
+      raise ValueError(f"{source}: expected a JSON object, got a JSON {type(hf).__name__}")
     model_type = hf.get("model_type")
     if model_type not in ARCHITECTURES:
       raise ValueError(f"{source}: model_type={model_type!r} is not supported; "
                        f"supported: {sorted(ARCHITECTURES)}")
-    scaling = hf.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-      raise ValueError(f"{source}: rope_scaling={scaling} is not supported (only default RoPE)")
+    for key in ("rope_scaling", "rope_parameters"):  # transformers <5 / >=5 names
+      scaling = hf.get(key)
+      if scaling and (not isinstance(scaling, dict)
+                      or scaling.get("rope_type", scaling.get("type")) not in (None, "default")):
+        raise ValueError(f"{source}: {key}={scaling} is not supported (only default RoPE)")
     if hf.get("use_sliding_window"):
       raise ValueError(f"{source}: use_sliding_window=true is not supported")
+
+    def get(key, check, what, default=None):
+      v = hf.get(key)
+      if v is None:
+        if default is None:
+          raise ValueError(f"{source}: missing required key {key!r}")
+        return default
+      if not check(v):
+        raise ValueError(f"{source}: {key}={v!r} must be {what}")
+      return v
+
+    def num(key, default=None):
+      return get(key, _positive_int, "a positive integer", default)
+
+    heads, hidden = num("num_attention_heads"), num("hidden_size")
+    if hf.get("head_dim") is None and hidden % heads:
+      raise ValueError(f"{source}: hidden_size={hidden} is not a multiple of num_attention_heads={heads} "
+                       "(and no head_dim is given)")
+    theta = hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    if not _positive_float(theta):
+      raise ValueError(f"{source}: rope_theta={theta!r} must be a positive finite number")
+    kw = dict(
+        arch=model_type, vocab_size=num("vocab_size"), hidden_size=hidden,
+        intermediate_size=num("intermediate_size"), num_layers=num("num_hidden_layers"),
+        num_heads=heads, num_kv_heads=num("num_key_value_heads", heads),
+        head_dim=num("head_dim", hidden // heads),
+        rope_theta=float(theta),
+        rms_norm_eps=float(get("rms_norm_eps", _positive_float, "a positive finite number", 1e-6)),
+        max_position_embeddings=num("max_position_embeddings", 8192),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")))
     try:
-      heads = hf["num_attention_heads"]
-      rope = hf.get("rope_parameters") or {}
-      return cls(
-          arch=model_type,
-          vocab_size=hf["vocab_size"],
-          hidden_size=hf["hidden_size"],
-          intermediate_size=hf["intermediate_size"],
-          num_layers=hf["num_hidden_layers"],
-          num_heads=heads,
-          num_kv_heads=hf.get("num_key_value_heads") or heads,
-          head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-          rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
-          rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-          max_position_embeddings=hf.get("max_position_embeddings", 8192),
-          tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-          attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
-      )
-    except KeyError as e:
-      raise ValueError(f"{source}: missing required key {e}") from None
+      return cls(**kw)
+    except ValueError as e:  # a cross-field check of __post_init__
+      raise ValueError(f"{source}: {e}") from None
 
   def to_hf_dict(self, dtype: str = "float32") -> dict[str, Any]:
     """The transformers `config.json` that reloads these weights with equal logits."""
@@ -168,5 +212,5 @@ def get_preset(name: str) -> ModelConfig:
   """Looks up a preset by (case-insensitive) name, with a clear error listing valid names."""
   key = name.lower()
   if key not in PRESETS:
-    raise KeyError(f"unknown model preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+    raise UnknownModelError(f"unknown model preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
   return PRESETS[key]

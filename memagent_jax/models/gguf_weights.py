@@ -17,7 +17,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.safetensors_io import WeightsError, save_tensors
+from memagent_jax.models.hf_layout import hf_layout
+from memagent_jax.models.safetensors_io import WeightsError, check_finite, save_tensors
 
 CONVERTER_VERSION = 2
 _LAYER_NAMES = {  # GGUF blk.{i}.X -> HF model.layers.{i}.Y
@@ -71,11 +72,15 @@ def gguf_config(reader, path: str) -> ModelConfig:
   if arch not in ("llama", "qwen2"):
     raise WeightsError(f"{path}: GGUF architecture {arch!r} is not supported (llama, qwen2)")
   names = {t.name for t in reader.tensors}
+  scaling = _field(reader, f"{arch}.rope.scaling.type", path, default="none")
+  if scaling != "none" or "rope_freqs.weight" in names:
+    raise WeightsError(f"{path}: RoPE scaling ({scaling if scaling != 'none' else 'rope_freqs'}) is not "
+                       "supported (only default RoPE)")
   heads = int(_field(reader, f"{arch}.attention.head_count", path))
   hidden = int(_field(reader, f"{arch}.embedding_length", path))
   vocab = _field(reader, f"{arch}.vocab_size", path, default=-1)
   if vocab == -1:
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    vocab = len(_field(reader, "tokenizer.ggml.tokens", path))
   return ModelConfig(
       arch=arch, vocab_size=int(vocab), hidden_size=hidden,
       intermediate_size=int(_field(reader, f"{arch}.feed_forward_length", path)),
@@ -99,20 +104,40 @@ def gguf_tensors(reader, cfg: ModelConfig, path: str) -> dict[str, np.ndarray]:
       name = _TOP_NAMES[t.name]
     else:
       parts = t.name.split(".", 2)
-      if parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
-        continue  # e.g. rope_freqs: not a parameter of these architectures
-      name = f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+      if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit() or parts[2] not in _LAYER_NAMES:
+        raise WeightsError(f"{path}: tensor {t.name!r} is not a parameter of a {cfg.arch} model "
+                           "(unknown GGUF tensor name)")
+      name = f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}"
     try:
       a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
     except Exception as e:
       raise WeightsError(f"{path}: tensor {t.name!r} could not be dequantised ({e})") from None
     expected = tuple(int(x) for x in reversed(t.shape.tolist()))
+    if a.size != int(np.prod(expected)):
+      raise WeightsError(f"{path}: tensor {t.name!r} holds {a.size} values, not the {expected} its header "
+                         "declares (truncated or corrupt file)")
     a = a.reshape(expected)
+    check_finite(a, path, t.name)
     if cfg.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
       heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
       a = unpermute_rotary(a, heads)
     out[name] = a
   return out
+
+
+def check_gguf_tensors(cfg: ModelConfig, tensors: dict[str, np.ndarray], path: str):
+  """The converted tensors are exactly those the metadata's config needs, with its shapes."""
+  specs = {s.hf_name: s.hf_shape for s in hf_layout(cfg)}
+  missing = [n for n in specs if n not in tensors]
+  extra = sorted(n for n in tensors if n not in specs)
+  if missing or extra:
+    which, names = ("is missing", missing) if missing else ("is not used by the model", extra)
+    raise WeightsError(f"{path}: tensor {names[0]!r} (HF name) {which} that the GGUF metadata describes "
+                       f"({cfg.num_layers} layers; {len(missing)} missing, {len(extra)} unused tensors)")
+  for name, shape in specs.items():
+    if tensors[name].shape != shape:
+      raise WeightsError(f"{path}: tensor {name!r} (HF name) has shape {tensors[name].shape} but the "
+                         f"GGUF metadata implies {shape}")
 
 
 def _cache_key(path: str) -> str:
@@ -130,8 +155,14 @@ def convert_gguf(path: str, cache_dir: str | None = None) -> str:
   if os.path.isfile(os.path.join(out_dir, "COMPLETE")):
     return out_dir
   reader = _open(path)
-  cfg = gguf_config(reader, path)
-  tensors = gguf_tensors(reader, cfg, path)
+  try:
+    cfg = gguf_config(reader, path)
+    tensors = gguf_tensors(reader, cfg, path)
+    check_gguf_tensors(cfg, tensors, path)
+  except WeightsError:
+    raise
+  except Exception as e:  # the gguf package raises assorted errors on malformed metadata
+    raise WeightsError(f"{path}: corrupt or unsupported GGUF file ({type(e).__name__}: {e})") from None
   os.makedirs(os.path.dirname(out_dir), exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out_dir))
   try:
@@ -142,8 +173,11 @@ def convert_gguf(path: str, cache_dir: str | None = None) -> str:
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(hf, f, indent=2)
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                        gguf_file=os.path.basename(path))
+    try:
+      tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
+                                          gguf_file=os.path.basename(path))
+    except Exception as e:  # transformers' GGUF tokenizer reader fails deep inside on bad metadata
+      raise WeightsError(f"{path}: the GGUF tokenizer could not be read ({type(e).__name__}: {e})") from None
     tok.save_pretrained(tmp)
     with open(os.path.join(tmp, "COMPLETE"), "w") as f:
       f.write(os.path.abspath(path) + "\n")

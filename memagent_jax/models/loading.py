@@ -9,7 +9,7 @@ import os
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models.config import PRESETS, get_preset
+from memagent_jax.models.config import PRESETS, UnknownModelError, get_preset
 from memagent_jax.models.decoder import Decoder
 from memagent_jax.models.gguf_weights import convert_gguf
 from memagent_jax.models.hf_weights import build_model, load_hf_params, read_hf_config
@@ -66,14 +66,36 @@ def _dtype(dtype):
   return d
 
 
+LOCAL_SOURCES = (f"'{EMBEDDED_DEFAULT}' (embedded), 'random:<preset>', a local model directory "
+                 "(config.json + *.safetensors), or a .gguf file")
+
+
+def _read_tokenizer(model_dir: str):
+  from memagent_jax.tokenization import Tokenizer
+  try:
+    return Tokenizer.from_dir(model_dir)
+  except Exception as e:  # transformers fails deep inside on a corrupt tokenizer file
+    raise WeightsError(f"{model_dir}: the tokenizer files could not be read ({type(e).__name__}: "
+                       f"{e})") from None
+
+
 def _load_hf_dir(model_dir: str, dtype, name: str):
   from memagent_jax.policy import Policy
-  from memagent_jax.tokenization import Tokenizer
   cfg = read_hf_config(model_dir)
   model = build_model(cfg, load_hf_params(model_dir, cfg, dtype), dtype)
   has_tok = any(os.path.isfile(os.path.join(model_dir, f))
                 for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
-  return Policy(model, Tokenizer.from_dir(model_dir) if has_tok else None, name=name)
+  return Policy(model, _read_tokenizer(model_dir) if has_tok else None, name=name)
+
+
+def _load_gguf(path: str, dtype, name: str):
+  """Loads through the cached conversion; a broken cache is named with how to rebuild it."""
+  model_dir = convert_gguf(path)
+  try:
+    return _load_hf_dir(model_dir, dtype, name)
+  except WeightsError as e:
+    raise WeightsError(f"{e} (in the cached conversion of {path}; delete {model_dir} to convert "
+                       "it again)") from None
 
 
 def _download(hub_id: str) -> str:
@@ -81,25 +103,27 @@ def _download(hub_id: str) -> str:
     from huggingface_hub import snapshot_download
     return snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
   except Exception as e:
-    raise WeightsError(f"could not fetch {hub_id!r} from the Hugging Face hub ({type(e).__name__}: "
-                       f"{e}); on an offline machine pass a local model directory or .gguf file") from None
+    offline = type(e).__name__ in ("LocalEntryNotFoundError", "OfflineModeIsEnabled")
+    why = ("no network connection and no copy in the local hub cache" if offline
+           else " ".join(f"{type(e).__name__}: {e}".split()))
+    raise WeightsError(f"cannot download {hub_id!r} from the Hugging Face hub ({why}); no local "
+                       f"directory of that name exists either. Local sources: {LOCAL_SOURCES}") from None
 
 
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(source: str = EMBEDDED_DEFAULT):
   """Only the tokenizer of a model source (embedded default, toy-words, HF dir or .gguf); no weights read.
   Cached per source: building one takes seconds, and tokenizers are read-only."""
-  from memagent_jax.tokenization import Tokenizer
   key = source.lower()
   if key == EMBEDDED_DEFAULT:
-    return Tokenizer.from_dir(convert_gguf(embedded_gguf_path()))
+    return _read_tokenizer(convert_gguf(embedded_gguf_path()))
   if key == TOY_TOKENIZER:
     from memagent_jax.word_tokenizer import toy_tokenizer
     return toy_tokenizer()
   if key.endswith(".gguf"):
-    return Tokenizer.from_dir(convert_gguf(source))
+    return _read_tokenizer(convert_gguf(source))
   if os.path.isdir(source):
-    return Tokenizer.from_dir(source)
+    return _read_tokenizer(source)
   return load_policy(source).tokenizer
 
 
@@ -107,10 +131,13 @@ def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0):
   """Loads a Policy from the embedded default, a preset name, a local HF dir, a .gguf file,
   a hub id, or `random:<preset>` (random weights for tests, benchmarks and the toy world; only
   presets sharing a known vocabulary get a tokenizer)."""
+  if not isinstance(source, (str, os.PathLike)):
+    raise TypeError(f"model source must be a string or path, got {type(source).__name__}")
+  source = os.fspath(source)
   dt = _dtype(dtype)
   key = source.lower()
   if key == EMBEDDED_DEFAULT:
-    return _load_hf_dir(convert_gguf(embedded_gguf_path()), dt, source)
+    return _load_gguf(embedded_gguf_path(), dt, source)
   if key.startswith("random:"):
     from memagent_jax.policy import Policy
     preset = source.split(":", 1)[1].lower()
@@ -121,13 +148,17 @@ def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0):
   if os.path.isdir(source):
     return _load_hf_dir(source, dt, source)
   if key.endswith(".gguf"):
-    return _load_hf_dir(convert_gguf(source), dt, source)
+    return _load_gguf(source, dt, source)
+  if os.path.isfile(source):
+    raise WeightsError(f"model source {source} is a file but not a .gguf file; pass the directory that "
+                       f"holds config.json and *.safetensors (accepted: {LOCAL_SOURCES})")
   if key in HUB_IDS:
     return _load_hf_dir(_download(HUB_IDS[key]), dt, source)
   if os.sep in source and (source.startswith((".", os.sep, "~")) or os.path.exists(os.path.dirname(source))):
     raise FileNotFoundError(f"model source not found: {source}")
   if "/" in source and source.count("/") == 1:
     return _load_hf_dir(_download(source), dt, source)
-  raise KeyError(f"unknown model preset or source {source!r}; known presets: "
-                 f"{', '.join(sorted([EMBEDDED_DEFAULT] + list(HUB_IDS) + ['random:' + p for p in PRESETS]))}"
-                 "; or pass a local HF directory, a .gguf file, or a hub id 'org/name'")
+  raise UnknownModelError(
+      f"unknown model preset or source {source!r} (not a local file or directory either); known presets: "
+      f"{', '.join(sorted([EMBEDDED_DEFAULT] + list(HUB_IDS) + ['random:' + p for p in PRESETS]))}"
+      "; or pass a local HF directory, a .gguf file, or a hub id 'org/name'")

@@ -27,6 +27,26 @@ DTYPES = {
 _NAMES = {v: k for k, v in DTYPES.items()}
 
 
+def _entry_error(entry, data_size: int) -> str | None:
+  """Why a header entry is malformed, or None (checked before any data is read)."""
+  if not isinstance(entry, dict):
+    return f"has a header entry that is a {type(entry).__name__}, not an object"
+  dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+  if not isinstance(dtype, str) or dtype not in DTYPES:
+    return f"has unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})"
+  if not isinstance(shape, list) or not all(type(x) is int and x >= 0 for x in shape):
+    return f"has shape {shape!r}, not a list of non-negative integers"
+  if (not isinstance(offsets, list) or len(offsets) != 2
+      or not all(type(x) is int for x in offsets) or not 0 <= offsets[0] <= offsets[1]):
+    return f"has data_offsets {offsets!r}, not two increasing non-negative integers"
+  begin, end = offsets
+  expected = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype].itemsize
+  if end - begin != expected or end > data_size:
+    return (f"is truncated or corrupt (bytes {begin}..{end}, expected {expected} for shape "
+            f"{tuple(shape)} {dtype}, data section {data_size})")
+  return None
+
+
 def read_header(path: str) -> tuple[dict, int]:
   """Returns (tensor entries by name, byte offset of the data section)."""
   if not os.path.isfile(path):
@@ -43,18 +63,34 @@ def read_header(path: str) -> tuple[dict, int]:
       header = json.loads(f.read(n))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
       raise WeightsError(f"{path}: corrupt safetensors header ({e})") from None
+  if not isinstance(header, dict):
+    raise WeightsError(f"{path}: corrupt safetensors header (a JSON {type(header).__name__}, not an object)")
   header.pop("__metadata__", None)
   data_size = size - 8 - n
   for name, entry in header.items():
-    dtype = DTYPES.get(entry.get("dtype"))
-    if dtype is None:
-      raise WeightsError(f"{path}: tensor {name!r} has unsupported dtype {entry.get('dtype')!r}")
-    begin, end = entry["data_offsets"]
-    expected = int(np.prod(entry["shape"], dtype=np.int64)) * dtype.itemsize
-    if end - begin != expected or end > data_size:
-      raise WeightsError(f"{path}: tensor {name!r} is truncated or corrupt "
-                         f"(bytes {begin}..{end}, expected {expected}, data section {data_size})")
+    why = _entry_error(entry, data_size)
+    if why:
+      raise WeightsError(f"{path}: tensor {name!r} {why}")
   return header, 8 + n
+
+
+def count_nonfinite(a: np.ndarray) -> int:
+  """NaN/Inf values in a float array; one vectorised pass (a sum) when there are none."""
+  if a.dtype.itemsize < 4:  # float16 / bfloat16: accumulate in float64, never overflows
+    total = a.sum(dtype=np.float64)
+  else:  # NaN and +-Inf propagate into the sum; a finite overflow is re-checked exactly below
+    total = a.sum()
+  if np.isfinite(total):
+    return 0
+  return int(a.size - np.count_nonzero(np.isfinite(a)))
+
+
+def check_finite(a: np.ndarray, path: str, name: str):
+  """Raises WeightsError naming the file and tensor when `a` holds NaN or Inf."""
+  bad = count_nonfinite(a)
+  if bad:
+    raise WeightsError(f"{path}: tensor {name!r} has {bad} non-finite values (NaN or Inf) "
+                       f"among its {a.size}; the weights are corrupt")
 
 
 def load_tensors(path: str) -> dict[str, np.ndarray]:
