@@ -33,13 +33,13 @@ class FakeAgent:
   def __init__(self):
     self.calls = []
 
-  def answer_batch(self, questions, documents, temperature, top_p, seed):
-    self.calls.append(seed)
-    out, seen = [], {}
-    for q in questions:
-      j = seen[q] = seen.get(q, -1) + 1
+  def answer_batch(self, questions, documents, temperature, top_p, seed, row_ids):
+    self.calls.append((seed, list(row_ids)))
+    out = []
+    for q, row in zip(questions, row_ids):
       i, words = q[1:].split(":")
-      answer = words.split(",")[j]
+      words = words.split(",")
+      answer = words[row % len(words)]  # row id = question * G + trajectory
       n_mem = 1 + int(i) % 2
       convs = [Conversation(np.arange(1, 4 + t, dtype=np.int32), np.asarray([5, 6, 0], np.int32),
                             np.full(3, -1.0, np.float32), np.zeros(3, np.float32), False, False)
@@ -93,7 +93,8 @@ def test_dynamic_sampling_drops_equal_groups_and_refills():
   out, agent = _collect(cfg, [["0:yes,yes", "1:no,no"], ["2:yes,no", "3:no,no"], ["4:no,yes", "5:yes,no"]])
   assert out.num_questions == 2  # q2 and q4 kept; q5 beyond the step's need is dropped
   assert out.metrics["gen_batches"] == 3 and out.metrics["kept_group_frac"] == pytest.approx(3 / 6)
-  assert len(agent.calls) == 3 and len(set(agent.calls)) == 3  # a fresh seed per generation batch
+  assert len(agent.calls) == 3 and len({seed for seed, _ in agent.calls}) == 3  # a fresh seed per batch
+  assert all(rows == [0, 1, 2, 3] for _, rows in agent.calls)  # row id = question * G + trajectory
   without, _ = _collect(_cfg(), [["0:yes,yes", "1:no,no"]])
   assert without.num_questions == 2  # the knob off keeps zero-signal groups
 

@@ -11,6 +11,7 @@ import dataclasses
 import time
 from typing import Callable, Iterator
 
+import jax
 import numpy as np
 
 from memagent_jax.agent.results import AgentResult, ConversationBatch
@@ -18,6 +19,7 @@ from memagent_jax.registry import Registry
 from memagent_jax.rl import advantages as adv_lib
 from memagent_jax.rl import rewards
 from memagent_jax.rl.batching import TrainRows, rows_from_conversations
+from memagent_jax.rl.process_gather import gather_rows, sum_over_processes, this_process_share
 
 
 def _prediction_or_answer(result: AgentResult) -> str:
@@ -55,7 +57,7 @@ class StepRollout:
   rows: TrainRows | None  # None when no group was kept
   num_questions: int  # kept groups
   metrics: dict[str, float]
-  results: list[AgentResult]  # every trajectory generated (kept or not), for inspection
+  results: list[AgentResult]  # every trajectory this process generated (kept or not), for inspection
 
 
 def _response_tokens(conv, stop_tokens) -> int:
@@ -76,18 +78,22 @@ class RolloutCollector:
       raise ValueError(f"rl.rollout_batch={rl_cfg.rollout_batch} must be a multiple of "
                        f"rl.group_size={rl_cfg.group_size} (a group is never split)")
 
-  def _generate(self, samples: dict, seed_of: Callable[[int], int]) -> list[AgentResult]:
-    """G trajectories per question, in sub-batches of rl.rollout_batch trajectories."""
+  def _generate(self, samples: dict, seed: int) -> tuple[list[AgentResult], slice]:
+    """G trajectories for this process's share of the batch's questions, in agent calls of
+    rl.rollout_batch trajectories over all processes. Trajectory g of question q samples with
+    row id q * G + g under `seed`, so it is the same on any number of devices or processes."""
     g = self.cfg.group_size
-    questions = [q for q in samples["question"] for _ in range(g)]
-    documents = [d for d in samples["context"] for _ in range(g)]
+    mine = this_process_share(len(samples["question"]), "questions of a rollout batch")
+    questions = [samples["question"][q] for q in range(mine.start, mine.stop) for _ in range(g)]
+    documents = [samples["context"][q] for q in range(mine.start, mine.stop) for _ in range(g)]
+    row_ids = [q * g + k for q in range(mine.start, mine.stop) for k in range(g)]
+    step = max(1, self.cfg.rollout_batch // jax.process_count())
     results = []
-    step = self.cfg.rollout_batch
-    for i, start in enumerate(range(0, len(questions), step)):
-      results += self.agent.answer_batch(questions[start:start + step], documents[start:start + step],
-                                         temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                         seed=seed_of(i))
-    return results
+    for start in range(0, len(questions), step):
+      part = slice(start, start + step)
+      results += self.agent.answer_batch(questions[part], documents[part], temperature=self.cfg.temperature,
+                                         top_p=self.cfg.top_p, seed=seed, row_ids=row_ids[part])
+    return results, mine
 
   def _rewards(self, results, answers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(shaped reward, raw score, final answer tokens) per trajectory; shaping (DAPO's overlong
@@ -103,16 +109,20 @@ class RolloutCollector:
 
   def collect(self, batches: Iterator[dict], seed_of: Callable[[int, int], int]) -> StepRollout:
     """Draws question batches until `questions_per_step` groups are kept (dynamic sampling) or
-    the first batch is used as is; seed_of(gen_batch, sub_batch) seeds each agent call."""
+    the first batch is used as is; seed_of(gen_batch, 0) seeds generation batch gen_batch.
+
+    Each process generates its share of every batch; rewards are shared so that every process
+    keeps the same groups, and the rows come together in question order on every process."""
     cfg, g = self.cfg, self.cfg.group_size
     t0 = time.perf_counter()
-    kept_results, kept_rewards = [], []
+    kept, kept_rewards, local = [], [], {}  # kept (gen, q); rewards [G] each; (gen, q) -> results
     all_results, all_scores, all_rewards, all_lengths = [], [], [], []
     groups_seen = gen = 0
     while True:
       samples = next(batches)
-      results = self._generate(samples, lambda sub: seed_of(gen, sub))
-      shaped, scores, lengths = self._rewards(results, samples["answers"])
+      results, mine = self._generate(samples, seed_of(gen, 0))
+      answers = list(samples["answers"])[mine]
+      shaped, scores, lengths = map(gather_rows, self._rewards(results, answers))  # every process's
       all_results += results
       all_scores.append(scores), all_rewards.append(shaped), all_lengths.append(lengths)
       nq = len(samples["question"])
@@ -121,43 +131,70 @@ class RolloutCollector:
         acc = scores[q * g:(q + 1) * g]
         if cfg.dynamic_sampling and np.all(acc == acc[0]):
           continue  # no signal: every trajectory got the same score (DAPO filters on accuracy)
-        kept_results.append(results[q * g:(q + 1) * g])
+        kept.append((gen, q))
         kept_rewards.append(shaped[q * g:(q + 1) * g])
+        if mine.start <= q < mine.stop:
+          local[(gen, q)] = results[(q - mine.start) * g:(q - mine.start + 1) * g]
       gen += 1
-      full = len(kept_results) >= cfg.questions_per_step
+      full = len(kept) >= cfg.questions_per_step
       if not cfg.dynamic_sampling or full:
         break
       if gen > cfg.max_extra_gen_batches:
         if cfg.on_insufficient == "fail":
           raise DynamicSamplingError(
-              f"dynamic sampling kept {len(kept_results)} of the {cfg.questions_per_step} groups a step "
+              f"dynamic sampling kept {len(kept)} of the {cfg.questions_per_step} groups a step "
               f"needs after {gen} generation batches (rl.max_extra_gen_batches={cfg.max_extra_gen_batches}):"
               " every other group had equal rewards; raise max_extra_gen_batches, or set "
               "rl.on_insufficient='proceed' to train on the kept groups")
         break
-    informative = len(kept_results)  # groups with a reward signal, before trimming to the step size
-    kept_results, kept_rewards = kept_results[:cfg.questions_per_step], kept_rewards[:cfg.questions_per_step]
+    informative = len(kept)  # groups with a reward signal, before trimming to the step size
+    kept, kept_rewards = kept[:cfg.questions_per_step], kept_rewards[:cfg.questions_per_step]
     scores, shaped, lengths = map(np.concatenate, (all_scores, all_rewards, all_lengths))
-    memory_lengths = [_response_tokens(c, self.stop_tokens) for r in all_results for c in r.conversations[:-1]]
     metrics = {
         "reward_mean": float(shaped.mean()), "accuracy": float(scores.mean()),
         "kept_group_frac": informative / max(1, groups_seen), "gen_batches": gen,
-        "kept_groups": len(kept_results), "answer_tokens": float(lengths.mean()),
-        "memory_tokens": float(np.mean(memory_lengths)) if memory_lengths else 0.0,
-        "chunks_per_doc": float(np.mean([r.num_chunks for r in all_results])),
-        "truncated_frac": float(np.mean([c.truncated for r in all_results for c in r.conversations])),
-        "rollout_tokens": float(sum(len(c.prompt_ids) + len(c.response_ids)
-                                    for r in all_results for c in r.conversations)),
+        "kept_groups": len(kept), "answer_tokens": float(lengths.mean()),
+        **self._result_metrics(all_results),
+        "perf/rollout_rows_per_process": float(len(all_results)),
         "rollout_seconds": time.perf_counter() - t0,
     }
-    rows = self._rows(kept_results, kept_rewards) if kept_results else None
-    return StepRollout(rows, len(kept_results), metrics, all_results)
+    rows = self._rows(kept, kept_rewards, local) if kept else None
+    return StepRollout(rows, len(kept), metrics, all_results)
 
-  def _rows(self, groups: list[list[AgentResult]], group_rewards: list[np.ndarray]) -> TrainRows:
-    flat = [r for grp in groups for r in grp]
-    reward = np.concatenate(group_rewards)
-    group_ids = np.repeat(np.arange(len(groups)), self.cfg.group_size)
-    traj_adv = self.advantage_fn(reward, group_ids, self.cfg.eps)
-    batch = ConversationBatch.from_results(flat, self.agent.pad_id, self.prompt_width, self.response_width)
-    row_adv = adv_lib.broadcast_to_rows(traj_adv, batch.trajectory)
-    return rows_from_conversations(batch, row_adv, group_ids[batch.trajectory], self.cfg.mask_truncated)
+  def _result_metrics(self, results: list[AgentResult]) -> dict[str, float]:
+    """Means over every process's trajectories of memory length, chunks, truncation, tokens."""
+    memory = [_response_tokens(c, self.stop_tokens) for r in results for c in r.conversations[:-1]]
+    convs = [c for r in results for c in r.conversations]
+    t = sum_over_processes({
+        "memory_tokens": float(sum(memory)), "memory_convs": float(len(memory)),
+        "chunks": float(sum(r.num_chunks for r in results)), "docs": float(len(results)),
+        "truncated": float(sum(c.truncated for c in convs)), "convs": float(len(convs)),
+        "tokens": float(sum(len(c.prompt_ids) + len(c.response_ids) for c in convs))})
+    return {"memory_tokens": t["memory_tokens"] / max(1.0, t["memory_convs"]),
+            "chunks_per_doc": t["chunks"] / max(1.0, t["docs"]),
+            "truncated_frac": t["truncated"] / max(1.0, t["convs"]), "rollout_tokens": t["tokens"]}
+
+  def _rows(self, kept: list[tuple[int, int]], kept_rewards: list[np.ndarray],
+            local: dict[tuple[int, int], list[AgentResult]]) -> TrainRows:
+    """Rows of the kept groups, in kept order on every process: each process batches the groups
+    it generated, then the rows of all processes are gathered and ordered by group."""
+    g = self.cfg.group_size
+    traj_adv = self.advantage_fn(np.concatenate(kept_rewards), np.repeat(np.arange(len(kept)), g),
+                                 self.cfg.eps)  # [K * G]
+    mine = [k for k, key in enumerate(kept) if key in local]
+    width = self.prompt_width + self.response_width
+    if mine:
+      flat = [r for k in mine for r in local[kept[k]]]
+      traj = np.asarray([k * g + j for k in mine for j in range(g)])  # global trajectory index
+      batch = ConversationBatch.from_results(flat, self.agent.pad_id, self.prompt_width, self.response_width)
+      part = rows_from_conversations(batch, traj_adv[traj[batch.trajectory]], traj[batch.trajectory] // g,
+                                     self.cfg.mask_truncated)
+    else:  # this process generated none of the kept groups: it still joins the gather
+      z = lambda *shape, dt=np.float32: np.zeros(shape, dt)
+      part = TrainRows(z(0, width, dt=np.int32), z(0, width, dt=bool), z(0, self.response_width, dt=bool),
+                       z(0, self.response_width), z(0, self.response_width), z(0), z(0, dt=np.int32),
+                       self.prompt_width)
+    fields = [gather_rows(a) for a in (part.tokens, part.valid, part.loss_mask, part.old_logp,
+                                       part.ref_logp, part.advantages, part.question)]
+    order = np.argsort(fields[-1], kind="stable")  # group order; within a group, as generated
+    return TrainRows(*(f[order] for f in fields), self.prompt_width)
