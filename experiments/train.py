@@ -25,12 +25,21 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: config.
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from memagent_jax.checkpointing import CheckpointCorruptError
   from memagent_jax.rl.trainer import Trainer
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   cfg = _CONFIG.value
-  trainer = Trainer(cfg, workdir=_WORKDIR.value)
-  out = trainer.train()
+  try:
+    trainer = Trainer(cfg, workdir=_WORKDIR.value)
+    out = trainer.train()
+  except (ValueError, OSError, FloatingPointError, CheckpointCorruptError) as e:
+    # bad config, missing data or model, a diverged step, no readable checkpoint: one line, exit 2
+    # (the traceback with --verbosity=1)
+    if flags.FLAGS.verbosity >= logging.INFO:
+      raise
+    print(f"train: error: {' '.join(str(e).split())}", file=sys.stderr)
+    sys.exit(2)
   last = out["history"][-1] if out["history"] else {}
   summary = {"step": out["step"], "workdir": trainer.workdir,
              **{k: last[k] for k in ("reward_mean", "accuracy", "kept_group_frac") if k in last}}

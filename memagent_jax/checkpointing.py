@@ -12,6 +12,8 @@ place and `commit_success.txt` last. Orbax's own listing only checks the name on
 disks, so a copied or half-synced `<step>/` would load. We count a step as complete only if
 its name is a plain integer AND it holds `commit_success.txt`; every other step directory
 is skipped with a warning, and the writer removes such leftovers before its next save.
+A complete step that does not read back (damaged files) is skipped by the trainer's restore
+with one warning, and renamed `<step>.unreadable` before the next save.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from memagent_jax.orbax_quiet import one_line, quiet_orbax
+
 log = logging.getLogger(__name__)
 
 COMMIT_FILE = "commit_success.txt"  # orbax.checkpoint._src.path.atomicity_types.COMMIT_SUCCESS_FILE
@@ -44,7 +48,6 @@ class CheckpointCorruptError(RuntimeError):
   """A committed step could not be read back (truncated or garbled files)."""
 
 
-# --- PRNG keys and nnx params --------------------------------------------------------
 def key_to_data(key) -> jax.Array:
   """uint32 data of a typed key (`jax.random.key`) or a raw uint32 key, for checkpoints."""
   if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
@@ -92,12 +95,16 @@ def _key_name(k) -> str:
   return str(k)
 
 
+def leaf_name(path) -> str:
+  """'params/layers/0/attn/q/kernel' for a jax tree path."""
+  return "/".join(_key_name(k) for k in path)
+
+
 def _flat_shapes(tree) -> dict[str, tuple]:
   """'a/b/0/c' -> shape for every leaf; int, str, attribute and index keys all print alike,
   so a target with namedtuples and int keys matches orbax's metadata (dicts, lists, str keys)."""
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {"/".join(_key_name(k) for k in path): tuple(v.shape) if hasattr(v, "shape") else np.shape(v)
-          for path, v in flat}
+  return {leaf_name(path): tuple(v.shape) if hasattr(v, "shape") else np.shape(v) for path, v in flat}
 
 
 def _check_tree(stored: dict[str, tuple], target, where: str):
@@ -163,8 +170,10 @@ class Checkpointer:
         max_to_keep=keep, save_interval_steps=save_interval_steps,
         enable_async_checkpointing=async_save, create=False)  # created lazily by the first save
     handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
-    self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    with quiet_orbax():  # it reads every step's own metadata file; a damaged one is ours to report
+      self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
     self._warned: set[str] = set()
+    self._unreadable: set[int] = set()  # committed steps a restore found damaged; set aside before a save
 
   # listing
   def _scan(self) -> tuple[list[int], list[epath.Path]]:
@@ -210,22 +219,31 @@ class Checkpointer:
       if jax.dtypes.issubdtype(getattr(leaf, "dtype", np.dtype(np.float32)), jax.dtypes.prng_key):
         raise ValueError("typed PRNG keys cannot be checkpointed; store key_to_data(key)")
     self._mngr.wait_until_finished()  # nothing of ours in flight while we clean up
-    self._remove_incomplete(step)
+    self._clean_up(step)
     return self._mngr.save(step, force=force, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 
-  def _remove_incomplete(self, step: int):
-    """Deletes leftovers of interrupted saves; else orbax counts a stale `<step>/` as the
-    latest checkpoint and silently skips every save up to it."""
+  def _clean_up(self, step: int):
+    """Before a save: deletes leftovers of interrupted saves and renames damaged steps a restore
+    skipped to `<step>.unreadable[-n]` (kept for inspection); else orbax counts a stale `<step>/`
+    as the latest checkpoint and silently skips every save up to it."""
     _, incomplete = self._scan()
+    bad = [self.step_dir(s) for s in sorted(self._unreadable)]
     if jax.process_index() == 0:
       for p in incomplete:
         log.warning("removing unfinished checkpoint directory %s", p)
         p.rmtree(missing_ok=True)
+      for p in filter(lambda p: p.exists(), bad):
+        dst, n = self.directory / f"{p.name}.unreadable", 1
+        while dst.exists():
+          dst, n = self.directory / f"{p.name}.unreadable-{n}", n + 1
+        p.rename(dst)
+        log.warning("moved unreadable checkpoint %s aside to %s", p, dst.name)
     if jax.process_count() > 1:
       ocp.multihost.sync_global_processes(f"memagent_checkpoint_cleanup_{step}")
-    if incomplete:
+    if incomplete or bad:
       self._mngr.reload()
+    self._unreadable.clear()
 
   def wait(self):
     """Blocks until the last async save is on disk (re-raises its error, if any)."""
@@ -257,12 +275,13 @@ class Checkpointer:
 
   def _read(self, step: int, what: str, fn):
     try:
-      return fn()
+      with quiet_orbax():
+        return fn()
     except (CheckpointMismatchError, FileNotFoundError):
       raise
     except Exception as e:  # orbax / tensorstore / json errors from a damaged step
       raise CheckpointCorruptError(f"checkpoint {self.step_dir(step)} could not be read ({what}); "
-                                   f"it may be corrupt: {type(e).__name__}: {e}") from e
+                                   f"it may be corrupt: {type(e).__name__}: {one_line(e)}") from e
 
   def restore_meta(self, step: int | None = None) -> tuple[int, dict]:
     """(step, meta) of a complete step (latest if None), without reading any array."""
@@ -274,7 +293,11 @@ class Checkpointer:
   def _state_metadata(self, step: int):
     """The stored state tree with orbax ArrayMetadata leaves (shape, dtype); no array read."""
     md = self._read(step, "metadata", lambda: self._mngr.item_metadata(step)["state"])
-    return getattr(md, "tree", md)
+    md = getattr(md, "tree", md)
+    if not jax.tree.leaves(md):
+      raise CheckpointCorruptError(f"checkpoint {self.step_dir(step)} could not be read (metadata); "
+                                   "it may be corrupt: its state holds no arrays")
+    return md
 
   def stored_shapes(self, step: int) -> dict[str, tuple]:
     """'params/layers/0/attn/k' -> shape of every stored state leaf."""
@@ -298,6 +321,23 @@ class Checkpointer:
     out = self._read(step, "state", lambda: self._mngr.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))))
     return out["state"], meta
+
+  def restore_newest_readable(self, target=None, expect_model_config=None):
+    """(step, state, meta) of the newest step that reads back: a damaged newer step is skipped
+    with one warning line (and set aside before the next save); a model mismatch still raises."""
+    self._resolve(None)  # FileNotFoundError when there is no complete step
+    steps, errors = self.all_steps(), []
+    for step in reversed(steps):
+      try:
+        state, meta = self.restore(step, target, expect_model_config)
+      except CheckpointCorruptError as e:
+        self._unreadable.add(step)
+        errors.append(e)
+        log.warning("skipping unreadable checkpoint step %d, trying the previous one: %s", step, one_line(e))
+        continue
+      return step, state, meta
+    raise CheckpointCorruptError(f"no readable checkpoint in {self.directory}: every complete step "
+                                 f"({', '.join(map(str, steps))}) failed to read; newest: {errors[0]}")
 
   def restore_params(self, target, step: int | None = None, expect_model_config=None):
     """(state["params"], meta): reads only the params arrays (orbax partial restore)."""

@@ -186,42 +186,114 @@ def test_export_cli_matches_transformers(tmp_path, capsys):
   np.testing.assert_allclose(torch_logits(str(out), ids), ours, atol=1e-4)
 
 
-def test_clear_errors(tmp_path):
+def cli_error(capsys, argv) -> str:
+  """Runs the CLI expecting it to exit with one error line on stderr; returns that line."""
+  with pytest.raises(SystemExit) as e:
+    cli.main(argv)
+  err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[memagent]")]
+  assert e.value.code and len(err) == 1 and "Traceback" not in err[0], err
+  return err[0]
+
+
+def test_clear_errors(tmp_path, capsys):
   missing = tmp_path / "nope"
   with pytest.raises(FileNotFoundError, match=f"checkpoint directory not found: {missing}"):
     ck.Checkpointer(missing).restore()
   assert not missing.exists()  # reading never creates the directory
-  with pytest.raises(SystemExit, match=f"memagent: checkpoint directory not found: {missing}"):
-    cli.main(["export", "--ckpt", str(missing), "--out", str(tmp_path / "hf")])
+  assert f"checkpoint directory not found: {missing}" in cli_error(
+      capsys, ["export", "--ckpt", str(missing), "--out", str(tmp_path / "hf")])
   empty = tmp_path / "empty"
   (empty / ("4" + ck.TMP_SUFFIX)).mkdir(parents=True)
   c = ck.Checkpointer(empty)
   assert c.latest_step() is None and c.all_steps() == []
   with pytest.raises(FileNotFoundError, match=f"no complete checkpoint in {empty}"):
     c.restore()
-  with pytest.raises(SystemExit, match=f"memagent: no complete checkpoint in {empty}"):
-    cli.main(["export", "--ckpt", str(empty), "--out", str(tmp_path / "hf")])
+  with pytest.raises(FileNotFoundError, match=f"no complete checkpoint in {empty}"):
+    c.restore_newest_readable()
+  assert f"no complete checkpoint in {empty}" in cli_error(
+      capsys, ["export", "--ckpt", str(empty), "--out", str(tmp_path / "hf")])
   with pytest.raises(TypeError, match="JSON-serialisable"):
     c.save(1, {"x": jnp.ones(2)}, {"bad": object()})
   with pytest.raises(ValueError, match="key_to_data"):
     c.save(1, {"rng": jax.random.key(0)}, {})
 
 
-def test_corrupt_checkpoint_names_the_step(tmp_path):
+def _data_files(step_dir):
+  return [os.path.join(r, f) for r, _, fs in os.walk(step_dir / "state") for f in fs
+          if os.path.basename(r) == "d"]
+
+
+def test_corrupt_checkpoint_names_the_step(tmp_path, capsys):
   _, state, meta = make_state()
   with ck.Checkpointer(tmp_path) as c:
     c.save(2, state, meta)
-  data_files = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path / "2" / "state")
-                for f in fs if os.path.basename(r) == "d"]
+  data_files = _data_files(tmp_path / "2")
   assert data_files
   for f in data_files:
     with open(f, "r+b") as fh:
       fh.truncate(os.path.getsize(f) // 2)
   c = ck.Checkpointer(tmp_path)
-  with pytest.raises(ck.CheckpointCorruptError, match=f"checkpoint {tmp_path / '2'} could not be read"):
+  with pytest.raises(ck.CheckpointCorruptError, match=f"checkpoint {tmp_path / '2'} could not be read") as e:
     c.restore(target=jax.eval_shape(lambda: state))
-  with pytest.raises(SystemExit, match=f"memagent: checkpoint {tmp_path / '2'} could not be read"):
-    cli.main(["export", "--ckpt", str(tmp_path), "--out", str(tmp_path / "hf")])
+  assert "\n" not in str(e.value)
+  with pytest.raises(ck.CheckpointCorruptError, match=f"no readable checkpoint in {tmp_path}: every complete "
+                     r"step \(2\) failed to read; newest: checkpoint"):
+    c.restore_newest_readable(target=jax.eval_shape(lambda: state))
+  assert f"checkpoint {tmp_path / '2'} could not be read" in cli_error(
+      capsys, ["export", "--ckpt", str(tmp_path), "--out", str(tmp_path / "hf")])
+
+
+def _garble(path):
+  data = bytearray(open(path, "rb").read())
+  rng = np.random.default_rng(0)
+  open(path, "wb").write(bytes(rng.integers(0, 256, len(data), dtype=np.uint8)))
+
+
+def _corrupt(step_dir, how):
+  """What a half-written or damaged copy of a committed step looks like."""
+  state_files = [os.path.join(r, f) for r, _, fs in os.walk(step_dir / "state") for f in fs]
+  if how == "truncate_all":
+    for f in state_files:
+      with open(f, "r+b") as fh:
+        fh.truncate(os.path.getsize(f) // 2)
+  elif how == "delete_arrays":
+    for f in _data_files(step_dir):
+      os.remove(f)
+  elif how == "garble_largest_array":
+    _garble(max(_data_files(step_dir), key=os.path.getsize))
+  elif how == "garble_meta_json":
+    (step_dir / "meta" / "metadata").write_text('{"data_position": {"ep')
+  elif how == "empty_state":
+    shutil.rmtree(step_dir / "state")
+    (step_dir / "state").mkdir()
+
+
+@pytest.mark.parametrize("how", ["truncate_all", "delete_arrays", "garble_largest_array", "garble_meta_json",
+                                 "empty_state"])
+def test_unreadable_newest_step_falls_back_with_one_warning(tmp_path, how, caplog, capfd):
+  states = {}
+  with ck.Checkpointer(tmp_path) as c:
+    for step in (1, 2):
+      _, states[step], meta = make_state(seed=step, step=step)
+      c.save(step, states[step], meta)
+  _corrupt(tmp_path / "2", how)
+  capfd.readouterr()
+  c = ck.Checkpointer(tmp_path)
+  with caplog.at_level(logging.INFO):
+    step, restored, restored_meta = c.restore_newest_readable(target=jax.eval_shape(lambda: states[1]))
+  assert step == 1 and restored_meta["data_position"]["index"] == 43
+  assert_trees_equal(restored, states[1])
+  records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+  assert len(records) == 1 and records[0].name == ck.__name__, [r.getMessage() for r in records]
+  line = records[0].getMessage()
+  assert "\n" not in line and "step 2" in line and str(tmp_path / "2") in line
+  assert capfd.readouterr().err == ""  # nothing from orbax or tensorstore on stderr
+  # the next save of step 2 sets the damaged one aside instead of being skipped by orbax
+  assert c.save(2, states[2], meta)
+  c.wait()
+  assert c.all_steps() == [1, 2] and (tmp_path / "2.unreadable").is_dir()
+  assert_trees_equal(c.restore(target=jax.eval_shape(lambda: states[2]))[0], states[2])
+  c.close()
 
 
 def test_relative_directory_is_accepted(tmp_path, monkeypatch):

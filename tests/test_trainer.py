@@ -1,6 +1,7 @@
 """The training loop: metrics, bad configs, NaN stopping, knobs, and SIGKILL resume (bit exact)."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -78,9 +79,49 @@ def test_consecutive_non_finite_updates_stop_training(tmp_path, monkeypatch):
   monkeypatch.setattr(upd, "update_step", poisoned)
   t = trainer_lib.Trainer(tiny(**{"train.steps": 5, "train.max_nan_steps": 3}), workdir=str(tmp_path))
   before = _leaves(t.state.params)
-  with pytest.raises(trainer_lib.NonFiniteLossError, match="3 consecutive updates"):
+  with pytest.raises(trainer_lib.NonFiniteLossError, match=r"step 2: 3 consecutive updates .*loss=nan"):
     t.train()
   assert all(np.array_equal(a, b) for a, b in zip(before, _leaves(t.state.params)))  # all skipped
+  assert checkpointing.Checkpointer(str(tmp_path / "checkpoints")).all_steps() == [1]  # nothing of step 2
+
+
+def test_non_finite_params_stop_the_run_before_their_checkpoint(tmp_path, monkeypatch):
+  """A NaN learning rate (validation bypassed) gives finite losses and gradients but NaN params:
+  the run stops at that step, naming it and a param leaf, and writes no checkpoint of it."""
+  real = trainer_lib.lr_at
+  monkeypatch.setattr(trainer_lib, "lr_at", lambda o, step, total: float("nan") if step >= 1 else real(o, step, total))
+  t = trainer_lib.Trainer(tiny(**{"train.steps": 3, "train.save_every": 1}), workdir=str(tmp_path))
+  with pytest.raises(trainer_lib.NonFiniteStateError, match=r"step 2: \d+ leaves .* not finite \(params/embed"):
+    t.train()
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
+  assert ckpt.all_steps() == [1] and not (tmp_path / "checkpoints" / "2").exists()
+  restored, _ = ckpt.restore()
+  assert all(np.isfinite(x).all() for x in _leaves(restored))
+  t.state.step = 2  # save_state itself refuses a non-finite state
+  with pytest.raises(trainer_lib.NonFiniteStateError, match="step 2"):
+    trainer_lib.save_state(t)
+
+
+def test_resume_skips_an_unreadable_newest_checkpoint(tmp_path, caplog):
+  trainer_lib.Trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path)).train()
+  ckpt_dir = tmp_path / "checkpoints"
+  one, _ = checkpointing.Checkpointer(str(ckpt_dir)).restore(step=1)
+  for root, _, files in os.walk(ckpt_dir / "2" / "state"):  # a half-written copy of step 2
+    for f in files:
+      with open(os.path.join(root, f), "r+b") as fh:
+        fh.truncate(os.path.getsize(os.path.join(root, f)) // 3)
+  with caplog.at_level(logging.INFO):
+    t = trainer_lib.Trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path))
+  warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+  assert "step 2" in warnings[0] and str(ckpt_dir / "2") in warnings[0]
+  assert t.state.step == 1
+  assert all(np.array_equal(a, b) for a, b in zip(_leaves(one["params"]), _leaves(t.state.params)))
+  t.train()  # re-runs step 2 and saves it; the damaged copy is kept aside
+  assert checkpointing.Checkpointer(str(ckpt_dir)).all_steps() == [1, 2]
+  assert (ckpt_dir / "2.unreadable").is_dir()
+  steps_logged = [json.loads(l)["step"] for l in open(tmp_path / "logs" / "metrics.jsonl")]
+  assert steps_logged == [1, 2]
 
 
 def test_recompute_old_logprobs_knob(tmp_path, monkeypatch):

@@ -1,25 +1,144 @@
-"""Up-front validation of a training config: every bad combination fails before any work,
-with a message naming the field and the limit."""
+"""Up-front validation of a training config: every bad value or combination fails before any
+work, with a message naming the key, the value and the allowed range."""
 
 from __future__ import annotations
+
+import math
+import numbers
+
+# (key, integer, low, high, low open, high open, extra allowed values, why): every numeric field of
+# configs/base.py. None = unbounded. `_walk` also rejects a non-finite number under any other key.
+_INF = None  # no upper bound
+RANGES = (
+    ("model.seed", True, 0, _INF, False, False, (), ""),
+    ("agent.chunk_tokens", True, 1, _INF, False, False, (), ""),
+    ("agent.memory_tokens", True, 1, _INF, False, False, (), ""),
+    ("agent.answer_tokens", True, 1, _INF, False, False, (), ""),
+    ("agent.question_tokens", True, 1, _INF, False, False, (), ""),
+    ("agent.block_chunks", True, 1, _INF, False, False, (), ""),
+    ("agent.max_chunks", True, 0, _INF, False, False, (), " (0 = read everything)"),
+    ("agent.context_tokens", True, 0, _INF, False, False, (), " (0 = the model's window)"),
+    ("data.length", True, 1, _INF, False, False, (), ""),
+    ("data.train_size", True, 1, _INF, False, False, (), ""),
+    ("data.seed", True, 0, _INF, False, False, (), ""),
+    ("rl.group_size", True, 1, _INF, False, False, (), ""),
+    ("rl.questions_per_step", True, 1, _INF, False, False, (), ""),
+    ("rl.ppo_mini_batch", True, 1, _INF, False, False, (), ""),
+    ("rl.micro_batches", True, 1, _INF, False, False, (), ""),
+    ("rl.rollout_batch", True, 1, _INF, False, False, (), ""),
+    ("rl.temperature", False, 0, _INF, True, False, (), ""),
+    ("rl.top_p", False, 0, 1, True, False, (), ""),
+    ("rl.eps", False, 0, _INF, False, False, (), ""),
+    ("rl.clip_low", False, 0, 1, False, True, (), ""),
+    ("rl.clip_high", False, 0, _INF, False, False, (), ""),
+    ("rl.clip_c", False, 1, _INF, True, False, (0,), " (or 0 to disable the dual clip)"),
+    ("rl.kl_coef", False, 0, _INF, False, False, (), ""),
+    ("rl.entropy_coef", False, 0, _INF, False, False, (), ""),
+    ("rl.max_extra_gen_batches", True, 0, _INF, False, False, (), ""),
+    ("rl.overlong.max_tokens", True, 1, _INF, False, False, (), ""),
+    ("rl.overlong.cache_tokens", True, 0, _INF, False, False, (), ""),
+    ("optim.lr", False, 0, _INF, True, False, (), ""),
+    ("optim.warmup_steps", True, 0, _INF, False, False, (), ""),
+    ("optim.min_lr_ratio", False, 0, 1, False, False, (), ""),
+    ("optim.weight_decay", False, 0, _INF, False, False, (), ""),
+    ("optim.grad_clip", False, 0, _INF, True, False, (0,), " (or 0 to disable clipping)"),
+    ("optim.b1", False, 0, 1, False, True, (), ""),
+    ("optim.b2", False, 0, 1, False, True, (), ""),
+    ("optim.eps", False, 0, _INF, True, False, (), " (it guards AdamW's division by sqrt(nu))"),
+    ("train.steps", True, 1, _INF, False, False, (), ""),
+    ("train.seed", True, 0, _INF, False, False, (), ""),
+    ("train.save_every", True, 1, _INF, False, False, (), ""),
+    ("train.keep_checkpoints", True, 1, _INF, False, False, (), ""),
+    ("train.log_every", True, 1, _INF, False, False, (), ""),
+    ("train.max_nan_steps", True, 1, _INF, False, False, (), ""),
+    ("eval.every", True, 0, _INF, False, False, (), " (0 = off)"),
+    ("eval.size", True, 0, _INF, False, False, (), ""),
+    ("eval.seed", True, 0, _INF, False, False, (), ""),
+    ("eval.length", True, 0, _INF, False, False, (), " (0 = the training length)"),
+    ("eval.temperature", False, 0, _INF, False, False, (), " (0 = greedy)"),
+    ("eval.top_p", False, 0, 1, True, False, (), ""),
+    ("eval.batch_size", True, 1, _INF, False, False, (), ""),
+    ("mesh.data", True, 1, _INF, False, False, (-1,), " (or -1 for the remaining devices)"),
+    ("mesh.fsdp", True, 1, _INF, False, False, (-1,), " (or -1 for the remaining devices)"),
+    ("mesh.tensor", True, 1, _INF, False, False, (-1,), " (or -1 for the remaining devices)"),
+    ("distributed.num_processes", True, 0, _INF, False, False, (), " (0 = from JAX_NUM_PROCESSES)"),
+    ("distributed.process_id", True, 0, _INF, False, False, (-1,), " (or -1 for JAX_PROCESS_ID)"),
+)
+BOOLS = ("model.remat", "rl.recompute_old_logprobs", "rl.dynamic_sampling", "rl.mask_truncated",
+         "rl.overlong.enable", "teacher.prompt_loss", "train.async_checkpoint", "train.progress")
 
 
 def _fail(msg: str):
   raise ValueError(f"config: {msg}")
 
 
+def _get(cfg, key: str):
+  node = cfg
+  for part in key.split("."):
+    node = node[part]
+  return node
+
+
+def _range_text(integer, low, high, low_open, high_open) -> str:
+  kind = "an integer" if integer else "a finite number"
+  if high is None:
+    return f"{kind} {'>' if low_open else '>='} {low}"
+  return f"{kind} in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def check_range(key, value, integer, low, high, low_open=False, high_open=False, allowed=(), why=""):
+  """Raises ValueError naming key, value and range unless value is a finite number in range."""
+  text = _range_text(integer, low, high, low_open, high_open) + why
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    _fail(f"{key}={value!r} must be {text}")
+  if value in allowed:
+    return
+  if not math.isfinite(value) or (integer and value != int(value)):
+    _fail(f"{key}={value!r} must be {text}")
+  below = value < low or (low_open and value == low)
+  above = high is not None and (value > high or (high_open and value == high))
+  if below or above:
+    _fail(f"{key}={value!r} must be {text}")
+
+
+def _walk(node, prefix=""):
+  """Every non-finite float anywhere in the config (teacher.options, sweeps' extra keys)."""
+  items = node.items() if hasattr(node, "items") else ()
+  for k, v in items:
+    key = f"{prefix}{k}"
+    if hasattr(v, "items"):
+      _walk(v, key + ".")
+    elif isinstance(v, float) and not math.isfinite(v):
+      _fail(f"{key}={v!r} must be a finite number")
+
+
+def check_numbers(cfg):
+  """Every numeric key finite and in its range; booleans are booleans."""
+  for key, integer, low, high, low_open, high_open, allowed, why in RANGES:
+    check_range(key, _get(cfg, key), integer, low, high, low_open, high_open, allowed, why)
+  for key in BOOLS:
+    if not isinstance(_get(cfg, key), bool):
+      _fail(f"{key}={_get(cfg, key)!r} must be True or False")
+  _walk(cfg)
+  mesh = [cfg.mesh[a] for a in ("data", "fsdp", "tensor")]
+  if mesh.count(-1) > 1:
+    _fail(f"mesh data={mesh[0]}, fsdp={mesh[1]}, tensor={mesh[2]}: at most one axis may be -1")
+  d = cfg.distributed
+  if d.num_processes and d.process_id >= d.num_processes:
+    _fail(f"distributed.process_id={d.process_id} must be in [0, distributed.num_processes={d.num_processes})")
+  if cfg.eval.every and cfg.eval.size < 1:
+    _fail(f"eval.size={cfg.eval.size} must be an integer >= 1 when eval.every={cfg.eval.every}")
+
+
 def validate_config(cfg):
-  """Raises ValueError for settings that cannot work together (model-dependent checks, such as
-  the context budget, happen when the agent is built)."""
+  """Raises ValueError for bad values or settings that cannot work together (model-dependent
+  checks, such as the context budget, happen when the agent is built)."""
   from memagent_jax.rl import advantages, losses, rollout
   from memagent_jax.rl.optim import SCHEDULES
-  rl = cfg.rl
-  for name in ("group_size", "questions_per_step", "ppo_mini_batch", "micro_batches", "rollout_batch"):
-    if int(rl[name]) < 1:
-      _fail(f"rl.{name}={rl[name]} must be >= 1")
+  check_numbers(cfg)
+  rl, t = cfg.rl, cfg.train
   if rl.advantage not in advantages.ADVANTAGES:
     _fail(f"rl.advantage={rl.advantage!r}; known: {sorted(advantages.ADVANTAGES)}")
-  t = cfg.train
   if t.source not in ("rollout", "teacher"):
     _fail(f"train.source={t.source!r}; choose 'rollout' (RL) or 'teacher' (supervised)")
   if (t.source == "teacher") != (rl.loss == "sft"):
@@ -52,36 +171,18 @@ def validate_config(cfg):
           "temperature-1 log-probs, not those of the distribution that sampled")
   if rl.advantage == "grpo" and rl.eps <= 0:
     _fail(f"rl.eps={rl.eps} must be > 0 with rl.advantage='grpo' (it guards the division by the std)")
-  if not 0 <= rl.clip_low < 1:
-    _fail(f"rl.clip_low={rl.clip_low} must be in [0, 1)")
-  if rl.clip_c and rl.clip_c <= 1:
-    _fail(f"rl.clip_c={rl.clip_c} must be > 1 (or 0 to disable the dual clip)")
-  if rl.clip_low < 0 or rl.clip_high < 0:
-    _fail(f"rl.clip_low/clip_high must be >= 0; got {rl.clip_low}/{rl.clip_high}")
   if rl.reward not in rollout.REWARD_FNS:
     _fail(f"rl.reward={rl.reward!r}; known: {sorted(rollout.REWARD_FNS)}")
   if rl.on_insufficient not in ("fail", "proceed"):
     _fail(f"rl.on_insufficient={rl.on_insufficient!r}; choose 'fail' or 'proceed'")
-  if rl.max_extra_gen_batches < 0:
-    _fail(f"rl.max_extra_gen_batches={rl.max_extra_gen_batches} must be >= 0")
   if rl.overlong.enable and not 0 < rl.overlong.cache_tokens <= rl.overlong.max_tokens:
     _fail(f"rl.overlong needs 0 < cache_tokens <= max_tokens; got {rl.overlong.cache_tokens}, "
           f"{rl.overlong.max_tokens}")
   if rl.overlong.enable and rl.overlong.max_tokens > cfg.agent.answer_tokens:
     _fail(f"rl.overlong.max_tokens={rl.overlong.max_tokens} exceeds agent.answer_tokens="
           f"{cfg.agent.answer_tokens}: no answer can be that long, so the penalty could never reach -1")
-  if not 0 < rl.top_p <= 1 or rl.temperature <= 0:
-    _fail(f"rollouts need rl.temperature > 0 and 0 < rl.top_p <= 1; got {rl.temperature}, {rl.top_p}")
-  o = cfg.optim
-  if o.schedule not in SCHEDULES:
-    _fail(f"optim.schedule={o.schedule!r}; choose one of {SCHEDULES}")
-  if o.lr <= 0:
-    _fail(f"optim.lr={o.lr} must be > 0")
-  for name in ("steps", "save_every", "keep_checkpoints", "log_every", "max_nan_steps"):
-    if int(t[name]) < 1:
-      _fail(f"train.{name}={t[name]} must be >= 1")
-  if cfg.eval.every < 0 or (cfg.eval.every and cfg.eval.size < 1):
-    _fail(f"eval.every={cfg.eval.every} needs eval.size >= 1 (got {cfg.eval.size})")
+  if cfg.optim.schedule not in SCHEDULES:
+    _fail(f"optim.schedule={cfg.optim.schedule!r}; choose one of {SCHEDULES}")
   if cfg.data.train_size < rl.questions_per_step:
     _fail(f"data.train_size={cfg.data.train_size} is smaller than one step's rl.questions_per_step="
           f"{rl.questions_per_step}")

@@ -1,18 +1,23 @@
 """What a training run carries from step to step, and its checkpoint round trip.
 
 TrainState = params, optimizer state, reference params (only when KL is on), step, PRNG key;
-the data position and the model's description travel beside it as JSON metadata.
+the data position and the model's description travel beside it as JSON metadata. Step and key
+are saved as arrays replicated over the mesh (orbax refuses host-local arrays with several
+processes); only finite states are saved, and a damaged newest step falls back to the previous.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax import checkpointing, parallel
 from memagent_jax.models import loading
@@ -33,13 +38,58 @@ def _model_meta(trainer) -> dict:
               tokenizer_source=loading.tokenizer_source(source))
 
 
-def _tree(st: TrainState) -> dict:
+class NonFiniteStateError(FloatingPointError):
+  """Params or optimizer state hold NaN/inf: the run stops and no checkpoint of it is written."""
+
+
+def _replicated(x, mesh) -> jax.Array:
+  """A host value (identical on every process) as a global array replicated over `mesh`."""
+  host = np.asarray(x)
+  return jax.make_array_from_callback(host.shape, NamedSharding(mesh, PartitionSpec()), lambda i: host[i])
+
+
+def _local(x) -> np.ndarray:
+  """This process's copy of a replicated (possibly multi-process) array."""
+  return np.asarray(x.addressable_data(0))
+
+
+def _tree(st: TrainState, mesh) -> dict:
   """The checkpointed pytree (the checkpointer stores nnx.State nodes as plain dicts)."""
-  tree = {"params": st.params, "opt_state": st.opt_state, "step": jnp.asarray(st.step, jnp.int32),
-          "rng": st.rng}
+  tree = {"params": st.params, "opt_state": st.opt_state, "step": _replicated(np.int32(st.step), mesh),
+          "rng": _replicated(st.rng, mesh)}
   if st.ref_params is not None:
     tree["ref_params"] = st.ref_params
   return tree
+
+
+@functools.lru_cache(maxsize=8)
+def _finite_flags(mesh):
+  """Jitted tuple of arrays -> [n] bool (each leaf all finite), replicated so every process reads it."""
+  return jax.jit(lambda xs: jnp.stack([jnp.all(jnp.isfinite(x)) for x in xs]),
+                 out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
+def nonfinite_leaves(tree, mesh) -> list[str]:
+  """Names ('params/layers/0/attn/q') of the float leaves of `tree` holding a NaN or inf."""
+  flat = [(checkpointing.leaf_name(path), x) for path, x in
+          jax.tree_util.tree_flatten_with_path(checkpointing._to_pure(tree))[0]
+          if jnp.issubdtype(getattr(x, "dtype", np.int32), jnp.inexact)]
+  if not flat:
+    return []
+  flags = _local(_finite_flags(mesh)(tuple(x for _, x in flat)))
+  return [name for (name, _), ok in zip(flat, flags) if not ok]
+
+
+def check_finite(trainer, step: int):
+  """Raises NonFiniteStateError naming `step` and the first non-finite params / optimizer leaves."""
+  st = trainer.state
+  bad = nonfinite_leaves({"params": st.params, "opt_state": st.opt_state}, trainer.mesh)
+  bad.sort(key=lambda name: not name.startswith("params/"))  # params first: they are what broke
+  if bad:
+    names = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+    raise NonFiniteStateError(f"step {step}: {len(bad)} leaves of the params / optimizer state are not finite "
+                              f"({names}); stopping without saving this step. A NaN/inf learning rate or "
+                              "optimizer setting, or an overflowing update (lower optim.lr)?")
 
 
 def restore_or_init(trainer):
@@ -57,12 +107,14 @@ def restore_or_init(trainer):
   state = TrainState(params, opt_state, ref_params, 0, rng)
   if ckpt.latest_step() is None:
     return state, ckpt
-  live = _tree(state)
-  restored, meta = ckpt.restore(target=live, expect_model_config=_model_meta(trainer)["model_config"])
+  live = _tree(state, trainer.mesh)
+  _, restored, meta = ckpt.restore_newest_readable(target=live,
+                                                   expect_model_config=_model_meta(trainer)["model_config"])
   # the checkpoint holds plain dicts where the live tree has nnx.State nodes; the leaves come back
   # in the target's order (and shardings), so they refill the live structure exactly
   tree = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(live), jax.tree_util.tree_leaves(restored))
-  state = TrainState(tree["params"], tree["opt_state"], tree.get("ref_params"), int(tree["step"]), tree["rng"])
+  state = TrainState(tree["params"], tree["opt_state"], tree.get("ref_params"), int(_local(tree["step"])),
+                     jnp.asarray(_local(tree["rng"])))  # the key goes back to a host-local array
   trainer.batches.set_state(meta["data_state"])
   _truncate_metrics(trainer, state.step)
   logging.info("resumed from step %d in %s", state.step, ckpt.directory)
@@ -70,11 +122,12 @@ def restore_or_init(trainer):
 
 
 def save_state(trainer):
-  """Asynchronous save of everything a bit-exact resume needs."""
+  """Asynchronous save of everything a bit-exact resume needs; never of a non-finite state."""
   st = trainer.state
+  check_finite(trainer, st.step)
   meta = dict(_model_meta(trainer), data_state=trainer.batches.get_state(), step=st.step,
               config=trainer.cfg.to_json_best_effort())
-  trainer.checkpointer.save(st.step, _tree(st), meta)
+  trainer.checkpointer.save(st.step, _tree(st, trainer.mesh), meta)
 
 
 def _truncate_metrics(trainer, step: int):

@@ -24,17 +24,19 @@ from memagent_jax.rl.metrics import MetricWriter
 from memagent_jax.rl.optim import lr_at, make_optimizer, set_learning_rate
 from memagent_jax.rl.rollout import RolloutCollector
 from memagent_jax.rl.teacher_rows import TeacherCollector
-from memagent_jax.rl.train_state import TrainState, restore_or_init, save_state
+from memagent_jax.rl.train_state import (NonFiniteStateError, TrainState, check_finite,  # noqa: F401
+                                         restore_or_init, save_state)
 
 
 class NonFiniteLossError(FloatingPointError):
   """Too many consecutive optimizer updates had a NaN/inf loss or gradient."""
 
 
-def build_agent(cfg, policy, training: bool = True):
+def build_agent(cfg, policy, training: bool = True, mesh=None):
   """The agent of the config; centre truncation to agent.max_chunks applies to training
   rollouts only, evaluation always reads whole documents. agent.kind "direct" is the
-  full-attention baseline (whole document in one prompt, up to agent.context_tokens)."""
+  full-attention baseline (whole document in one prompt, up to agent.context_tokens). With a
+  mesh, the MemAgent's rows split over its ("data", "fsdp") axes and over processes."""
   import memagent_jax as mj
   a = cfg.agent
   if a.kind == "direct":
@@ -43,7 +45,7 @@ def build_agent(cfg, policy, training: bool = True):
   return mj.MemAgent(policy, chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens,
                      answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
                      final_template=a.final_template, block_chunks=a.block_chunks,
-                     max_chunks=(a.max_chunks or None) if training else None)
+                     max_chunks=(a.max_chunks or None) if training else None, mesh=mesh)
 
 
 def row_widths(agent, question_tokens: int, document_tokens: int = 0) -> tuple[int, int]:
@@ -85,8 +87,9 @@ class Trainer:
     self.mesh = parallel.make_mesh(cfg.mesh)
     self.rules = parallel.axis_rules([tuple(r) for r in cfg.mesh.rules] or None)
     import memagent_jax as mj
-    self.policy = mj.load_policy(cfg.model.source, dtype=cfg.model.dtype, seed=cfg.model.seed)
-    self.agent = build_agent(cfg, self.policy)
+    self.policy = mj.load_policy(cfg.model.source, dtype=cfg.model.dtype, seed=cfg.model.seed,
+                                 attention=cfg.model.attention)
+    self.agent = build_agent(cfg, self.policy, mesh=self.mesh)  # rollouts: rows over data x fsdp
     self.prompt_width, self.response_width = row_widths(self.agent, cfg.agent.question_tokens, cfg.data.length)
     self.loss_from = self.prompt_width  # the column the loss starts from
     if cfg.train.source == "teacher" and cfg.teacher.prompt_loss:
@@ -108,7 +111,10 @@ class Trainer:
       self.eval_pool = make_pool(cfg.data.task, cfg.eval.size, cfg.eval.seed, cfg.eval.length or cfg.data.length,
                                  tok, cfg.eval.data_dir or cfg.data.data_dir)
       check_held_out(pool, self.eval_pool, cfg.data.task)
-      self.eval_agent = build_agent(cfg, self.policy, training=False)
+      # multi-process params span hosts, so evaluation runs on the mesh too (each process reads the
+      # whole held-out set: duplicated work, same scores); one process keeps any batch size
+      self.eval_agent = build_agent(cfg, self.policy, training=False,
+                                    mesh=self.mesh if jax.process_count() > 1 else None)
     self.is_chief = jax.process_index() == 0
     self.writer = MetricWriter(os.path.join(self.workdir, "logs"), enabled=self.is_chief)
     self.state, self.checkpointer = restore_or_init(self)
@@ -157,12 +163,15 @@ class Trainer:
     update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars
     t2 = time.perf_counter()
     finite = [bool(m["finite"]) for m in update_metrics]
-    for ok in finite:
+    for ok, m in zip(finite, update_metrics):
       self._nan_run = 0 if ok else self._nan_run + 1
       if self._nan_run >= cfg.train.max_nan_steps:
         raise NonFiniteLossError(
-            f"{self._nan_run} consecutive updates had a non-finite loss or gradient (step {st.step}); "
-            f"stopping (train.max_nan_steps={cfg.train.max_nan_steps}). Lower optim.lr or check the data.")
+            f"step {st.step + 1}: {self._nan_run} consecutive updates had a non-finite loss or gradient "
+            f"(last: loss={float(m['loss'])}, grad_norm={float(m['grad_norm'])}); stopping without saving "
+            f"this step (train.max_nan_steps={cfg.train.max_nan_steps}). Lower optim.lr or check the data.")
+    # a NaN/inf learning rate (or an overflowing update) leaves loss and gradients finite
+    check_finite(self, st.step + 1)
     good = [m for m in update_metrics if bool(m["finite"])] or update_metrics
     for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "dual_clip_frac", "approx_kl_old", "grad_norm"):
       metrics[k] = float(np.mean([m[k] for m in good]))
