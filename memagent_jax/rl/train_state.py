@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 
@@ -20,6 +21,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax import checkpointing, parallel
+from memagent_jax.atomic_io import atomic_write
 from memagent_jax.models import loading
 
 
@@ -135,8 +137,7 @@ def _truncate_metrics(trainer, step: int):
   path = os.path.join(trainer.workdir, "logs", "metrics.jsonl")
   if not trainer.is_chief or not os.path.exists(path):
     return
-  import json
   with open(path) as f:
     keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-  with open(path, "w") as f:
+  with atomic_write(path) as f:  # a crash here must not lose the steps that stay
     f.writelines(keep)
