@@ -16,6 +16,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       dtype="float32",  # float32 on CPU; bfloat16 on accelerators
       seed=0,  # init seed for random:<preset>
       remat=False,  # recompute block activations in the backward pass (saves memory)
+      attention="auto",  # attention backend: auto (by platform) | xla (portable) | cudnn (GPU) | splash (TPU)
   ))
   c.agent = ml_collections.ConfigDict(dict(
       chunk_tokens=5000, memory_tokens=1024, answer_tokens=1024, question_tokens=1024,
@@ -66,6 +67,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       save_every=10, keep_checkpoints=3, async_checkpoint=True,
       log_every=1, max_nan_steps=3,  # consecutive non-finite updates before training stops
       progress=True,
+      # persistent XLA compilation cache shared by runs ("" = off): a restart or a sweep's next run
+      # reuses the rollout/update programs instead of compiling them again
+      compilation_cache_dir="",
   ))
   c.eval = ml_collections.ConfigDict(dict(
       every=0,  # steps between evaluations on the held-out split; 0 = off

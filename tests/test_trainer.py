@@ -220,3 +220,17 @@ def test_sigkill_mid_run_resumes_bit_exact(tmp_path):
   assert meta["config"] and json.loads(meta["config"])["rl"]["clip_high"] == 0.31  # the CLI override
   steps_logged = [json.loads(l)["step"] for l in open(run_dir / "logs" / "metrics.jsonl")]
   assert steps_logged == list(range(1, steps + 1))  # re-run steps are not logged twice
+
+
+@pytest.mark.slow
+def test_compilation_cache_dir_holds_the_run_programs(tmp_path):
+  """train.compilation_cache_dir turns on jax's persistent cache: the rollout and update programs
+  land there, so a restart reuses them (in a subprocess: the setting is process-wide)."""
+  cache = tmp_path / "xla_cache"
+  cmd = [sys.executable, "experiments/train.py", "--config=configs/toy_cpu.py:tiny",
+         "--config.train.steps=1", f"--config.train.compilation_cache_dir={cache}",
+         f"--workdir={tmp_path / 'run'}"]
+  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  entries = os.listdir(cache)
+  assert len(entries) >= 3, entries  # recurrence blocks, log-probs and the update step at least

@@ -28,6 +28,14 @@ from memagent_jax.rl.train_state import (NonFiniteStateError, TrainState, check_
                                          restore_or_init, save_state)
 
 
+def enable_compilation_cache(directory: str):
+  """Every compiled program (however quick to compile) goes to the persistent cache in directory."""
+  os.makedirs(directory, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", os.path.abspath(directory))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 class NonFiniteLossError(FloatingPointError):
   """Too many consecutive optimizer updates had a NaN/inf loss or gradient."""
 
@@ -84,6 +92,8 @@ class Trainer:
     parallel.initialize_distributed({"num_processes": d.num_processes or None,
                                      "coordinator_address": d.coordinator_address or None,
                                      "process_id": d.process_id if d.process_id >= 0 else None})
+    if cfg.train.compilation_cache_dir:
+      enable_compilation_cache(cfg.train.compilation_cache_dir)
     self.mesh = parallel.make_mesh(cfg.mesh)
     self.rules = parallel.axis_rules([tuple(r) for r in cfg.mesh.rules] or None)
     import memagent_jax as mj
