@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from memagent_jax.models.decoder import causal_mask, init_cache, positions_from_mask
+from memagent_jax.models.decoder import init_cache, positions_from_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +105,7 @@ def prefill(model, tokens, valid, cache_size: int):
   """Runs left-padded prompts [B, P] into a fresh cache of `cache_size` slots.
   Returns (next-token logits [B, V] float32, cache)."""
   cache = init_cache(model.config, tokens.shape[0], cache_size, model.dtype)
-  hidden, cache = model(tokens, positions_from_mask(valid), causal_mask(valid), cache, 0)
+  hidden, cache = model(tokens, positions_from_mask(valid), valid, cache, 0)
   return model.logits(hidden[:, -1]), cache
 
 
@@ -136,7 +136,7 @@ def sample_from_prompts(model, tokens, valid, stop_tokens, keys, temperature, to
     done = c["done"] | (live & jnp.any(tok[:, None] == stop_tokens, axis=-1))
     slot = p + step
     kv = jax.lax.dynamic_update_slice(c["key_valid"], jnp.ones((b, 1), bool), (0, slot))
-    h, cache = model(tok[:, None], c["pos"][:, None], kv[:, None, :], c["cache"], slot)
+    h, cache = model(tok[:, None], c["pos"][:, None], kv, c["cache"], slot)
     return dict(step=step + 1, done=done, pos=c["pos"] + 1, key_valid=kv, cache=cache,
                 logits=model.logits(h[:, 0]), tokens=col(c["tokens"], tok),
                 lp=col(c["lp"], jnp.where(live, lp, 0.0)), slp=col(c["slp"], jnp.where(live, slp, 0.0)),

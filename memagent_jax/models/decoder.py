@@ -13,15 +13,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from memagent_jax.models.attention import QUERY_BLOCK, SCAN_PREFILL_FROM, attend, check_backend
 from memagent_jax.models.config import ModelConfig
 
-# Prefill attention runs in query blocks of this many tokens, each against only the keys it
-# can see (causal), which halves attention FLOPs and keeps score tensors small.
-QUERY_BLOCK = 512
-# Square (prefill) attention longer than this runs block by block in a loop (bounded memory).
-SCAN_PREFILL_FROM = 8192
-# A very negative (finite) score so fully masked rows give a uniform softmax, never NaN.
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+# QUERY_BLOCK and SCAN_PREFILL_FROM (the xla backend's tiling) are read from this module at trace
+# time and passed to `attend`, so tests can shrink them to send short inputs down the long paths.
 
 
 class LayerCache(NamedTuple):
@@ -93,9 +89,10 @@ class Attention(nnx.Module):
     else:
       self.q_bias = self.k_bias = self.v_bias = None
 
-  def __call__(self, x, cos, sin, mask, cache: LayerCache | None, write_index):
-    """x [B, T, E]; mask [B, T, S] (True = may attend). Keys are the first S cache slots
-    after writing this call's T keys at `write_index`; without a cache S == T."""
+  def __call__(self, x, cos, sin, key_valid, cache: LayerCache | None, write_index, backend: str):
+    """x [B, T, E]; key_valid [B, S]: key slots holding real tokens. Keys are the first S cache
+    slots after writing this call's T keys at `write_index`; without a cache S == T. Queries sit
+    at slots write_index.. and attend causally over slots (see attention.attend)."""
     q = dense(x, self.q[...])  # [B, T, H, D]
     k = dense(x, self.k[...])  # [B, T, K, D]
     v = dense(x, self.v[...])
@@ -107,54 +104,12 @@ class Attention(nnx.Module):
       idx = (0, 0, write_index, 0)
       cache = LayerCache(jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
                          jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
-      s = mask.shape[-1]
+      s = key_valid.shape[-1]
       k, v = cache.k[:, :, :s].astype(x.dtype), cache.v[:, :, :s].astype(x.dtype)
-    t, s = q.shape[1], mask.shape[-1]
-    if t == s and t > SCAN_PREFILL_FROM:  # long: bounded memory (all keys per block, 2x FLOPs)
-      out = causal_attend_scan(q, k, v, mask[:, -1, :])
-    elif t == s and t > QUERY_BLOCK:  # square masks are causal: skip key blocks after each query block
-      out = jnp.concatenate([
-          attend(q[:, i:i + QUERY_BLOCK], k[:, :, :i + QUERY_BLOCK], v[:, :, :i + QUERY_BLOCK],
-                 mask[:, i:i + QUERY_BLOCK, :i + QUERY_BLOCK]) for i in range(0, t, QUERY_BLOCK)], axis=1)
-    else:
-      out = attend(q, k, v, mask)
+    out = attend(q, k, v, key_valid, q_offset=write_index, backend=backend,
+                 query_block=QUERY_BLOCK, scan_from=SCAN_PREFILL_FROM)
     b, t = out.shape[:2]
     return dense(out.reshape(b, t, -1), self.o[...].reshape(-1, self.o.shape[-1])), cache
-
-
-def causal_attend_scan(q, k, v, key_valid):
-  """Causal attention one query block at a time inside `lax.map`, each block against all keys
-  with its mask built from key_valid [B, S]: memory O(block x S) instead of O(S^2), since XLA
-  keeps every unrolled block's scores alive at once (2.6 GB at 16K tokens for a tiny model)."""
-  b, t, h, d = q.shape
-  n = -(-t // QUERY_BLOCK)
-  qp = jnp.pad(q, ((0, 0), (0, n * QUERY_BLOCK - t), (0, 0), (0, 0)))  # rows past t are dropped
-  qb = qp.reshape(b, n, QUERY_BLOCK, h, d).swapaxes(0, 1)  # [n, B, QB, H, D]
-
-  def block(args):
-    i, qi = args
-    rows = i * QUERY_BLOCK + jnp.arange(QUERY_BLOCK)
-    m = (rows[:, None] >= jnp.arange(t)[None, :])[None] & key_valid[:, None, :]  # [B, QB, S]
-    return attend(qi, k, v, m)
-
-  out = jax.lax.map(block, (jnp.arange(n), qb))  # [n, B, QB, H, D]
-  return out.swapaxes(0, 1).reshape(b, n * QUERY_BLOCK, h, d)[:, :t]
-
-
-def attend(q, k, v, mask):
-  """Softmax attention. q [B, T, H, D]; k, v [B, K, S, D]; mask [B, T, S] -> [B, T, H, D].
-
-  The G = H / K query heads that share a key head are stacked along the query axis, so each
-  key head is one large matmul (about 4x faster on CPU than G small ones)."""
-  b, t, h, d = q.shape
-  kh = k.shape[1]
-  g = h // kh
-  qm = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)  # [B, K, G*T, D]
-  scores = jnp.einsum("bkmd,bksd->bkms", qm, k).astype(jnp.float32) * (d ** -0.5)  # [B, K, G*T, S]
-  scores = jnp.where(jnp.tile(mask, (1, g, 1))[:, None], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-  out = jnp.einsum("bkms,bksd->bkmd", probs, v)  # [B, K, G*T, D]
-  return out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 class MLP(nnx.Module):
@@ -180,8 +135,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
     self.mlp = MLP(cfg, dtype, rngs)
 
-  def __call__(self, x, cos, sin, mask, cache, write_index):
-    h, cache = self.attn(self.attn_norm(x), cos, sin, mask, cache, write_index)
+  def __call__(self, x, cos, sin, key_valid, cache, write_index, backend: str):
+    h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, backend)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -189,28 +144,46 @@ class Block(nnx.Module):
 class Decoder(nnx.Module):
   """Token ids -> final hidden states; `logits` projects them onto the vocabulary."""
 
-  def __init__(self, cfg: ModelConfig, dtype=jnp.float32, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, dtype=jnp.float32, *, attention: str = "auto", rngs: nnx.Rngs):
     self.config = cfg
     self.dtype = jnp.dtype(dtype)
+    # Attention backend (auto | xla | cudnn | splash, see attention.py); static, checked here so an
+    # unavailable choice fails at load time. Set it on a built model with `set_attention`.
+    self.attention = check_backend(attention)
     self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
     self.layers = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
     self.lm_head = (None if cfg.tie_word_embeddings else
                     _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
 
-  def __call__(self, tokens, positions, mask, cache=None, write_index=0, remat: bool = False):
-    """tokens, positions [B, T]; mask [B, T, S] -> (hidden [B, T, E], new cache list or None).
+  def set_attention(self, backend: str):
+    """Switches the attention backend (after loading weights into a model built with the default)."""
+    self.attention = check_backend(backend)
 
+  def __call__(self, tokens, positions, key_valid, cache=None, write_index=0, remat: bool = False):
+    """tokens, positions [B, T]; key_valid [B, S] -> (hidden [B, T, E], new cache list or None).
+
+    key_valid marks the key slots holding real tokens: without a cache S == T (the row's own
+    mask); with one, the first S cache slots once this call's T tokens sit at `write_index`.
+    Attention is causal over slots, so no [B, T, T] mask is ever built.
     remat=True (training, no cache) recomputes each block's activations in the backward pass
     instead of storing them: memory per layer drops to its input."""
+    b, t = tokens.shape
+    if cache is None and key_valid.shape != (b, t):
+      raise ValueError(f"key_valid {key_valid.shape} must match tokens {(b, t)} when there is no cache")
+    if cache is not None and not (key_valid.shape[0] == b and t <= key_valid.shape[1] <= cache[0].k.shape[2]):
+      raise ValueError(f"key_valid {key_valid.shape} must be [B={b}, S] with {t} <= S <= "
+                       f"{cache[0].k.shape[2]} (the cache slots)")
+    backend = self.attention
     x = jnp.take(self.embed[...], tokens, axis=0)
     cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
     new_cache = [] if cache is not None else None
     for i, layer in enumerate(self.layers):
       if remat and cache is None:
-        x = nnx.remat(lambda blk, h: blk(h, cos, sin, mask, None, 0)[0])(layer, x)
+        x = nnx.remat(lambda blk, h: blk(h, cos, sin, key_valid, None, 0, backend)[0])(layer, x)
         continue
-      x, layer_cache = layer(x, cos, sin, mask, None if cache is None else cache[i], write_index)
+      x, layer_cache = layer(x, cos, sin, key_valid, None if cache is None else cache[i], write_index,
+                            backend)
       if cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache
@@ -230,13 +203,6 @@ def init_cache(cfg: ModelConfig, batch: int, size: int, dtype) -> list[LayerCach
   return [LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
 
 
-def causal_mask(valid):
-  """valid [B, T] (False = padding) -> [B, T, T]: causal and no attention to padding keys."""
-  t = valid.shape[1]
-  causal = jnp.tril(jnp.ones((t, t), bool))
-  return causal[None] & valid[:, None, :]
-
-
 def positions_from_mask(valid):
   """Left-padded rows: position of each real token counts real tokens before it. [B, T]."""
   return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
@@ -246,5 +212,5 @@ def forward_logits(model: Decoder, tokens, valid=None):
   """Full forward without cache: tokens [B, T] -> float32 logits [B, T, V]."""
   if valid is None:
     valid = jnp.ones(tokens.shape, bool)
-  hidden, _ = model(tokens, positions_from_mask(valid), causal_mask(valid))
+  hidden, _ = model(tokens, positions_from_mask(valid), valid)
   return model.logits(hidden)

@@ -9,6 +9,7 @@ import os
 import jax.numpy as jnp
 from flax import nnx
 
+from memagent_jax.models.attention import check_backend
 from memagent_jax.models.config import PRESETS, UnknownModelError, get_preset
 from memagent_jax.models.decoder import Decoder
 from memagent_jax.models.gguf_weights import convert_gguf
@@ -79,20 +80,21 @@ def _read_tokenizer(model_dir: str):
                        f"{e})") from None
 
 
-def _load_hf_dir(model_dir: str, dtype, name: str):
+def _load_hf_dir(model_dir: str, dtype, name: str, attention: str = "auto"):
   from memagent_jax.policy import Policy
   cfg = read_hf_config(model_dir)
   model = build_model(cfg, load_hf_params(model_dir, cfg, dtype), dtype)
+  model.set_attention(attention)
   has_tok = any(os.path.isfile(os.path.join(model_dir, f))
                 for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
   return Policy(model, _read_tokenizer(model_dir) if has_tok else None, name=name)
 
 
-def _load_gguf(path: str, dtype, name: str):
+def _load_gguf(path: str, dtype, name: str, attention: str = "auto"):
   """Loads through the cached conversion; a broken cache is named with how to rebuild it."""
   model_dir = convert_gguf(path)
   try:
-    return _load_hf_dir(model_dir, dtype, name)
+    return _load_hf_dir(model_dir, dtype, name, attention)
   except WeightsError as e:
     raise WeightsError(f"{e} (in the cached conversion of {path}; delete {model_dir} to convert "
                        "it again)") from None
@@ -127,37 +129,39 @@ def load_tokenizer(source: str = EMBEDDED_DEFAULT):
   return load_policy(source).tokenizer
 
 
-def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0):
+def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0, attention: str = "auto"):
   """Loads a Policy from the embedded default, a preset name, a local HF dir, a .gguf file,
   a hub id, or `random:<preset>` (random weights for tests, benchmarks and the toy world; only
-  presets sharing a known vocabulary get a tokenizer)."""
+  presets sharing a known vocabulary get a tokenizer). `attention` picks the attention backend
+  (auto | xla | cudnn | splash, see models/attention.py); an unavailable one raises here."""
   if not isinstance(source, (str, os.PathLike)):
     raise TypeError(f"model source must be a string or path, got {type(source).__name__}")
   source = os.fspath(source)
   dt = _dtype(dtype)
+  check_backend(attention)  # before any weight is read
   key = source.lower()
   if key == EMBEDDED_DEFAULT:
-    return _load_gguf(embedded_gguf_path(), dt, source)
+    return _load_gguf(embedded_gguf_path(), dt, source, attention)
   if key.startswith("random:"):
     from memagent_jax.policy import Policy
     preset = source.split(":", 1)[1].lower()
     cfg = get_preset(preset)
     source_tok = tokenizer_source_for_preset(preset)
     tok = load_tokenizer(source_tok) if source_tok else None
-    return Policy(Decoder(cfg, dt, rngs=nnx.Rngs(seed)), tok, name=source)
+    return Policy(Decoder(cfg, dt, attention=attention, rngs=nnx.Rngs(seed)), tok, name=source)
   if os.path.isdir(source):
-    return _load_hf_dir(source, dt, source)
+    return _load_hf_dir(source, dt, source, attention)
   if key.endswith(".gguf"):
-    return _load_gguf(source, dt, source)
+    return _load_gguf(source, dt, source, attention)
   if os.path.isfile(source):
     raise WeightsError(f"model source {source} is a file but not a .gguf file; pass the directory that "
                        f"holds config.json and *.safetensors (accepted: {LOCAL_SOURCES})")
   if key in HUB_IDS:
-    return _load_hf_dir(_download(HUB_IDS[key]), dt, source)
+    return _load_hf_dir(_download(HUB_IDS[key]), dt, source, attention)
   if os.sep in source and (source.startswith((".", os.sep, "~")) or os.path.exists(os.path.dirname(source))):
     raise FileNotFoundError(f"model source not found: {source}")
   if "/" in source and source.count("/") == 1:
-    return _load_hf_dir(_download(source), dt, source)
+    return _load_hf_dir(_download(source), dt, source, attention)
   raise UnknownModelError(
       f"unknown model preset or source {source!r} (not a local file or directory either); known presets: "
       f"{', '.join(sorted([EMBEDDED_DEFAULT] + list(HUB_IDS) + ['random:' + p for p in PRESETS]))}"

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from memagent_jax.models.decoder import causal_mask, positions_from_mask
+from memagent_jax.models.decoder import positions_from_mask
 from memagent_jax.rl import losses
 
 
@@ -55,7 +55,7 @@ def response_logprobs(model, tokens, valid, prompt_width: int, remat: bool = Fal
   """log p of each response token and the entropy of its distribution at the sampling
   temperature (as verl). tokens, valid [r, P+N] -> (logp [r, N], entropy [r, N]); only the N
   response positions are projected on the vocabulary."""
-  hidden, _ = model(tokens, positions_from_mask(valid), causal_mask(valid), remat=remat)
+  hidden, _ = model(tokens, positions_from_mask(valid), valid, remat=remat)
   n = tokens.shape[1] - prompt_width
   logits = model.logits(hidden[:, prompt_width - 1:prompt_width - 1 + n])  # [r, N, V]
   if temperature != 1.0:

@@ -1,0 +1,219 @@
+"""Attention backends behind one function, `attend`: `xla` (portable, the CPU path), `cudnn`
+(fused flash attention through `jax.nn.dot_product_attention`), `splash` (Pallas TPU kernel).
+
+Every mask in this codebase is "causal over slots AND key slot holds a real token", so callers
+pass key_valid [B, S] and the first query's slot; no backend ever builds a [B, T, T] mask or
+score tensor for long rows. `model.attention` = auto | xla | cudnn | splash picks the backend.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+BACKENDS = ("auto", "xla", "cudnn", "splash")
+# xla backend: prefill attention runs in query blocks of this many tokens, each against only the
+# keys it can see (causal), which halves attention FLOPs and keeps score tensors small.
+QUERY_BLOCK = 512
+# xla backend: square attention longer than this runs block by block in a loop (bounded memory).
+SCAN_PREFILL_FROM = 8192
+# A very negative (finite) score so fully masked rows give a uniform softmax, never NaN.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+# Tests set these to run the fused backends' glue on CPU: the `jax.nn.dot_product_attention`
+# implementation behind `cudnn`, and Pallas interpret mode for `splash`.
+CUDNN_IMPLEMENTATION = "cudnn"
+SPLASH_INTERPRET = False
+_HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def _has_cudnn() -> bool:
+  """An NVIDIA GPU backend whose jaxlib carries the cuDNN bindings (ROCm and CPU do not)."""
+  if jax.default_backend() != "gpu":
+    return False
+  try:
+    from jax._src.lib import cuda_versions  # what jax's own cuDNN attention checks
+  except ImportError:
+    return False
+  return cuda_versions is not None
+
+
+def check_backend(name: str) -> str:
+  """Validates a `model.attention` choice against this process's platform; returns it."""
+  if name not in BACKENDS:
+    raise ValueError(f"model.attention={name!r} is not a backend; choose one of {', '.join(BACKENDS)}")
+  platform = jax.default_backend()
+  if name == "cudnn" and not _has_cudnn():
+    where = "a GPU without cuDNN bindings" if platform == "gpu" else f"platform {platform!r}"
+    raise ValueError(f"model.attention='cudnn' needs an NVIDIA GPU with cuDNN, but this process "
+                     f"runs on {where}; use model.attention='xla' (portable) or 'auto' (picks by platform)")
+  if name == "splash" and platform != "tpu":
+    raise ValueError(f"model.attention='splash' (Pallas TPU splash attention) needs a TPU, but this "
+                     f"process runs on platform {platform!r}; use model.attention='xla' or 'auto'")
+  return name
+
+
+def resolve_backend(name: str, dtype) -> str:
+  """'auto' -> splash on TPU, cudnn on an NVIDIA GPU for 16-bit activations, else xla (cuDNN flash
+  attention has no float32 kernel). An explicit choice the platform or dtype lacks raises."""
+  check_backend(name)
+  half = jnp.dtype(dtype) in _HALF_DTYPES
+  if name == "auto":
+    if jax.default_backend() == "tpu":
+      return "splash"
+    return "cudnn" if half and _has_cudnn() else "xla"
+  if name == "cudnn" and not half:
+    raise ValueError(f"model.attention='cudnn' runs bfloat16 or float16 activations only (cuDNN flash "
+                     f"attention has no {jnp.dtype(dtype).name} kernel); set model.dtype='bfloat16' or "
+                     "model.attention='xla'")
+  return name
+
+
+def attend(q, k, v, key_valid, *, q_offset=0, backend: str = "auto", query_block: int = QUERY_BLOCK,
+           scan_from: int = SCAN_PREFILL_FROM):
+  """Causal attention over slots. q [B, T, H, D]; k, v [B, K, S, D] (H = G * K); key_valid [B, S]
+  -> [B, T, H, D]. Query t sits at slot q_offset + t and sees the valid keys at slots <= its own.
+
+  T == S (a whole row, q_offset 0: training, prefill) runs on the chosen backend; T < S (decoding
+  against a cache) always runs on xla, whose mask is then only [B, T, S] for a few queries.
+  Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
+  b, t, h, d = q.shape
+  s = k.shape[2]
+  if k.shape[0] != b or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
+    raise ValueError(f"attend: q {q.shape} needs k, v [B={b}, K, S, D={d}] with H={h} a multiple of K; "
+                     f"got k {k.shape}, v {v.shape}")
+  if key_valid.shape != (b, s):
+    raise ValueError(f"attend: key_valid {key_valid.shape} must be [B, S] = {(b, s)}")
+  if t > s:
+    raise ValueError(f"attend: {t} queries but only {s} key slots; queries must be slots of the keys")
+  if t == s and isinstance(q_offset, int) and q_offset:
+    raise ValueError(f"attend: T == S == {t} means the queries are slots 0..{t - 1}; got q_offset={q_offset}")
+  kind = resolve_backend(backend, q.dtype)
+  if t == s and kind == "cudnn":
+    return cudnn_attention(q, k, v, key_valid)
+  if t == s and kind == "splash":
+    return splash_attention(q, k, v, key_valid)
+  return xla_attention(q, k, v, key_valid, q_offset=q_offset, query_block=query_block,
+                       scan_from=scan_from)
+
+
+# --- xla: portable, masks built per query block ----------------------------------------------
+
+def slot_mask(key_valid, first_row, rows: int):
+  """[B, rows, S]: query slot first_row + i may see key slot j iff j <= that slot and key j is valid."""
+  slots = first_row + jnp.arange(rows)
+  return (slots[:, None] >= jnp.arange(key_valid.shape[1])[None, :])[None] & key_valid[:, None, :]
+
+
+def xla_attention(q, k, v, key_valid, *, q_offset=0, query_block: int = QUERY_BLOCK,
+                  scan_from: int = SCAN_PREFILL_FROM):
+  """Plain XLA attention; long rows in causal query blocks, the longest in a loop (see constants)."""
+  t, s = q.shape[1], k.shape[2]
+  if (t == s and t > scan_from) or (t < s and t > query_block):
+    return _mapped_blocks(q, k, v, key_valid, q_offset, query_block)
+  if t == s and t > query_block:  # whole rows: each query block sees only the keys up to its end
+    return jnp.concatenate([
+        dense_attention(q[:, i:i + query_block], k[:, :, :i + query_block], v[:, :, :i + query_block],
+                        slot_mask(key_valid[:, :i + query_block], i, min(query_block, t - i)))
+        for i in range(0, t, query_block)], axis=1)
+  return dense_attention(q, k, v, slot_mask(key_valid, q_offset, t))
+
+
+def _mapped_blocks(q, k, v, key_valid, q_offset, query_block: int):
+  """One query block at a time inside `lax.map`, each against all keys: memory O(block x S)
+  instead of O(T x S), since XLA keeps every unrolled block's scores alive at once (2.6 GB at
+  16K tokens for a tiny model). Each block is rematerialised, so the backward pass stores only
+  its queries, not a [n, block, S] stack of probabilities (that stack is the T x S matrix)."""
+  b, t, h, d = q.shape
+  n = -(-t // query_block)
+  qp = jnp.pad(q, ((0, 0), (0, n * query_block - t), (0, 0), (0, 0)))  # rows past t are dropped
+  qb = qp.reshape(b, n, query_block, h, d).swapaxes(0, 1)  # [n, B, QB, H, D]
+
+  @functools.partial(jax.checkpoint, prevent_cse=False)
+  def block(args):
+    i, qi = args
+    return dense_attention(qi, k, v, slot_mask(key_valid, q_offset + i * query_block, query_block))
+
+  out = jax.lax.map(block, (jnp.arange(n), qb))  # [n, B, QB, H, D]
+  return out.swapaxes(0, 1).reshape(b, n * query_block, h, d)[:, :t]
+
+
+def dense_attention(q, k, v, mask):
+  """Softmax attention. q [B, T, H, D]; k, v [B, K, S, D]; mask [B, T, S] -> [B, T, H, D].
+
+  The G = H / K query heads that share a key head are stacked along the query axis, so each
+  key head is one large matmul (about 4x faster on CPU than G small ones)."""
+  b, t, h, d = q.shape
+  kh = k.shape[1]
+  g = h // kh
+  qm = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)  # [B, K, G*T, D]
+  scores = jnp.einsum("bkmd,bksd->bkms", qm, k).astype(jnp.float32) * (d ** -0.5)  # [B, K, G*T, S]
+  scores = jnp.where(jnp.tile(mask, (1, g, 1))[:, None], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  out = jnp.einsum("bkms,bksd->bkmd", probs, v)  # [B, K, G*T, D]
+  return out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
+# --- cudnn: lengths on packed rows ----------------------------------------------------------
+
+def _rows_take(x, index):
+  """x [B, T, ...], index [B, T] -> x[b, index[b, t]] (a per-row gather along the sequence)."""
+  return jax.vmap(lambda row, i: jnp.take(row, i, axis=0))(x, index)
+
+
+def cudnn_attention(q, k, v, key_valid):
+  """Fused causal attention on whole rows. The kernel takes padding only as sequence lengths
+  (real tokens first), so each row's valid tokens are packed to the front in order (a per-row
+  gather; for a left-padded prompt it is a roll), run with length = their count, and moved back.
+  Causal over the packed order equals causal over slots restricted to valid keys: RoPE positions
+  were applied before packing. q [B, T, H, D]; k, v [B, K, T, D]; key_valid [B, T]."""
+  ones = key_valid.astype(jnp.int32)
+  count = jnp.sum(ones, axis=1)  # [B]
+  src = jnp.argsort(1 - ones, axis=1, stable=True)  # [B, T] packed slot j <- row slot src[b, j]
+  dest = jnp.where(key_valid, jnp.cumsum(ones, 1) - 1, count[:, None] + jnp.cumsum(1 - ones, 1) - 1)
+  qp = _rows_take(q, src)  # [B, T, H, D]
+  kp = _rows_take(k.swapaxes(1, 2), src)  # [B, T, K, D]
+  vp = _rows_take(v.swapaxes(1, 2), src)
+  lengths = jnp.maximum(count, 1)  # an all-padding row attends to one slot: finite, then zeroed
+  out = jax.nn.dot_product_attention(qp, kp, vp, is_causal=True, query_seq_lengths=lengths,
+                                     key_value_seq_lengths=lengths, implementation=CUDNN_IMPLEMENTATION)
+  out = _rows_take(out, dest)  # [B, T, H, D] back in slot order
+  return jnp.where(key_valid[:, :, None, None], out, 0).astype(q.dtype)
+
+
+# --- splash: segment ids --------------------------------------------------------------------
+
+_SPLASH_LANE = 128  # splash tiles the sequence in multiples of this
+
+
+@functools.lru_cache(maxsize=32)
+def _splash_kernel(t: int, heads: int, interpret: bool):
+  """A causal multi-query splash kernel for rows of t tokens (t a multiple of 128)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+  blk = next(b for b in (512, 256, 128) if t % b == 0)
+  sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
+                        block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
+  mask = sm.MultiHeadMask([sm.CausalMask((t, t)) for _ in range(heads)])
+  return sk.make_splash_mqa(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def splash_attention(q, k, v, key_valid):
+  """Pallas TPU splash attention on whole rows: causal as a static block-sparse mask, padding as
+  segment ids (1 = real token, 0 = padding; a query sees only keys of its own segment, and every
+  query sees itself, so no softmax row is empty). Each kv head runs the G query heads it serves
+  as one multi-query kernel. q [B, T, H, D]; k, v [B, K, T, D]; key_valid [B, T]."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  b, t, h, d = q.shape
+  kh = k.shape[1]
+  g = h // kh
+  tp = -(-t // _SPLASH_LANE) * _SPLASH_LANE
+  pad = lambda x, axis: jnp.pad(x, [(0, tp - t if a == axis else 0) for a in range(x.ndim)])
+  qg = (q * jnp.asarray(d ** -0.5, q.dtype)).reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+  qg, kp, vp = pad(qg, 3), pad(k, 2), pad(v, 2)
+  segments = pad(key_valid.astype(jnp.int32), 1)  # [B, Tp]; the tail padding is segment 0
+  kernel = _splash_kernel(tp, g, SPLASH_INTERPRET)
+  one = lambda qh, kh_, vh, seg: kernel(qh, kh_, vh, segment_ids=sk.SegmentIds(q=seg, kv=seg))
+  out = jax.vmap(jax.vmap(one, in_axes=(0, 0, 0, None)))(qg, kp, vp, segments)  # [B, K, G, Tp, D]
+  return out[:, :, :, :t].transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(q.dtype)
