@@ -234,3 +234,17 @@ def test_compilation_cache_dir_holds_the_run_programs(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   entries = os.listdir(cache)
   assert len(entries) >= 3, entries  # recurrence blocks, log-probs and the update step at least
+
+
+def test_resume_truncates_metrics_in_place(tmp_path):
+  """Lines of steps after the checkpoint (and a line torn by a kill) go; the file stays the one
+  the metric writer holds open for appending, so later steps still land in it."""
+  from types import SimpleNamespace
+  from memagent_jax.rl import train_state
+  (tmp_path / "logs").mkdir()
+  path = tmp_path / "logs" / "metrics.jsonl"
+  path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 1, 2, 3)) + '{"step": 4, "lo')
+  with open(path, "a") as writer:
+    train_state._truncate_metrics(SimpleNamespace(workdir=str(tmp_path), is_chief=True), 2)
+    writer.write(json.dumps({"step": 3}) + "\n")
+  assert [json.loads(l)["step"] for l in open(path)] == [1, 1, 2, 3]

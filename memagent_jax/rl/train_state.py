@@ -21,7 +21,6 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax import checkpointing, parallel
-from memagent_jax.atomic_io import atomic_write
 from memagent_jax.models import loading
 
 
@@ -137,7 +136,13 @@ def _truncate_metrics(trainer, step: int):
   path = os.path.join(trainer.workdir, "logs", "metrics.jsonl")
   if not trainer.is_chief or not os.path.exists(path):
     return
-  with open(path) as f:
-    keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-  with atomic_write(path) as f:  # a crash here must not lose the steps that stay
-    f.writelines(keep)
+  end = 0  # byte offset after the last line to keep (lines are in step order)
+  with open(path, "rb") as f:
+    for line in f:
+      try:
+        if line.strip() and json.loads(line)["step"] > step:
+          break
+      except json.JSONDecodeError:  # a line torn by a kill: dropped with what follows
+        break
+      end += len(line)
+  os.truncate(path, end)  # in place: the metric writer holds this file open for appending
