@@ -3,6 +3,7 @@
 import dataclasses
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -55,8 +56,10 @@ def _rel(a, b):
   return num / den
 
 
-def test_response_logprobs_align_with_full_forward():
+@pytest.mark.parametrize("chunk", [512, 4])  # one projection, or chunks of 4 positions (N = 6: padded)
+def test_response_logprobs_align_with_full_forward(chunk, monkeypatch):
   """logp[i, j] is log p(response token j | prompt and earlier response), row by row unpadded."""
+  monkeypatch.setattr(upd, "LOGITS_CHUNK", chunk)
   model = _model()
   rows = _rows()
   logp, ent = upd.response_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), P)
@@ -69,6 +72,31 @@ def test_response_logprobs_align_with_full_forward():
     np.testing.assert_allclose(np.asarray(logp[i, :n]), want, atol=2e-5)
     p = np.exp(full[plen - 1:plen - 1 + n])
     np.testing.assert_allclose(np.asarray(ent[i, :n]), -(p * np.log(p)).sum(-1), atol=2e-4)
+
+
+def test_chunked_logprobs_hold_no_full_logits_and_give_the_same_update(monkeypatch):
+  """With chunks, no [r, N, V] logits tensor exists in the forward or backward, and the update
+  equals the one-projection update."""
+  model, rows = _model(), _rows()
+  vocab = get_preset("tiny-llama").vocab_size
+  spec = upd.UpdateSpec(P)
+  _, whole, _ = _step(model, rows, spec)
+  monkeypatch.setattr(upd, "LOGITS_CHUNK", 2)
+  _, chunked, _ = _step(_model(), rows, spec)
+  assert _rel(chunked, whole) < 1e-6
+  gd, params = nnx.split(_model())
+  loss = lambda p: upd.response_logprobs(nnx.merge(gd, p), jnp.asarray(rows["tokens"]),
+                                         jnp.asarray(rows["valid"]), P)[0].sum()
+  jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
+
+  def shapes(jp):
+    for eqn in jp.eqns:
+      for v in eqn.outvars:
+        yield getattr(v.aval, "shape", ())
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        yield from shapes(sub)
+  big = [s for s in shapes(jaxpr.jaxpr) if len(s) >= 3 and s[-1] == vocab and s[-2] > 2]
+  assert not big, big  # only [r, 2, V] chunks
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",

@@ -50,6 +50,9 @@ def cast_params(params, dtype):
   return jax.tree_util.tree_map(lambda p: p.astype(dt) if p.dtype != dt else p, params)
 
 
+LOGITS_CHUNK = 512  # response positions projected on the vocabulary at a time: [r, N, V] fp32 logits never exist
+
+
 def response_logprobs(model, tokens, valid, prompt_width: int, remat: bool = False,
                       temperature: float = 1.0):
   """log p of each response token and the entropy of its distribution at the sampling
@@ -57,13 +60,26 @@ def response_logprobs(model, tokens, valid, prompt_width: int, remat: bool = Fal
   response positions are projected on the vocabulary."""
   hidden, _ = model(tokens, positions_from_mask(valid), valid, remat=remat)
   n = tokens.shape[1] - prompt_width
-  logits = model.logits(hidden[:, prompt_width - 1:prompt_width - 1 + n])  # [r, N, V]
-  if temperature != 1.0:
-    logits = logits / temperature
-  logz = jax.nn.logsumexp(logits, axis=-1)
+  hidden = hidden[:, prompt_width - 1:prompt_width - 1 + n]  # [r, N, E]: states that predict responses
   target = tokens[:, prompt_width:]  # [r, N]
-  logp = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0] - logz
-  return logp, losses.entropy_from_logits(logits)
+
+  def logp_entropy(h, t):  # [r, c, E], [r, c] -> ([r, c], [r, c]); logits [r, c, V] live only here
+    logits = model.logits(h)
+    if temperature != 1.0:
+      logits = logits / temperature
+    logp = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
+    return logp, losses.entropy_from_logits(logits)
+
+  c = LOGITS_CHUNK
+  if n <= c:
+    return logp_entropy(hidden, target)
+  k = -(-n // c)  # chunks of c positions, each's fp32 logits recomputed in the backward pass
+  pad = ((0, 0), (0, k * c - n))
+  h = jnp.pad(hidden, pad + ((0, 0),)).reshape(hidden.shape[0], k, c, -1).swapaxes(0, 1)  # [k, r, c, E]
+  t = jnp.pad(target, pad).reshape(target.shape[0], k, c).swapaxes(0, 1)  # [k, r, c]
+  logp, ent = jax.lax.map(jax.checkpoint(lambda ht: logp_entropy(*ht)), (h, t))  # [k, r, c] each
+  unchunk = lambda x: x.swapaxes(0, 1).reshape(x.shape[1], k * c)[:, :n]
+  return unchunk(logp), unchunk(ent)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "prompt_width", "temperature", "compute_dtype"))
