@@ -10,6 +10,8 @@ from configs import toy_cpu
 from memagent_jax.rl import config_checks
 from memagent_jax.rl.config_checks import RANGES, validate_config
 
+from test_trainer import tiny
+
 NAN, INF = float("nan"), float("inf")
 
 # (key, bad value): nan / inf everywhere, plus 0, negatives and out-of-range values per key.
@@ -31,18 +33,6 @@ BAD += [
     ("rl.max_extra_gen_batches", -1), ("rl.overlong.max_tokens", 0), ("rl.overlong.cache_tokens", -1),
     ("mesh.data", 0), ("mesh.tensor", -2), ("distributed.num_processes", -1), ("distributed.process_id", -2),
 ]
-
-
-def tiny(**overrides):
-  c = toy_cpu.get_config("tiny")
-  for key, value in overrides.items():
-    node = c
-    *path, leaf = key.split(".")
-    for p in path:
-      node = node[p]
-    with node.ignore_type():  # the type-safe ConfigDict refuses e.g. 1.5 for an int field
-      node[leaf] = value
-  return c
 
 
 @pytest.mark.parametrize("key,value", BAD, ids=[f"{k}={v}" for k, v in BAD])
@@ -130,3 +120,8 @@ def test_train_script_reports_a_bad_config_in_one_line(tmp_path):
   assert out.returncode == 2
   assert out.stderr.strip() == "train: error: config: rl.temperature=nan must be a finite number > 0"
   assert not os.listdir(tmp_path)  # nothing written
+
+
+def test_unknown_attention_backend_is_a_config_error():
+  with pytest.raises(ValueError, match=r"model.attention='flash'; choose one of \['auto', 'xla', 'cudnn', 'splash'\]"):
+    validate_config(tiny(**{"model.attention": "flash"}))

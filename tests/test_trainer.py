@@ -26,7 +26,8 @@ def tiny(**overrides):
     *path, leaf = key.split(".")
     for p in path:
       node = node[p]
-    node[leaf] = value
+    with node.ignore_type():  # the type-safe ConfigDict refuses e.g. 1.5 for an int field
+      node[leaf] = value
   return c
 
 

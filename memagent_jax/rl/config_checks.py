@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import numbers
 
+from memagent_jax.models import attention
+
 # (key, integer, low, high, low open, high open, extra allowed values, why): every numeric field of
 # configs/base.py. None = unbounded. `_walk` also rejects a non-finite number under any other key.
 _INF = None  # no upper bound
@@ -144,6 +146,8 @@ def validate_config(cfg):
   if (t.source == "teacher") != (rl.loss == "sft"):
     _fail(f"train.source={t.source!r} with rl.loss={rl.loss!r}: teacher rows train with the 'sft' loss "
           "and only they do (a policy-gradient loss needs rollouts and rewards)")
+  if cfg.model.attention not in attention.BACKENDS:  # the platform check comes with load_policy
+    _fail(f"model.attention={cfg.model.attention!r}; choose one of {list(attention.BACKENDS)}")
   if cfg.agent.kind not in ("memagent", "direct"):
     _fail(f"agent.kind={cfg.agent.kind!r}; choose 'memagent' or 'direct'")
   if cfg.agent.kind == "direct" and t.source != "teacher":
