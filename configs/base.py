@@ -53,7 +53,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       overlong=ml_collections.ConfigDict(dict(enable=False, max_tokens=1024, cache_tokens=256)),
   ))
   c.teacher = ml_collections.ConfigDict(dict(  # read when train.source == "teacher"
-      name="toy_memory",  # a memagent_jax.data.toy_teacher.TEACHERS entry
+      name="toy_memory",  # a memagent_jax.rl.toy_teacher.TEACHERS entry
       options=ml_collections.ConfigDict(dict(overwrite_prob=0.3)),  # keyword arguments of the teacher
       prompt_loss=False,  # also train on prompt tokens (next-token loss on whole conversations)
   ))

@@ -19,8 +19,8 @@ import numpy as np
 from flax import nnx
 
 import memagent_jax as mj
-from memagent_jax.atomic_io import atomic_write
-from memagent_jax import sampling
+from memagent_jax.runtime.atomic_io import atomic_write
+from memagent_jax.policy import sampling
 
 
 def timed(fn, repeats: int) -> float:
@@ -78,7 +78,7 @@ def main(argv=None):
   from transformers import AutoModelForCausalLM
   torch.set_num_threads(os.cpu_count())
   policy = mj.load_policy(args.model)
-  from memagent_jax.models.loading import embedded_gguf_path
+  from memagent_jax.policy.loading import embedded_gguf_path
   from memagent_jax.models.gguf_weights import convert_gguf
   hf_dir = convert_gguf(embedded_gguf_path()) if args.model == "smollm2-135m-instruct" else args.model
   ref = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()

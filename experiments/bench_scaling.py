@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from memagent_jax.atomic_io import atomic_write, save_figure
+from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 
 CHUNK, MEMORY, ANSWER, BLOCK = 512, 32, 8, 8
 CONTEXT = 32768  # the tiny model's context window (the direct baseline's limit)
@@ -31,7 +31,7 @@ def tiny_policy():
   from flax import nnx
   import jax.numpy as jnp
   from memagent_jax.models import Decoder, get_preset
-  from memagent_jax.models.loading import load_tokenizer
+  from memagent_jax.policy.loading import load_tokenizer
   from memagent_jax.policy import Policy
   cfg = dataclasses.replace(get_preset("tiny-smollm2"), max_position_embeddings=CONTEXT)
   return Policy(Decoder(cfg, jnp.float32, rngs=nnx.Rngs(0)), load_tokenizer(), "tiny-smollm2")

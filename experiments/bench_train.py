@@ -22,7 +22,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from memagent_jax.atomic_io import atomic_write  # noqa: E402
+from memagent_jax.runtime.atomic_io import atomic_write  # noqa: E402
 from memagent_jax.models.config import get_preset  # noqa: E402
 from memagent_jax.models.decoder import Decoder  # noqa: E402
 from memagent_jax.rl import update as upd  # noqa: E402

@@ -11,8 +11,9 @@ import os
 import time
 
 import memagent_jax as mj
-from memagent_jax.atomic_io import atomic_write, save_figure
+from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 from memagent_jax import evaluation
+from memagent_jax.data import tasks
 
 
 def main():
@@ -35,7 +36,7 @@ def main():
   os.makedirs(args.out, exist_ok=True)
   rows = []
   for length in [int(x) for x in args.lengths.split(",")]:
-    samples = evaluation.make_samples(args.task, length, args.n, args.seed, policy.tokenizer)
+    samples = tasks.make_samples(args.task, length, args.n, args.seed, policy.tokenizer)
     for method, reader in readers.items():
       out = os.path.join(args.out, f"{name}_{length}_{method}.jsonl")
       t = time.perf_counter()

@@ -13,7 +13,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from memagent_jax.atomic_io import atomic_write, save_figure  # noqa: E402
+from memagent_jax.runtime.atomic_io import atomic_write, save_figure  # noqa: E402
 from memagent_jax.rl.metrics import read_jsonl  # noqa: E402
 
 

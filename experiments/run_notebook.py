@@ -13,7 +13,7 @@ import sys
 import nbformat
 from nbclient import NotebookClient
 
-from memagent_jax.atomic_io import atomic_write
+from memagent_jax.runtime.atomic_io import atomic_write
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notebooks", "memagent_quickstart.ipynb")
 

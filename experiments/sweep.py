@@ -20,7 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from memagent_jax.atomic_io import atomic_write  # noqa: E402
+from memagent_jax.runtime.atomic_io import atomic_write  # noqa: E402
 from memagent_jax.rl.metrics import read_jsonl  # noqa: E402
 
 COLUMNS = ("train/reward_mean", "train/accuracy", "train/kept_group_frac", "train/memory_tokens",

@@ -8,7 +8,7 @@ import platform
 
 import numpy as np
 
-from memagent_jax.atomic_io import atomic_write, save_figure
+from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 from memagent_jax.data import toy
 from memagent_jax.rl.metrics import read_jsonl
 

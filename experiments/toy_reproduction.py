@@ -26,8 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags, logging  # noqa: E402
 
 from configs import toy_memagent  # noqa: E402
-from memagent_jax.atomic_io import atomic_write  # noqa: E402
+from memagent_jax.runtime.atomic_io import atomic_write  # noqa: E402
 from memagent_jax.data import toy  # noqa: E402
+from memagent_jax.evaluation.length_sweep import sweep_lengths  # noqa: E402
+from memagent_jax.experiment.assembly import build_trainer, load_reader  # noqa: E402
+from memagent_jax.policy.export import export_checkpoint  # noqa: E402
 
 SCALES = {  # eval samples per point, largest multiple of the training length, memagent eval batch
     "full": dict(n=200, max_multiple=256, batch=200),
@@ -64,12 +67,10 @@ def stage_config(stage: str, scale: str, root: str):
 
 def train_stage(stage: str, scale: str, root: str) -> dict:
   """Trains (or resumes) one stage and exports its final params as an HF directory."""
-  from memagent_jax.checkpointing import export_checkpoint
-  from memagent_jax.rl.trainer import Trainer
   cfg = stage_config(stage, scale, root)
   t0 = time.perf_counter()
   print(f"\n== {stage}: {cfg.train.steps} steps, logs in {cfg.train.workdir}/logs", flush=True)
-  out = Trainer(cfg).train()
+  out = build_trainer(cfg).train()
   export = os.path.join(root, stage, "export")
   export_checkpoint(os.path.join(root, stage, "checkpoints"), export)
   return {"stage": stage, "steps": out["step"], "seconds": round(time.perf_counter() - t0, 1),
@@ -77,20 +78,12 @@ def train_stage(stage: str, scale: str, root: str) -> dict:
 
 
 def make_reader(stage: str, scale: str, root: str):
-  import memagent_jax as mj
-  cfg = stage_config(stage, scale, root)
-  policy = mj.load_policy(os.path.join(root, stage, "export"), dtype="float32")
-  a = cfg.agent
-  if a.kind == "direct":  # beyond its context window the document is centre-truncated, as the paper's baselines
-    return mj.DirectReader(policy, answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
-                           truncate=True, context_tokens=a.context_tokens)
-  return mj.MemAgent(policy, chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens,
-                     answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
-                     final_template=a.final_template, block_chunks=8)
+  """The stage's exported policy as its config's evaluation reader (full attention centre-truncates
+  documents beyond its context window, as the paper's baselines)."""
+  return load_reader(stage_config(stage, scale, root), os.path.join(root, stage, "export"), training=False)
 
 
 def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int) -> list[dict]:
-  from memagent_jax.length_sweep import sweep_lengths
   ev = toy_memagent.get_config(f"rl,{scale}").eval
   lengths, m = [], 1
   while m <= max_multiple:

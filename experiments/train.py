@@ -17,6 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from memagent_jax.experiment.assembly import build_trainer  # noqa: E402
+from memagent_jax.runtime.checkpointing import CheckpointCorruptError  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "training config file[:variant]",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: config.train.workdir)")
@@ -25,13 +28,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: config.
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from memagent_jax.checkpointing import CheckpointCorruptError
-  from memagent_jax.rl.trainer import Trainer
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   cfg = _CONFIG.value
   try:
-    trainer = Trainer(cfg, workdir=_WORKDIR.value)
+    trainer = build_trainer(cfg, workdir=_WORKDIR.value)
     out = trainer.train()
   except (ValueError, OSError, FloatingPointError, CheckpointCorruptError) as e:
     # bad config, missing data or model, a diverged step, no readable checkpoint: one line, exit 2

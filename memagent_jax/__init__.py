@@ -1,7 +1,8 @@
 """memagent_jax: RL-trained long-context memory agents (MemAgent) in JAX/Flax."""
-from memagent_jax.models import ModelConfig, WeightsError, get_preset, load_policy
+from memagent_jax.models import ModelConfig, WeightsError, get_preset
 from memagent_jax.policy import Policy
+from memagent_jax.policy.loading import load_policy
+from memagent_jax.policy.sampling import SamplingParams
 from memagent_jax.agent import AgentResult, ContextBudgetError, DirectReader, MemAgent
-from memagent_jax.sampling import SamplingParams
 
 __version__ = "0.1.0"

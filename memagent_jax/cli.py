@@ -12,6 +12,15 @@ import threading
 import time
 import traceback
 
+import memagent_jax as mj
+from configs import base as base_config
+from memagent_jax import evaluation
+from memagent_jax.data import tasks
+from memagent_jax.experiment import assembly
+from memagent_jax.policy import export
+from memagent_jax.runtime import checkpointing
+from memagent_jax.runtime.atomic_io import atomic_directory
+
 INT_MAX = 2 ** 31 - 1  # sizes end up in int32 arrays
 
 
@@ -24,7 +33,8 @@ def _fail(msg: str):
 
 
 MEMAGENT_ONLY = ("chunk_tokens", "memory_tokens", "block_chunks", "final_template", "show_memory")
-DEFAULTS = dict(chunk_tokens=5000, memory_tokens=1024, block_chunks=8, final_template="boxed")
+AGENT_FLAGS = ("chunk_tokens", "memory_tokens", "answer_tokens", "block_chunks", "final_template")
+AGENT_DEFAULTS = base_config.get_config().agent  # the one place reader defaults live
 
 
 def _check_flags(args):
@@ -35,22 +45,23 @@ def _check_flags(args):
       _fail(f"--{used[0].replace('_', '-')} has no effect with --method direct")
   elif args.truncate:
     _fail("--truncate applies to --method direct only (the memory agent reads everything)")
-  for f, v in DEFAULTS.items():
-    if getattr(args, f) is None:
-      setattr(args, f, v)
+
+
+def agent_config(args):
+  """configs/base.py's `agent` section with the flags that were given."""
+  a = base_config.get_config().agent
+  a.kind = args.method
+  for f in AGENT_FLAGS:
+    if getattr(args, f) is not None:
+      a[f] = getattr(args, f)
+  return a
 
 
 def _reader(args, policy):
-  import memagent_jax as mj
-  if args.method == "direct":
-    return mj.DirectReader(policy, answer_tokens=args.answer_tokens, truncate=args.truncate)
-  return mj.MemAgent(policy, chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens,
-                     answer_tokens=args.answer_tokens, final_template=args.final_template,
-                     block_chunks=args.block_chunks)
+  return assembly.build_reader(agent_config(args), policy, training=False, truncate=args.truncate)
 
 
 def _load(args):
-  import memagent_jax as mj
   t0 = time.perf_counter()
   policy = mj.load_policy(args.model, dtype=args.dtype)
   print(f"[memagent] loaded {args.model} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
@@ -90,14 +101,13 @@ def cmd_eval(args) -> int:
   """Generates the task at the length, runs the reader, prints accuracy, writes JSONL.
 
   Finished batches go to `<out>.partial` as they come; `<out>` is replaced only on success."""
-  from memagent_jax import evaluation
   _check_flags(args)
   out = args.out or default_eval_out(args)
   if os.path.isdir(out):
     raise IsADirectoryError(f"--out {out} is a directory; pass a file name for the JSONL")
   policy = _load(args)
-  samples = evaluation.make_samples(args.task, args.length, args.n, args.data_seed,
-                                    policy._require_tokenizer(), args.data_dir)
+  samples = tasks.make_samples(args.task, args.length, args.n, args.data_seed,
+                               policy._require_tokenizer(), args.data_dir)
   reader = _reader(args, policy)
   args.partial = evaluation.partial_path(out)  # named by the main thread if interrupted
   summary = evaluation.run_eval(reader, args.task, samples, out, args.batch_size,
@@ -113,8 +123,6 @@ def cmd_export(args) -> int:
   """Exports the params of a checkpoint step (latest complete one by default) to an HF dir.
 
   Written beside --out and swapped in on success: a failed export leaves --out as it was."""
-  from memagent_jax import checkpointing
-  from memagent_jax.atomic_io import atomic_directory
   out = args.out
   if os.path.exists(out) and not os.path.isdir(out):
     raise NotADirectoryError(f"--out {out} exists and is not a directory")
@@ -122,7 +130,7 @@ def cmd_export(args) -> int:
     raise FileExistsError(f"--out {out} is a non-empty directory without config.json; export "
                           "replaces the whole directory, so pass a new or empty one")
   with atomic_directory(out) as tmp:
-    step = checkpointing.export_checkpoint(args.ckpt, tmp, step=args.step, dtype=args.dtype)
+    step = export.export_checkpoint(args.ckpt, tmp, step=args.step, dtype=args.dtype)
   print(f"[memagent] exported step {step} of {args.ckpt} to {out}", file=sys.stderr)
   return 0
 
@@ -166,12 +174,15 @@ def _common(p: argparse.ArgumentParser):
                  help="embedded default, preset/hub id, random:<preset>, HF directory or .gguf file")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--method", default="memagent", choices=["memagent", "direct"])
-  p.add_argument("--chunk-tokens", type=_int_flag(1), help="memagent: tokens per chunk (default 5000)")
-  p.add_argument("--memory-tokens", type=_int_flag(1), help="memagent: memory cap in tokens (default 1024)")
-  p.add_argument("--answer-tokens", type=_int_flag(1), default=1024)
+  d = AGENT_DEFAULTS
+  p.add_argument("--chunk-tokens", type=_int_flag(1), help=f"memagent: tokens per chunk (default {d.chunk_tokens})")
+  p.add_argument("--memory-tokens", type=_int_flag(1),
+                 help=f"memagent: memory cap in tokens (default {d.memory_tokens})")
+  p.add_argument("--answer-tokens", type=_int_flag(1), help=f"final answer cap in tokens (default {d.answer_tokens})")
   p.add_argument("--block-chunks", type=_int_flag(1),
-                 help="memagent: scan steps compiled per block (default 8)")
-  p.add_argument("--final-template", choices=["boxed", "eval"], help="memagent: final prompt (default boxed)")
+                 help=f"memagent: scan steps compiled per block (default {d.block_chunks})")
+  p.add_argument("--final-template", choices=["boxed", "eval"],
+                 help=f"memagent: final prompt (default {d.final_template})")
   p.add_argument("--truncate", action="store_true", help="direct: centre-truncate to the context")
   p.add_argument("--temperature", type=_float_flag(0.0, math.inf), default=0.0,
                  help="0 = greedy")
@@ -227,8 +238,7 @@ def _is_user_error(e: BaseException) -> bool:
     return True
   if isinstance(e, KeyError):  # the project's lookups raise KeyError("unknown <kind> ...")
     return len(e.args) == 1 and isinstance(e.args[0], str) and e.args[0].startswith("unknown ")
-  ck = sys.modules.get("memagent_jax.checkpointing")  # not imported -> cannot be its error
-  return ck is not None and isinstance(e, ck.CheckpointCorruptError)
+  return isinstance(e, checkpointing.CheckpointCorruptError)
 
 
 def _message(e: BaseException) -> str:

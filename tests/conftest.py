@@ -53,7 +53,7 @@ def smollm_reference():
   """transformers loading the same GGUF file: the reference we did not write."""
   import torch
   from transformers import AutoModelForCausalLM
-  from memagent_jax.models.loading import embedded_gguf_path
+  from memagent_jax.policy.loading import embedded_gguf_path
   path = embedded_gguf_path()
   model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                dtype=torch.float32)

@@ -9,11 +9,11 @@ import pytest
 
 import memagent_jax as mj
 from memagent_jax.agent import ConversationBatch, DirectReader, MemAgent
-from memagent_jax.agent import templates
+from memagent_jax.text import templates
 from memagent_jax.agent.recurrence import _strip_stop, pack_left
-from memagent_jax.agent.templates import (FINAL_TEMPLATE_BOXED, FINAL_TEMPLATE_EVAL, MEMORY_TEMPLATE,
+from memagent_jax.text.templates import (FINAL_TEMPLATE_BOXED, FINAL_TEMPLATE_EVAL, MEMORY_TEMPLATE,
                                           NO_MEMORY)
-from memagent_jax.sampling import Generation, SamplingParams
+from memagent_jax.policy.sampling import Generation, SamplingParams
 
 SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
 

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from memagent_jax.atomic_io import atomic_directory, atomic_write, save_figure
+from memagent_jax.runtime.atomic_io import atomic_directory, atomic_write, save_figure
 
 
 def _listing(d):

@@ -155,7 +155,7 @@ def test_training_forward_and_gradients_equal_across_backends(monkeypatch, fused
 
 def test_prefill_through_the_cudnn_glue_samples_the_same_tokens(monkeypatch):
   """Left-packed prompts: prefill runs the packed-rows path, decoding the xla path over the cache."""
-  from memagent_jax.sampling import left_pad, sample_from_prompts
+  from memagent_jax.policy.sampling import left_pad, sample_from_prompts
   monkeypatch.setattr(attention, "CUDNN_IMPLEMENTATION", "xla")
   model = Decoder(TINY, attention="xla", rngs=nnx.Rngs(1))
   rng = np.random.default_rng(6)

@@ -15,7 +15,7 @@ from flax import nnx
 from orbax.checkpoint._src.path import atomicity
 
 from conftest import torch_logits
-from memagent_jax import checkpointing as ck
+from memagent_jax.runtime import checkpointing as ck
 from memagent_jax import cli
 from memagent_jax.models.config import get_preset
 from memagent_jax.models.decoder import Decoder, forward_logits
@@ -299,7 +299,7 @@ def test_unreadable_newest_step_falls_back_with_one_warning(tmp_path, how, caplo
 def test_relative_directory_is_accepted(tmp_path, monkeypatch):
   """Run directories are often relative (runs/x); orbax itself only takes absolute paths."""
   import jax.numpy as jnp
-  from memagent_jax.checkpointing import Checkpointer
+  from memagent_jax.runtime.checkpointing import Checkpointer
   monkeypatch.chdir(tmp_path)
   ckpt = Checkpointer("runs/rel/checkpoints", keep=1)
   ckpt.save(1, {"x": jnp.arange(3)}, {"k": 1})

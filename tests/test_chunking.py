@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from memagent_jax.agent import chunking
-from memagent_jax.models.loading import load_tokenizer
+from memagent_jax.policy.loading import load_tokenizer
 
 SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
 
@@ -149,7 +149,7 @@ def test_agents_name_the_document_with_a_control_character(tok):
 
 def test_toy_world_text_has_no_control_characters():
   """The toy generator and word tokenizer never produce what chunking refuses."""
-  from memagent_jax import word_tokenizer
+  from memagent_jax.data import toy_tokenizer as word_tokenizer
   from memagent_jax.data import toy
   for s in toy.generate(8, num_tokens=512, seed=1):
     chunking.check_text(s["context"], "toy context")

@@ -12,6 +12,9 @@ import types
 import pytest
 
 from memagent_jax import cli, evaluation
+from memagent_jax.data import tasks
+from memagent_jax.policy import export
+from memagent_jax.runtime import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--question", "What?", "--model", "random:tiny-smollm2", "--chunk-tokens", "64",
@@ -128,13 +131,12 @@ def test_internal_error_exit_1(capsys, monkeypatch, doc):
 
 
 def test_export_errors_are_one_line(capsys, tmp_path, monkeypatch):
-  from memagent_jax import checkpointing
   line = fails(capsys, ["export", "--ckpt", str(tmp_path / "nope"), "--out", str(tmp_path / "hf")])
   assert line == f"memagent: error: checkpoint directory not found: {tmp_path / 'nope'}"
 
   def corrupt(*a, **k):
     raise checkpointing.CheckpointCorruptError(f"checkpoint {tmp_path / '2'} could not be read")
-  monkeypatch.setattr(checkpointing, "export_checkpoint", corrupt)
+  monkeypatch.setattr(export, "export_checkpoint", corrupt)
   (tmp_path / "hf").mkdir()
   (tmp_path / "hf" / "config.json").write_text("{}")  # an earlier export: kept on failure
   line = fails(capsys, ["export", "--ckpt", str(tmp_path), "--out", str(tmp_path / "hf")])
@@ -210,7 +212,7 @@ def test_failed_cli_eval_leaves_existing_out_untouched(tmp_path, capsys, monkeyp
 def test_default_eval_output_goes_under_runs(tmp_path, capsys, monkeypatch):
   monkeypatch.chdir(tmp_path)
   monkeypatch.setattr(cli, "_reader", lambda args, policy: StubReader())
-  monkeypatch.setattr(evaluation, "make_samples", lambda *a: samples(3))
+  monkeypatch.setattr(tasks, "make_samples", lambda *a: samples(3))
   assert cli.main(["eval", "--task", "squad", "--length", "300", "--n", "3"] + TINY[2:]) == 0
   expected = os.path.join("runs", "eval", "eval_squad_300_memagent.jsonl")
   assert json.loads(capsys.readouterr().out.splitlines()[-1])["predictions"] == expected

@@ -21,7 +21,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
     from configs import toy_cpu
     from memagent_jax.rl.metrics import read_jsonl
     from memagent_jax.rl.rollout import REWARD_FNS
-    from memagent_jax.rl.trainer import Trainer
+    from memagent_jax.experiment.assembly import build_trainer
     # a from-scratch toy model scores 0 everywhere; a reward on the sampled text itself gives
     # every group a signal, so the updates move the params
     REWARD_FNS.register("answer_parity", lambda r, a: float(sum(map(ord, r.answer)) % 2))
@@ -32,7 +32,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
     cfg.distributed.update(num_processes=int(os.environ["NPROC"]), process_id=int(os.environ["PID"]),
                            coordinator_address=os.environ["COORD"])
     workdir = os.path.join(os.environ["OUT"], os.environ["TAG"])
-    trainer = Trainer(cfg, workdir=workdir)
+    trainer = build_trainer(cfg, workdir=workdir)
     start = multihost_utils.process_allgather(trainer.state.params, tiled=True)
     trainer.train()
     full = multihost_utils.process_allgather(trainer.state.params, tiled=True)

@@ -8,7 +8,7 @@ import pytest
 
 from memagent_jax.data import haystack, ruler
 from memagent_jax.data.fitting import fit_size
-from memagent_jax.models.loading import load_tokenizer
+from memagent_jax.policy.loading import load_tokenizer
 
 NEEDLE_RE = re.compile(r"One of the special magic (numbers|uuids|words) for (\S+) is: (\S+)\.")
 NIAH = [t for t in ruler.TASKS if t.startswith("niah")]

@@ -8,8 +8,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from memagent_jax.data import longqa, pipeline, ruler
-from memagent_jax.data import tfds_builders as tb
-from memagent_jax.models.loading import load_tokenizer
+from memagent_jax.experiment import tfds_builders as tb
+from memagent_jax.policy.loading import load_tokenizer
 
 SQUAD_DIR = os.path.join(os.path.dirname(__file__), "data", "squad_sample")
 N = 6

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from memagent_jax.length_sweep import PeakRSS, sweep_lengths, wilson_interval
+from memagent_jax.evaluation.length_sweep import PeakRSS, sweep_lengths, wilson_interval
 
 
 def test_wilson_interval_matches_hand_computed_values():
@@ -17,7 +17,7 @@ def test_wilson_interval_matches_hand_computed_values():
 
 def test_peak_rss_sees_a_transient_allocation():
   import time
-  from memagent_jax.length_sweep import _rss_bytes
+  from memagent_jax.evaluation.length_sweep import _rss_bytes
   with PeakRSS() as mem:
     block = np.ones(300 * 2 ** 20 // 8)  # 300 MiB, touched
     during = _rss_bytes()
@@ -31,12 +31,12 @@ class _Oracle:
   """A reader that answers right on documents up to `limit` words: a known curve."""
 
   def __init__(self, limit):
-    from memagent_jax.word_tokenizer import toy_tokenizer
+    from memagent_jax.data.toy_tokenizer import toy_tokenizer
     self.tokenizer, self.limit, self.calls = toy_tokenizer(), limit, 0
 
   def answer_batch(self, questions, documents, temperature=0.0, top_p=1.0, seed=0):
     from memagent_jax.agent.results import AgentResult
-    from memagent_jax.data.toy_teacher import asked_key, facts_in
+    from memagent_jax.rl.toy_teacher import asked_key, facts_in
     self.calls += 1
     out = []
     for q, d in zip(questions, documents):

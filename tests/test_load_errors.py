@@ -9,7 +9,8 @@ import pytest
 
 import memagent_jax as mj
 from conftest import make_tiny_hf_dir
-from memagent_jax.models import gguf_weights, loading
+from memagent_jax.models import gguf_weights
+from memagent_jax.policy import loading
 from memagent_jax.models.config import UnknownModelError
 from memagent_jax.models.safetensors_io import load_tensors, save_tensors
 

@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 
 from test_parallel import REPO, _clean_env, _collect, _free_port
-from memagent_jax import checkpointing
+from memagent_jax.runtime import checkpointing
 
 TRAIN_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import numpy as np
     from configs import toy_cpu
-    from memagent_jax.rl import trainer as trainer_lib
+    from memagent_jax.experiment import assembly
     c = toy_cpu.get_config("tiny")
     c.distributed.update(num_processes=2, process_id=int(os.environ["PID"]), coordinator_address=os.environ["COORD"])
     c.train.update(steps=int(os.environ["STEPS"]), save_every=1, async_checkpoint=True)
     c.rl.entropy_coef = 0.05  # a gradient even when every reward is 0, so params move each step
-    t = trainer_lib.Trainer(c, workdir=os.environ["WORKDIR"])
+    t = assembly.build_trainer(c, workdir=os.environ["WORKDIR"])
     import jax
     from jax.experimental import multihost_utils
 

@@ -23,7 +23,7 @@ import pytest
 from flax import nnx
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from memagent_jax import parallel as par
+from memagent_jax.runtime import parallel as par
 from memagent_jax.models.config import get_preset
 from memagent_jax.models.decoder import Decoder
 
@@ -36,7 +36,7 @@ STEP_CODE = textwrap.dedent("""
     import numpy as np
     import jax, jax.numpy as jnp, optax
     from flax import nnx
-    from memagent_jax import parallel as par
+    from memagent_jax.runtime import parallel as par
     from memagent_jax.models.config import get_preset
     from memagent_jax.models.decoder import Decoder, forward_logits
 
@@ -256,7 +256,7 @@ def test_sharded_train_step_matches_one_device():
 
 DISTRIBUTED_SCRIPT = textwrap.dedent("""
     import os
-    from memagent_jax import parallel as par
+    from memagent_jax.runtime import parallel as par
     dist = {"num_processes": int(os.environ["NPROC"]), "process_id": int(os.environ["PID"]),
             "coordinator_address": os.environ["COORD"], "initialization_timeout": 60}
     started = par.initialize_distributed(dist)
@@ -371,7 +371,7 @@ RL_UPDATE_SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp, numpy as np, optax
     from flax import nnx
-    from memagent_jax import parallel
+    from memagent_jax.runtime import parallel
     from memagent_jax.models.config import get_preset
     from memagent_jax.models.decoder import Decoder
     from memagent_jax.rl import update as upd

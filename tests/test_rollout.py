@@ -148,7 +148,7 @@ def test_training_rows_reproduce_the_sampler_logprobs():
   import memagent_jax as mj
   from memagent_jax.data import toy
   from memagent_jax.rl import update as upd
-  from memagent_jax.rl.trainer import row_widths
+  from memagent_jax.experiment.assembly import row_widths
   policy = mj.load_policy("random:toy-tiny", seed=3)
   agent = mj.MemAgent(policy, chunk_tokens=32, memory_tokens=8, answer_tokens=6, question_tokens=16)
   p, n = row_widths(agent, 16)

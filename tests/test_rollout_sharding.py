@@ -62,7 +62,7 @@ def test_batch_that_does_not_divide_the_mesh_is_an_error():
   out = run_on_emulated_devices("""
 import json
 import memagent_jax as mj
-from memagent_jax import parallel
+from memagent_jax.runtime import parallel
 from memagent_jax.agent import MemAgent
 from memagent_jax.data import toy
 s = toy.generate(3, 64, seed=0)
@@ -83,7 +83,7 @@ SHARDED_ROLLOUT = """
 import json, os
 import jax, numpy as np
 import memagent_jax as mj
-from memagent_jax import parallel
+from memagent_jax.runtime import parallel
 from memagent_jax.agent import MemAgent
 from memagent_jax.data import toy
 data, fsdp = map(int, os.environ["MESH"].split(","))

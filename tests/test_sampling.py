@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import memagent_jax as mj
-from memagent_jax.sampling import SamplingParams
+from memagent_jax.policy.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

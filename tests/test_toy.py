@@ -5,14 +5,14 @@ import pytest
 
 import memagent_jax as mj
 from memagent_jax.agent import ConversationBatch, chunking
-from memagent_jax.agent.templates import (DIRECT_TEMPLATE, FINAL_TEMPLATES, MEMORY_TEMPLATE,
+from memagent_jax.text.templates import (DIRECT_TEMPLATE, FINAL_TEMPLATES, MEMORY_TEMPLATE,
                                           NO_MEMORY, TemplateSegments)
-from memagent_jax.data import toy
+from memagent_jax.data import tasks, toy
 from memagent_jax.models.config import PRESETS, TOY_VOCAB_SIZE
-from memagent_jax.models.loading import TOY_TOKENIZER, load_tokenizer
+from memagent_jax.policy.loading import TOY_TOKENIZER, load_tokenizer
 from memagent_jax.rl import rewards
-from memagent_jax.tokenization import Tokenizer
-from memagent_jax.word_tokenizer import IM_END, UnknownWordError, toy_tokenizer, vocabulary
+from memagent_jax.text.tokenizer import Tokenizer
+from memagent_jax.data.toy_tokenizer import IM_END, UnknownWordError, toy_tokenizer, vocabulary
 
 
 FIELDS = dict(prompt="what is the latest code of oslo ?", memory=NO_MEMORY,
@@ -185,9 +185,8 @@ def test_values_are_unambiguous_under_substring_matching():
 
 
 def test_registered_in_evaluation(tok):
-  from memagent_jax import evaluation
-  assert toy.TASK in evaluation.task_names()
-  samples = evaluation.make_samples(toy.TASK, 128, 2, 0, tok)
+  assert toy.TASK in tasks.task_names()
+  samples = tasks.make_samples(toy.TASK, 128, 2, 0, tok)
   assert samples == toy.generate(2, 128, 0)
 
 

@@ -9,10 +9,10 @@ import memagent_jax as mj
 from configs import toy_memagent
 from memagent_jax.agent import ConversationBatch
 from memagent_jax.data import toy
-from memagent_jax.data.toy_teacher import TEACHERS, asked_key, facts_in, memory_text
+from memagent_jax.rl.toy_teacher import TEACHERS, asked_key, facts_in, memory_text
 from memagent_jax.rl import rewards
 from memagent_jax.rl.batching import rows_from_conversations
-from memagent_jax.rl.trainer import Trainer
+from memagent_jax.experiment.assembly import build_trainer
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def _sft_config(stage, tmp_path, steps):
 
 @pytest.mark.parametrize("stage", ["pretrain", "warm_start", "full_attention"])
 def test_supervised_steps_run_through_the_trainer_and_lower_the_loss(tmp_path, stage):
-  out = Trainer(_sft_config(stage, tmp_path, 8)).train()
+  out = build_trainer(_sft_config(stage, tmp_path, 8)).train()
   losses = [h["loss"] for h in out["history"]]
   assert out["step"] == 8 and np.isfinite(losses).all()
   assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:2]), losses
@@ -147,15 +147,15 @@ def test_bad_stage_combinations_fail_up_front(tmp_path):
   c = _sft_config("warm_start", tmp_path, 2)
   c.rl.loss = "ppo_clip"
   with pytest.raises(ValueError, match="sft"):
-    Trainer(c)
+    build_trainer(c)
   c = _sft_config("full_attention", tmp_path, 2)
   c.train.source, c.rl.loss = "rollout", "ppo_clip"
   with pytest.raises(ValueError, match="direct"):
-    Trainer(c)
+    build_trainer(c)
   c = _sft_config("warm_start", tmp_path, 2)
   c.teacher.name = "oracle"
   with pytest.raises(ValueError, match="teacher.name"):
-    Trainer(c)
+    build_trainer(c)
   with pytest.raises(ValueError, match="variant"):
     toy_memagent.get_config("rl,huge")
 
@@ -163,7 +163,7 @@ def test_bad_stage_combinations_fail_up_front(tmp_path):
 def test_prompt_loss_trains_through_the_trainer(tmp_path):
   c = _sft_config("warm_start", tmp_path, 3)
   c.teacher.prompt_loss = True
-  trainer = Trainer(c)
+  trainer = build_trainer(c)
   assert trainer.spec.prompt_width == 1
   out = trainer.train()
   assert np.isfinite([h["loss"] for h in out["history"]]).all()

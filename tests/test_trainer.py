@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from configs import toy_cpu
-from memagent_jax import checkpointing
+from memagent_jax.runtime import checkpointing
+from memagent_jax.experiment import assembly
 from memagent_jax.rl import trainer as trainer_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,7 +37,7 @@ def _leaves(tree):
 
 
 def test_tiny_run_logs_every_metric_and_saves(tmp_path):
-  t = trainer_lib.Trainer(tiny(**{"train.steps": 2, "eval.every": 2}), workdir=str(tmp_path))
+  t = assembly.build_trainer(tiny(**{"train.steps": 2, "eval.every": 2}), workdir=str(tmp_path))
   out = t.train()
   assert out["step"] == 2
   lines = [json.loads(l) for l in open(tmp_path / "logs" / "metrics.jsonl")]
@@ -54,19 +55,19 @@ def test_tiny_run_logs_every_metric_and_saves(tmp_path):
 def test_bad_configs_fail_before_any_work(tmp_path):
   from memagent_jax.agent.memagent import ContextBudgetError
   with pytest.raises(ContextBudgetError, match="context window is 4096 tokens"):
-    trainer_lib.Trainer(tiny(**{"agent.chunk_tokens": 5000}), workdir=str(tmp_path / "a"))
+    assembly.build_trainer(tiny(**{"agent.chunk_tokens": 5000}), workdir=str(tmp_path / "a"))
   with pytest.raises(ValueError, match="group_size >= 2"):
-    trainer_lib.Trainer(tiny(**{"rl.group_size": 1, "rl.rollout_batch": 4}), workdir=str(tmp_path / "b"))
+    assembly.build_trainer(tiny(**{"rl.group_size": 1, "rl.rollout_batch": 4}), workdir=str(tmp_path / "b"))
   with pytest.raises(ValueError, match="does not match the 1 available devices"):
-    trainer_lib.Trainer(tiny(**{"mesh.data": 3}), workdir=str(tmp_path / "c"))
+    assembly.build_trainer(tiny(**{"mesh.data": 3}), workdir=str(tmp_path / "c"))
   with pytest.raises(ValueError, match="ppo_mini_batch"):
-    trainer_lib.Trainer(tiny(**{"rl.ppo_mini_batch": 3}), workdir=str(tmp_path / "d"))
+    assembly.build_trainer(tiny(**{"rl.ppo_mini_batch": 3}), workdir=str(tmp_path / "d"))
 
 
 def test_resume_from_another_model_shape_is_refused(tmp_path):
-  trainer_lib.Trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path)).train()
+  assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path)).train()
   with pytest.raises(checkpointing.CheckpointMismatchError):
-    trainer_lib.Trainer(tiny(**{"model.source": "random:toy-1m"}), workdir=str(tmp_path))
+    assembly.build_trainer(tiny(**{"model.source": "random:toy-1m"}), workdir=str(tmp_path))
 
 
 def test_consecutive_non_finite_updates_stop_training(tmp_path, monkeypatch):
@@ -78,7 +79,7 @@ def test_consecutive_non_finite_updates_stop_training(tmp_path, monkeypatch):
     return real(gd, params, opt, batch, tx=tx, spec=spec)
 
   monkeypatch.setattr(upd, "update_step", poisoned)
-  t = trainer_lib.Trainer(tiny(**{"train.steps": 5, "train.max_nan_steps": 3}), workdir=str(tmp_path))
+  t = assembly.build_trainer(tiny(**{"train.steps": 5, "train.max_nan_steps": 3}), workdir=str(tmp_path))
   before = _leaves(t.state.params)
   with pytest.raises(trainer_lib.NonFiniteLossError, match=r"step 2: 3 consecutive updates .*loss=nan"):
     t.train()
@@ -91,7 +92,7 @@ def test_non_finite_params_stop_the_run_before_their_checkpoint(tmp_path, monkey
   the run stops at that step, naming it and a param leaf, and writes no checkpoint of it."""
   real = trainer_lib.lr_at
   monkeypatch.setattr(trainer_lib, "lr_at", lambda o, step, total: float("nan") if step >= 1 else real(o, step, total))
-  t = trainer_lib.Trainer(tiny(**{"train.steps": 3, "train.save_every": 1}), workdir=str(tmp_path))
+  t = assembly.build_trainer(tiny(**{"train.steps": 3, "train.save_every": 1}), workdir=str(tmp_path))
   with pytest.raises(trainer_lib.NonFiniteStateError, match=r"step 2: \d+ leaves .* not finite \(params/embed"):
     t.train()
   ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
@@ -100,11 +101,11 @@ def test_non_finite_params_stop_the_run_before_their_checkpoint(tmp_path, monkey
   assert all(np.isfinite(x).all() for x in _leaves(restored))
   t.state.step = 2  # save_state itself refuses a non-finite state
   with pytest.raises(trainer_lib.NonFiniteStateError, match="step 2"):
-    trainer_lib.save_state(t)
+    trainer_lib.save_state(t.checkpointer, t.state, mesh=t.mesh, meta=t.checkpoint_meta())
 
 
 def test_resume_skips_an_unreadable_newest_checkpoint(tmp_path, caplog):
-  trainer_lib.Trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path)).train()
+  assembly.build_trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path)).train()
   ckpt_dir = tmp_path / "checkpoints"
   one, _ = checkpointing.Checkpointer(str(ckpt_dir)).restore(step=1)
   for root, _, files in os.walk(ckpt_dir / "2" / "state"):  # a half-written copy of step 2
@@ -112,7 +113,7 @@ def test_resume_skips_an_unreadable_newest_checkpoint(tmp_path, caplog):
       with open(os.path.join(root, f), "r+b") as fh:
         fh.truncate(os.path.getsize(os.path.join(root, f)) // 3)
   with caplog.at_level(logging.INFO):
-    t = trainer_lib.Trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path))
+    t = assembly.build_trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path))
   warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
   assert len(warnings) == 1 and "\n" not in warnings[0], warnings
   assert "step 2" in warnings[0] and str(ckpt_dir / "2") in warnings[0]
@@ -132,18 +133,18 @@ def test_recompute_old_logprobs_knob(tmp_path, monkeypatch):
   calls = []
   real = upd.batch_logprobs
   monkeypatch.setattr(upd, "batch_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
-  trainer_lib.Trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "on")).train()
+  assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "on")).train()
   on = len(calls)
-  trainer_lib.Trainer(tiny(**{"train.steps": 1, "rl.recompute_old_logprobs": False}),
+  assembly.build_trainer(tiny(**{"train.steps": 1, "rl.recompute_old_logprobs": False}),
                       workdir=str(tmp_path / "off")).train()
   assert on == 2 and len(calls) == on  # one pass per mini-batch when on, none when off
 
 
 def test_kl_pulls_towards_a_frozen_reference(tmp_path):
-  base = trainer_lib.Trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path / "base"))
+  base = assembly.build_trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path / "base"))
   init = _leaves(base.state.params)
   base.train()
-  kl = trainer_lib.Trainer(tiny(**{"train.steps": 2, "rl.kl_coef": 5.0}), workdir=str(tmp_path / "kl"))
+  kl = assembly.build_trainer(tiny(**{"train.steps": 2, "rl.kl_coef": 5.0}), workdir=str(tmp_path / "kl"))
   kl.train()
   assert all(np.array_equal(a, b) for a, b in zip(init, _leaves(kl.state.ref_params)))  # frozen
   diff = max(float(np.max(np.abs(x - y))) for x, y in zip(_leaves(base.state.params), _leaves(kl.state.params)))
@@ -151,18 +152,19 @@ def test_kl_pulls_towards_a_frozen_reference(tmp_path):
 
 
 def test_max_chunks_truncates_training_documents_only(tmp_path):
-  t = trainer_lib.Trainer(tiny(**{"train.steps": 1, "agent.max_chunks": 1, "agent.chunk_tokens": 32}),
-                          workdir=str(tmp_path))
+  run = assembly.build_experiment(tiny(**{"train.steps": 1, "agent.max_chunks": 1, "agent.chunk_tokens": 32}),
+                                  workdir=str(tmp_path))
+  t = run.trainer
   m = t.train()["history"][0]
   assert m["chunks_per_doc"] == 1.0
-  assert t.eval_agent is None and t.agent.max_chunks == 1
-  assert trainer_lib.build_agent(t.cfg, t.policy, training=False).max_chunks is None
+  assert run.evaluator is None and run.agent.max_chunks == 1
+  assert assembly.build_reader(t.cfg.agent, t.policy, training=False).max_chunks is None
 
 
 @pytest.mark.parametrize("knob", ["train.seed", "data.seed", "model.seed"])
 def test_seeds_change_the_run(tmp_path, knob):
-  a = trainer_lib.Trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "a")).train()["history"][0]
-  b = trainer_lib.Trainer(tiny(**{"train.steps": 1, knob: 7}), workdir=str(tmp_path / "b")).train()["history"][0]
+  a = assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "a")).train()["history"][0]
+  b = assembly.build_trainer(tiny(**{"train.steps": 1, knob: 7}), workdir=str(tmp_path / "b")).train()["history"][0]
   keys = ("rollout_tokens", "memory_tokens", "answer_tokens", "entropy", "loss")
   assert any(a[k] != b[k] for k in keys)
 
@@ -172,9 +174,9 @@ def test_seeds_change_the_run(tmp_path, knob):
 def test_trainer_knobs_reach_the_update(tmp_path, knob, value):
   """Each knob changes the params after one step, except remat and micro-batching, which must
   not change them beyond float rounding (they change how, not what, is computed)."""
-  base = trainer_lib.Trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "base"))
+  base = assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "base"))
   base.train()
-  other = trainer_lib.Trainer(tiny(**{"train.steps": 1, knob: value}), workdir=str(tmp_path / "other"))
+  other = assembly.build_trainer(tiny(**{"train.steps": 1, knob: value}), workdir=str(tmp_path / "other"))
   other.train()
   a, b = _leaves(base.state.params), _leaves(other.state.params)
   diff = max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
@@ -240,12 +242,11 @@ def test_compilation_cache_dir_holds_the_run_programs(tmp_path):
 def test_resume_truncates_metrics_in_place(tmp_path):
   """Lines of steps after the checkpoint (and a line torn by a kill) go; the file stays the one
   the metric writer holds open for appending, so later steps still land in it."""
-  from types import SimpleNamespace
   from memagent_jax.rl import train_state
   (tmp_path / "logs").mkdir()
   path = tmp_path / "logs" / "metrics.jsonl"
   path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 1, 2, 3)) + '{"step": 4, "lo')
   with open(path, "a") as writer:
-    train_state._truncate_metrics(SimpleNamespace(workdir=str(tmp_path), is_chief=True), 2)
+    train_state._truncate_metrics(str(path), 2)
     writer.write(json.dumps({"step": 3}) + "\n")
   assert [json.loads(l)["step"] for l in open(path)] == [1, 1, 2, 3]

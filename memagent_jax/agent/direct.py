@@ -13,9 +13,9 @@ import numpy as np
 from memagent_jax.agent import chunking
 from memagent_jax.agent.memagent import ContextBudgetError, encode_question
 from memagent_jax.agent.results import AgentResult, Conversation
-from memagent_jax.agent.templates import DIRECT_TEMPLATE, TemplateSegments, answer_text_to_prediction
-from memagent_jax.rl import rewards
-from memagent_jax.sampling import SamplingParams
+from memagent_jax.text.templates import DIRECT_TEMPLATE, TemplateSegments, answer_text_to_prediction
+from memagent_jax.text import answers
+from memagent_jax.policy.sampling import SamplingParams
 
 
 class DirectReader:
@@ -77,7 +77,7 @@ class DirectReader:
       conv = Conversation(np.asarray(prompt, np.int32), gen.tokens[i, :n], gen.logprobs[i, :n],
                           gen.sample_logprobs[i, :n], truncated=not bool(gen.stopped[i]), is_final=True)
       answer = self.tokenizer.decode_response(conv.response_ids)
-      results.append(AgentResult(questions[i], answer, rewards.extract_boxed(answer),
+      results.append(AgentResult(questions[i], answer, answers.extract_boxed(answer),
                                  answer_text_to_prediction(answer, "boxed"), [], [conv], 0, n_doc))
     return results
 

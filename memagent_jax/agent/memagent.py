@@ -20,10 +20,10 @@ from memagent_jax.agent import chunking
 from memagent_jax.agent.placement import RowPlacement
 from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_block
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
-from memagent_jax.agent.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
+from memagent_jax.text.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
                                           TemplateSegments, answer_text_to_prediction)
-from memagent_jax.rl import rewards
-from memagent_jax.sampling import SamplingParams, round_up, row_keys
+from memagent_jax.text import answers
+from memagent_jax.policy.sampling import SamplingParams, round_up, row_keys
 
 QUESTION_BUCKET = 32  # question widths are padded to a multiple of this to bound recompiles
 
@@ -193,7 +193,7 @@ class MemAgent:
     for i in range(b):
       answer = self.tokenizer.decode_response(conversations[i][-1].response_ids)
       results.append(AgentResult(
-          question=questions[i], answer=answer, boxed=rewards.extract_boxed(answer),
+          question=questions[i], answer=answer, boxed=answers.extract_boxed(answer),
           prediction=answer_text_to_prediction(answer, self.final_template), memories=memories[i],
           conversations=conversations[i], num_chunks=len(memories[i]), document_tokens=int(doc_tokens[i])))
     return results

@@ -12,7 +12,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from memagent_jax.parallel import BATCH_AXES
+from memagent_jax.runtime.parallel import BATCH_AXES
 
 
 class RowPlacement:

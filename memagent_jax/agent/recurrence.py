@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.sampling import Generation, fold_rows, sample_from_prompts
+from memagent_jax.policy.sampling import Generation, fold_rows, sample_from_prompts
 
 FINAL_STREAM = 0xFFFFFFFF  # the final answer's key is fold_in(row key, FINAL_STREAM); chunk k uses k
 

@@ -48,7 +48,7 @@ def sample_rng(task: str, length: int, seed: int, index: int) -> random.Random:
 
 
 def generate_one(task: str, length: int, seed: int, index: int,
-                 tokenizer: TokenizerOrCounter | None = None, **options) -> dict:
+                 tokenizer: TokenizerOrCounter, **options) -> dict:
   """Sample `index` of the (task, length, seed) set; see `generate`."""
   _check(task, length)
   counter = tokenizer if isinstance(tokenizer, TokenCounter) else TokenCounter(tokenizer)
@@ -56,8 +56,8 @@ def generate_one(task: str, length: int, seed: int, index: int,
   return {**out, "task": task, "length": length, "seed": seed, "index": index}
 
 
-def generate(task: str, length: int, n: int = 1, seed: int = 0,
-             tokenizer: TokenizerOrCounter | None = None, **options) -> list[dict]:
+def generate(task: str, length: int, n: int = 1, seed: int = 0, *,
+             tokenizer: TokenizerOrCounter, **options) -> list[dict]:
   """n samples of `task` with contexts of at most `length` tokens.
 
   Args:
@@ -66,7 +66,7 @@ def generate(task: str, length: int, n: int = 1, seed: int = 0,
     n: number of samples (indices 0..n-1).
     seed: dataset seed; same (task, length, seed, index) -> same sample.
     tokenizer: an object with `encode(str) -> list[int]`, a `Callable[[str], int]`
-      token counter, or None for the embedded SmolLM2 tokenizer.
+      token counter.
     **options: task options (vt: num_chains, num_hops; fwe: alpha, word_len, vocab_size).
 
   Returns:

@@ -7,7 +7,6 @@ from typing import Callable, Union
 
 TokenizerOrCounter = Union[Callable[[str], int], object]  # an object with encode(str) -> list[int]
 
-DEFAULT_TOKENIZER = "smollm2-135m-instruct"  # the embedded model (memagent_jax.models.loading)
 WHITESPACE = "whitespace"  # a model-free counter: one token per whitespace-separated word
 
 
@@ -16,21 +15,10 @@ def whitespace_count(text: str) -> int:
   return len(text.split())
 
 
-def counter_from_name(name: str) -> Callable[[str], int]:
-  """'whitespace' or a model source that `load_tokenizer` accepts -> a counter."""
-  if name == WHITESPACE:
-    return whitespace_count
-  from memagent_jax.models.loading import load_tokenizer  # lazy: keeps data imports light
-  return as_counter(load_tokenizer(name))
-
-
 class TokenCounter:
   """Counts tokens of texts; memoizes short repeated pieces (haystack units, needles)."""
 
-  def __init__(self, tokenizer_or_counter: TokenizerOrCounter | None = None):
-    if tokenizer_or_counter is None:
-      from memagent_jax.models.loading import load_tokenizer
-      tokenizer_or_counter = load_tokenizer(DEFAULT_TOKENIZER)
+  def __init__(self, tokenizer_or_counter: TokenizerOrCounter):
     if isinstance(tokenizer_or_counter, TokenCounter):
       tokenizer_or_counter = tokenizer_or_counter.count
     self._fn = as_counter(tokenizer_or_counter)

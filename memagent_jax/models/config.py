@@ -153,7 +153,7 @@ class ModelConfig:
 
 
 # The toy word tokenizer's vocabulary size rounded up to a multiple of 64 (tests/test_toy.py
-# checks it against memagent_jax.word_tokenizer.vocabulary()).
+# checks it against memagent_jax.data.toy_tokenizer.vocabulary()).
 TOY_VOCAB_SIZE = 192
 
 # Values from the models' published config.json files.
@@ -196,7 +196,7 @@ PRESETS: dict[str, ModelConfig] = {
         arch="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
         num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0, rms_norm_eps=1e-5,
         max_position_embeddings=8192, tie_word_embeddings=True, attention_bias=False),
-    # The toy world's word-level vocabulary (memagent_jax.word_tokenizer), CPU-scale RL.
+    # The toy world's word-level vocabulary (memagent_jax.data.toy_tokenizer), CPU-scale RL.
     "toy-1m": ModelConfig(
         arch="llama", vocab_size=TOY_VOCAB_SIZE, hidden_size=128, intermediate_size=512, num_layers=4,
         num_heads=4, num_kv_heads=4, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5,

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, traverse_util
 
-from memagent_jax.atomic_io import atomic_directory
+from memagent_jax.runtime.atomic_io import atomic_directory
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.decoder import Decoder
 from memagent_jax.models.hf_layout import TensorSpec, hf_layout

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from memagent_jax.registry import Registry
+from memagent_jax.runtime.registry import Registry
 
 AdvantageFn = Callable[[np.ndarray, np.ndarray, float], np.ndarray]
 

@@ -7,6 +7,9 @@ import math
 import numbers
 
 from memagent_jax.models import attention
+from memagent_jax.rl import advantages, losses, rollout
+from memagent_jax.rl.optim import SCHEDULES
+from memagent_jax.rl.toy_teacher import TEACHERS
 
 # (key, integer, low, high, low open, high open, extra allowed values, why): every numeric field of
 # configs/base.py. None = unbounded. `_walk` also rejects a non-finite number under any other key.
@@ -135,8 +138,6 @@ def check_numbers(cfg):
 def validate_config(cfg):
   """Raises ValueError for bad values or settings that cannot work together (model-dependent
   checks, such as the context budget, happen when the agent is built)."""
-  from memagent_jax.rl import advantages, losses, rollout
-  from memagent_jax.rl.optim import SCHEDULES
   check_numbers(cfg)
   rl, t = cfg.rl, cfg.train
   if rl.advantage not in advantages.ADVANTAGES:
@@ -153,7 +154,6 @@ def validate_config(cfg):
   if cfg.agent.kind == "direct" and t.source != "teacher":
     _fail("agent.kind='direct' (the full-attention baseline) trains only supervised: set train.source='teacher'")
   if t.source == "teacher":
-    from memagent_jax.data.toy_teacher import TEACHERS
     if cfg.teacher.name not in TEACHERS:
       _fail(f"teacher.name={cfg.teacher.name!r}; known: {sorted(TEACHERS)}")
   if rl.advantage == "grpo" and rl.group_size < 2 and t.source == "rollout":

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from memagent_jax.registry import Registry
+from memagent_jax.runtime.registry import Registry
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
              "seq-mean-token-sum-norm")

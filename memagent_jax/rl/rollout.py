@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from memagent_jax.agent.results import AgentResult, ConversationBatch
-from memagent_jax.registry import Registry
+from memagent_jax.runtime.registry import Registry
 from memagent_jax.rl import advantages as adv_lib
 from memagent_jax.rl import rewards
 from memagent_jax.rl.batching import TrainRows, rows_from_conversations

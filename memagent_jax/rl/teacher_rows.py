@@ -1,7 +1,7 @@
 """Supervised steps through the RL trainer: teacher-forced conversations as `TrainRows`.
 
 A `TeacherCollector` stands where the `RolloutCollector` stands: it draws a question batch,
-lets a registered teacher (memagent_jax.data.toy_teacher) write each trajectory in the agent's
+lets a registered teacher (memagent_jax.rl.toy_teacher) write each trajectory in the agent's
 exact prompt format, and returns the same fixed-width rows with advantage 1, so the update
 step's `sft` loss (token-mean negative log-likelihood of the responses) trains on them.
 """
@@ -18,6 +18,7 @@ from memagent_jax.agent.results import ConversationBatch
 from memagent_jax.rl import rewards
 from memagent_jax.rl.batching import TrainRows, rows_from_conversations
 from memagent_jax.rl.rollout import StepRollout
+from memagent_jax.rl.toy_teacher import TEACHERS
 
 
 def language_model_rows(rows: TrainRows) -> TrainRows:
@@ -32,7 +33,6 @@ class TeacherCollector:
   """Teacher trajectories of one step's questions -> TrainRows (one trajectory per question)."""
 
   def __init__(self, agent, teacher_cfg, prompt_width: int, response_width: int):
-    from memagent_jax.data.toy_teacher import TEACHERS
     self.agent, self.prompt_width, self.response_width = agent, prompt_width, response_width
     self.teacher = TEACHERS.get(teacher_cfg.name)
     self.options = dict(teacher_cfg.options)

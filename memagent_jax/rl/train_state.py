@@ -20,8 +20,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from memagent_jax import checkpointing, parallel
-from memagent_jax.models import loading
+from memagent_jax.runtime import checkpointing
+from memagent_jax.runtime import parallel
+from memagent_jax.policy import loading
 
 
 @dataclasses.dataclass
@@ -33,9 +34,9 @@ class TrainState:
   rng: jax.Array  # raw uint32 key [2]
 
 
-def _model_meta(trainer) -> dict:
-  source = trainer.cfg.model.source
-  return dict(model_config=dataclasses.asdict(trainer.policy.config), model_source=source,
+def model_meta(source: str, policy) -> dict:
+  """The model's description a checkpoint carries: its config, source, and tokenizer source (export)."""
+  return dict(model_config=dataclasses.asdict(policy.config), model_source=source,
               tokenizer_source=loading.tokenizer_source(source))
 
 
@@ -81,10 +82,9 @@ def nonfinite_leaves(tree, mesh) -> list[str]:
   return [name for (name, _), ok in zip(flat, flags) if not ok]
 
 
-def check_finite(trainer, step: int):
+def check_finite(st: TrainState, mesh, step: int):
   """Raises NonFiniteStateError naming `step` and the first non-finite params / optimizer leaves."""
-  st = trainer.state
-  bad = nonfinite_leaves({"params": st.params, "opt_state": st.opt_state}, trainer.mesh)
+  bad = nonfinite_leaves({"params": st.params, "opt_state": st.opt_state}, mesh)
   bad.sort(key=lambda name: not name.startswith("params/"))  # params first: they are what broke
   if bad:
     names = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
@@ -93,48 +93,45 @@ def check_finite(trainer, step: int):
                               "optimizer setting, or an overflowing update (lower optim.lr)?")
 
 
-def restore_or_init(trainer):
-  """Fresh state (params sharded by the mesh rules), or the latest complete checkpoint's."""
-  cfg = trainer.cfg
-  master = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), trainer.policy.state)  # fp32 master
-  shardings = parallel.param_shardings(master, trainer.mesh, trainer.rules)
-  params = parallel.shard_params(master, trainer.mesh, trainer.rules)
-  opt_state = trainer.tx.init(params)
-  opt_state = parallel.shard_opt_state(opt_state, params, shardings, trainer.mesh)
+def restore_or_init(cfg, *, workdir: str, policy, mesh, rules, tx, batches, is_chief: bool):
+  """Fresh state (params sharded by the mesh rules), or the latest complete checkpoint's (which
+  also moves `batches` to its data position and drops later lines of metrics.jsonl)."""
+  master = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), policy.state)  # fp32 master
+  shardings = parallel.param_shardings(master, mesh, rules)
+  params = parallel.shard_params(master, mesh, rules)
+  opt_state = tx.init(params)
+  opt_state = parallel.shard_opt_state(opt_state, params, shardings, mesh)
   ref_params = jax.tree_util.tree_map(jnp.copy, params) if cfg.rl.kl_coef else None
   rng = jax.random.PRNGKey(cfg.train.seed)
-  ckpt = checkpointing.Checkpointer(os.path.join(trainer.workdir, "checkpoints"), keep=cfg.train.keep_checkpoints,
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.train.keep_checkpoints,
                                     async_save=cfg.train.async_checkpoint)
   state = TrainState(params, opt_state, ref_params, 0, rng)
   if ckpt.latest_step() is None:
     return state, ckpt
-  live = _tree(state, trainer.mesh)
-  _, restored, meta = ckpt.restore_newest_readable(target=live,
-                                                   expect_model_config=_model_meta(trainer)["model_config"])
+  live = _tree(state, mesh)
+  expect = model_meta(cfg.model.source, policy)["model_config"]
+  _, restored, meta = ckpt.restore_newest_readable(target=live, expect_model_config=expect)
   # the checkpoint holds plain dicts where the live tree has nnx.State nodes; the leaves come back
   # in the target's order (and shardings), so they refill the live structure exactly
   tree = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(live), jax.tree_util.tree_leaves(restored))
   state = TrainState(tree["params"], tree["opt_state"], tree.get("ref_params"), int(_local(tree["step"])),
                      jnp.asarray(_local(tree["rng"])))  # the key goes back to a host-local array
-  trainer.batches.set_state(meta["data_state"])
-  _truncate_metrics(trainer, state.step)
+  batches.set_state(meta["data_state"])
+  if is_chief:
+    _truncate_metrics(os.path.join(workdir, "logs", "metrics.jsonl"), state.step)
   logging.info("resumed from step %d in %s", state.step, ckpt.directory)
   return state, ckpt
 
 
-def save_state(trainer):
+def save_state(checkpointer, st: TrainState, *, mesh, meta: dict):
   """Asynchronous save of everything a bit-exact resume needs; never of a non-finite state."""
-  st = trainer.state
-  check_finite(trainer, st.step)
-  meta = dict(_model_meta(trainer), data_state=trainer.batches.get_state(), step=st.step,
-              config=trainer.cfg.to_json_best_effort())
-  trainer.checkpointer.save(st.step, _tree(st, trainer.mesh), meta)
+  check_finite(st, mesh, st.step)
+  checkpointer.save(st.step, _tree(st, mesh), meta)
 
 
-def _truncate_metrics(trainer, step: int):
+def _truncate_metrics(path: str, step: int):
   """Drops logged lines of steps after the checkpoint: they will be run again."""
-  path = os.path.join(trainer.workdir, "logs", "metrics.jsonl")
-  if not trainer.is_chief or not os.path.exists(path):
+  if not os.path.exists(path):
     return
   end = 0  # byte offset after the last line to keep (lines are in step order)
   with open(path, "rb") as f:

@@ -38,10 +38,12 @@ class UpdateSpec:
   compute_dtype: str = "float32"  # forward/backward dtype; params and AdamW state stay float32
 
   @classmethod
-  def from_config(cls, rl, prompt_width: int, remat: bool, compute_dtype: str = "float32") -> "UpdateSpec":
-    return cls(prompt_width, rl.loss, rl.agg, rl.clip_low, rl.clip_high,
-               rl.clip_c if rl.clip_c else None, rl.kl_coef, rl.kl_kind, rl.entropy_coef, remat,
-               rl.temperature, compute_dtype)
+  def from_config(cls, rl, *, loss_from: int, remat: bool, compute_dtype: str) -> "UpdateSpec":
+    """The spec of a config's `rl` section; the loss reads token columns from `loss_from` on."""
+    return cls(prompt_width=loss_from, loss=rl.loss, agg=rl.agg, clip_low=rl.clip_low, clip_high=rl.clip_high,
+               clip_c=rl.clip_c if rl.clip_c else None, kl_coef=rl.kl_coef, kl_kind=rl.kl_kind,
+               entropy_coef=rl.entropy_coef, remat=remat, temperature=rl.temperature,
+               compute_dtype=compute_dtype)
 
 
 def cast_params(params, dtype):

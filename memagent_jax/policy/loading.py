@@ -15,6 +15,9 @@ from memagent_jax.models.decoder import Decoder
 from memagent_jax.models.gguf_weights import convert_gguf
 from memagent_jax.models.hf_weights import build_model, load_hf_params, read_hf_config
 from memagent_jax.models.safetensors_io import WeightsError
+from memagent_jax.data.toy_tokenizer import toy_tokenizer
+from memagent_jax.policy.policy import Policy
+from memagent_jax.text.tokenizer import Tokenizer
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
 HUB_IDS = {
@@ -24,7 +27,7 @@ HUB_IDS = {
     "qwen2.5-7b-instruct": "Qwen/Qwen2.5-7B-Instruct",
     "qwen2.5-14b-instruct": "Qwen/Qwen2.5-14B-Instruct",
 }
-# The toy world's word-level tokenizer (memagent_jax.word_tokenizer).
+# The toy world's word-level tokenizer (memagent_jax.data.toy_tokenizer).
 TOY_TOKENIZER = "toy-words"
 # Random-weight presets sharing a known vocabulary get that tokenizer (a load_tokenizer source).
 RANDOM_WITH_TOKENIZER = {"smollm2-135m-instruct": EMBEDDED_DEFAULT, "tiny-smollm2": EMBEDDED_DEFAULT,
@@ -72,7 +75,6 @@ LOCAL_SOURCES = (f"'{EMBEDDED_DEFAULT}' (embedded), 'random:<preset>', a local m
 
 
 def _read_tokenizer(model_dir: str):
-  from memagent_jax.tokenization import Tokenizer
   try:
     return Tokenizer.from_dir(model_dir)
   except Exception as e:  # transformers fails deep inside on a corrupt tokenizer file
@@ -81,7 +83,6 @@ def _read_tokenizer(model_dir: str):
 
 
 def _load_hf_dir(model_dir: str, dtype, name: str, attention: str = "auto"):
-  from memagent_jax.policy import Policy
   cfg = read_hf_config(model_dir)
   model = build_model(cfg, load_hf_params(model_dir, cfg, dtype), dtype)
   model.set_attention(attention)
@@ -120,7 +121,6 @@ def load_tokenizer(source: str = EMBEDDED_DEFAULT):
   if key == EMBEDDED_DEFAULT:
     return _read_tokenizer(convert_gguf(embedded_gguf_path()))
   if key == TOY_TOKENIZER:
-    from memagent_jax.word_tokenizer import toy_tokenizer
     return toy_tokenizer()
   if key.endswith(".gguf"):
     return _read_tokenizer(convert_gguf(source))
@@ -143,7 +143,6 @@ def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0, 
   if key == EMBEDDED_DEFAULT:
     return _load_gguf(embedded_gguf_path(), dt, source, attention)
   if key.startswith("random:"):
-    from memagent_jax.policy import Policy
     preset = source.split(":", 1)[1].lower()
     cfg = get_preset(preset)
     source_tok = tokenizer_source_for_preset(preset)

@@ -22,7 +22,9 @@ from __future__ import annotations
 import functools
 import re
 
-from memagent_jax.tokenization import Tokenizer
+from memagent_jax.data import toy
+from memagent_jax.text import templates as T
+from memagent_jax.text.tokenizer import Tokenizer
 
 PAD, UNK, IM_START, IM_END, END_OF_TEXT = "<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = (PAD, UNK, IM_START, IM_END, END_OF_TEXT)  # ids 0..4, in this order
@@ -51,7 +53,6 @@ def split_words(text: str) -> list[str]:
 
 def template_words() -> set[str]:
   """Every token of the MemAgent templates (fields left empty) and the initial memory."""
-  from memagent_jax.agent import templates as T
   texts = [T.MEMORY_TEMPLATE, T.DIRECT_TEMPLATE, *T.FINAL_TEMPLATES.values()]
   words = {w for t in texts
            for w in split_words(t.format(**{f: "" for f in re.findall(r"(?<!\{)\{(\w+)\}(?!\})", t)}))}
@@ -60,7 +61,6 @@ def template_words() -> set[str]:
 
 def vocabulary() -> list[str]:
   """Special tokens, then the sorted union of template, chat-role and toy-world tokens."""
-  from memagent_jax.data import toy
   words = template_words() | set(CHAT_ROLES) | set(toy.vocabulary_words())
   return list(SPECIAL_TOKENS) + sorted(words - set(SPECIAL_TOKENS))
 

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from memagent_jax import sampling
+from memagent_jax.policy import sampling
 from memagent_jax.models.decoder import Decoder, forward_logits
 from memagent_jax.models.hf_weights import export_hf
-from memagent_jax.tokenization import Tokenizer
+from memagent_jax.text.tokenizer import Tokenizer
 
 PROMPT_BUCKET = 64  # prompt lengths are padded up to a multiple of this to bound recompiles
 

@@ -11,61 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from typing import Iterable
 
 from tqdm.auto import tqdm
 
-QA_TASKS = ("squad", "hotpotqa")
-QA_FILES = {"squad": ("dev-v1.1.json", "train-v1.1.json"),
-            "hotpotqa": ("hotpot_dev_distractor_v1.json", "hotpot_train_v1.1.json")}
-
-
-def task_names() -> list[str]:
-  from memagent_jax.data import ruler, toy
-  return list(ruler.TASKS) + list(QA_TASKS) + [toy.TASK]
-
-
-def _qa_file(task: str, data_dir: str | None) -> str:
-  if not data_dir:
-    raise ValueError(f"task {task!r} reads a local corpus: pass --data-dir with one of "
-                     f"{', '.join(QA_FILES[task])}")
-  if os.path.isfile(data_dir):
-    return data_dir
-  for name in QA_FILES[task]:
-    path = os.path.join(data_dir, name)
-    if os.path.isfile(path):
-      return path
-  raise FileNotFoundError(f"no {task} file in {data_dir} (looked for {', '.join(QA_FILES[task])})")
-
-
-def make_samples(task: str, length: int, n: int, seed: int, tokenizer,
-                 data_dir: str | None = None) -> list[dict]:
-  """n samples whose contexts have about `length` tokens (RULER: fitted; QA: padded documents)."""
-  from memagent_jax.data import longqa, ruler, toy
-  if task in ruler.TASKS:
-    return ruler.generate(task, length, n, seed, tokenizer)
-  if task == toy.TASK:  # lengths in toy (word) tokens, whatever the tokenizer
-    return toy.generate(n, length, seed)
-  if task not in QA_TASKS:
-    raise ValueError(f"unknown task {task!r}; known: {', '.join(task_names())}")
-  path = _qa_file(task, data_dir)
-  corpus = longqa.load_squad(path) if task == "squad" else longqa.load_hotpotqa(path)
-  if n > len(corpus):
-    raise ValueError(f"n={n} but {path} has only {len(corpus)} questions")
-  chosen = random.Random(f"eval:{task}:{seed}").sample(range(len(corpus)), n)  # spread over articles
-  examples = [corpus.examples[i] for i in chosen]
-  sample_pool = corpus.pool[:200]
-  per_doc = sum(len(tokenizer.encode(p)) for p in sample_pool) / max(1, len(sample_pool))
-  num_docs = max(max(len(e.paragraphs) for e in examples), round(length / (per_doc + 5)))
-  return longqa.build_long_qa(longqa.QACorpus(tuple(examples), corpus.pool), num_docs, seed)
-
+from memagent_jax.data import ruler, toy
+from memagent_jax.rl import rewards
 
 def score(task: str, result, answers: list[str]) -> dict[str, float]:
   """Scores an AgentResult against the reference answers."""
-  from memagent_jax.data import ruler, toy
-  from memagent_jax.rl import rewards
   prediction = result.prediction
   if task == toy.TASK:  # one-word answers: exact match of the extracted answer
     return {"score": rewards.exact_match(prediction, answers), "sub_em": rewards.sub_em(prediction, answers)}

@@ -21,9 +21,9 @@ import numpy as np
 from memagent_jax.agent import chunking
 from memagent_jax.agent.memagent import encode_question
 from memagent_jax.agent.results import AgentResult, Conversation
-from memagent_jax.agent.templates import NO_MEMORY
+from memagent_jax.text.templates import NO_MEMORY
 from memagent_jax.data import toy
-from memagent_jax.registry import Registry
+from memagent_jax.runtime.registry import Registry
 
 FACT_RE = re.compile(r"the code of (\w+) is (\w+) \.")
 QUESTION_RE = re.compile(r"what is the latest code of (\w+) \?")

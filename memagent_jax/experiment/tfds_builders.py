@@ -27,7 +27,8 @@ from etils import epath
 from tensorflow_datasets.core import utils as tfds_utils
 
 from memagent_jax.data import longqa, ruler, toy
-from memagent_jax.data.tokens import DEFAULT_TOKENIZER, counter_from_name
+from memagent_jax.data.tokens import WHITESPACE, as_counter, whitespace_count
+from memagent_jax.policy.loading import EMBEDDED_DEFAULT, load_tokenizer
 
 ARRAY_RECORD = "array_record"
 RULER_LENGTHS_K = (4, 8, 16, 32, 64, 128, 256, 512)  # RULER / MemAgent test lengths (x1024)
@@ -62,6 +63,11 @@ def _sample_features(**extra) -> tfds.features.FeaturesDict:
   })
 
 
+def counter_from_name(name: str):
+  """'whitespace' or a model source that `load_tokenizer` accepts -> a `str -> int` counter."""
+  return whitespace_count if name == WHITESPACE else as_counter(load_tokenizer(name))
+
+
 @dataclasses.dataclass(eq=False)
 class RulerConfig(tfds.core.BuilderConfig):
   """One (task, length) set; name it e.g. `niah_single_1_8k`."""
@@ -69,7 +75,7 @@ class RulerConfig(tfds.core.BuilderConfig):
   length: int = 8192  # context token budget
   num_samples: int = 128
   seed: int = 0
-  tokenizer: str = DEFAULT_TOKENIZER  # model source for load_tokenizer, or "whitespace"
+  tokenizer: str = EMBEDDED_DEFAULT  # model source for load_tokenizer, or "whitespace"
 
 
 class Ruler(_LocalBuilder):

@@ -12,7 +12,8 @@ import os
 import threading
 import time
 
-from memagent_jax import evaluation
+from memagent_jax.data import tasks
+from memagent_jax.evaluation.evaluate import run_eval
 
 
 def _rss_bytes() -> int:
@@ -63,14 +64,14 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], n: int, seed
   do not depend on the length (MemAgent), so no long document is read twice."""
   rows = []
   for i, length in enumerate(lengths):
-    samples = evaluation.make_samples(task, length, n, seed + length, reader.tokenizer)
+    samples = tasks.make_samples(task, length, n, seed + length, reader.tokenizer)
     if i == 0 or warmup_each_length:
       warm = samples[:batch_size]
       reader.answer_batch([s["question"] for s in warm], [s["context"] for s in warm],
                           temperature=temperature, top_p=top_p, seed=seed)  # compile these shapes
     out = os.path.join(out_dir, f"{name}_{length}.jsonl") if out_dir else None
     with PeakRSS() as mem:
-      summary = evaluation.run_eval(reader, task, samples, out, batch_size, temperature, top_p,
+      summary = run_eval(reader, task, samples, out, batch_size, temperature, top_p,
                                     seed=seed, progress=progress)
     acc = summary["score"]
     lo, hi = wilson_interval(acc * n, n)

@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from memagent_jax.rl import rewards
+from memagent_jax.text import answers
 
 NO_MEMORY = "No previous memory"
 
@@ -110,5 +110,5 @@ def answer_text_to_prediction(answer: str, final_template: str) -> str | None:
   """What the final answer claims: the boxed content (training variant) or the text after the
   last 'the answer is' (evaluation variant); None when the answer does not follow its format."""
   if final_template == "eval":
-    return rewards.answer_after_marker(answer)
-  return rewards.extract_boxed(answer)
+    return answers.answer_after_marker(answer)
+  return answers.extract_boxed(answer)

@@ -1,0 +1,163 @@
+"""The assembly: a config -> the parts of a run (mesh, policy, reader, data, collector, evaluator,
+trainer), built once and in one place.
+
+Every entry point goes through here (experiments/train.py, sweeps, the toy reproduction, the
+notebook, `memagent eval`, the tests), so a config key means the same thing everywhere and no
+other module builds an agent from a config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+
+from memagent_jax.agent import DirectReader, MemAgent
+from memagent_jax.data import pipeline, tasks
+from memagent_jax.evaluation import run_eval
+from memagent_jax.policy.loading import load_policy
+from memagent_jax.rl.config_checks import validate_config
+from memagent_jax.rl.rollout import RolloutCollector
+from memagent_jax.rl.teacher_rows import TeacherCollector
+from memagent_jax.rl.trainer import Trainer
+from memagent_jax.runtime import parallel
+
+
+def build_reader(agent_cfg, policy, *, training: bool, mesh=None, truncate: bool | None = None):
+  """The reader `agent_cfg` (a config's `agent` section) describes, over `policy`.
+
+  Centre truncation to agent.max_chunks applies to training rollouts only: evaluation reads whole
+  documents. kind "direct" is the full-attention baseline (the whole document in one prompt, up to
+  agent.context_tokens); it centre-truncates longer documents when evaluating, or when `truncate`
+  says so. With a mesh, the MemAgent's rows split over its ("data", "fsdp") axes and processes."""
+  a = agent_cfg
+  if a.kind == "direct":
+    return DirectReader(policy, answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
+                        truncate=(not training) if truncate is None else truncate,
+                        context_tokens=a.context_tokens or None)
+  return MemAgent(policy, chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens,
+                  answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
+                  final_template=a.final_template, block_chunks=a.block_chunks,
+                  max_chunks=(a.max_chunks or None) if training else None, mesh=mesh)
+
+
+def load_policy_of(cfg, source: str | None = None):
+  """The policy of `cfg.model` (or of `source`, e.g. an exported stage, with cfg's dtype and backend)."""
+  m = cfg.model
+  return load_policy(source or m.source, dtype=m.dtype, seed=m.seed, attention=m.attention)
+
+
+def load_reader(cfg, source: str | None = None, *, training: bool = False, mesh=None):
+  """Policy + reader of a config in one call (evaluation, notebooks)."""
+  return build_reader(cfg.agent, load_policy_of(cfg, source), training=training, mesh=mesh)
+
+
+def sample_pool(data_cfg, *, size: int, seed: int, length: int, tokenizer, data_dir: str = "") -> list[dict]:
+  """`size` samples of the config's task at `length` tokens (toy documents in the config's chunk size)."""
+  return tasks.make_samples(data_cfg.task, length, size, seed, tokenizer, data_dir or data_cfg.data_dir or None)
+
+
+def check_held_out(train: list[dict], held_out: list[dict], task: str):
+  """Evaluation questions must not be training questions (QA corpora: pass the dev file as
+  eval.data_dir); synthetic tasks draw fresh samples from another seed."""
+  seen = {(s["question"], tuple(s["answers"])) for s in train}
+  overlap = sum((s["question"], tuple(s["answers"])) in seen for s in held_out)
+  if overlap and task in tasks.QA_TASKS:
+    raise ValueError(f"{overlap} of the {len(held_out)} evaluation questions of {task!r} are also training "
+                     "questions: set eval.data_dir to the held-out (dev) file and data.data_dir to the train file")
+
+
+def row_widths(agent, question_tokens: int, document_tokens: int = 0) -> tuple[int, int]:
+  """Static (prompt width P, response width N) covering every conversation of the config
+  (a direct reader's prompt holds the whole training document of `document_tokens`)."""
+  if isinstance(agent, DirectReader):
+    return agent.segments.fixed_tokens + question_tokens + document_tokens, agent.answer_tokens
+  agent.check_budget(question_tokens)  # ContextBudgetError naming every part if it cannot fit
+  return max(agent.prompt_tokens(question_tokens).values()), max(agent.memory_tokens, agent.answer_tokens)
+
+
+def enable_compilation_cache(directory: str):
+  """Every compiled program (however quick to compile) goes to the persistent cache in directory."""
+  os.makedirs(directory, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", os.path.abspath(directory))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def start_runtime(cfg):
+  """Joins the processes of a multi-host run, turns on the compile cache, returns (mesh, rules)."""
+  d = cfg.distributed  # 0 / "" / -1 mean "from the JAX_* environment variables"
+  parallel.initialize_distributed({"num_processes": d.num_processes or None,
+                                   "coordinator_address": d.coordinator_address or None,
+                                   "process_id": d.process_id if d.process_id >= 0 else None})
+  if cfg.train.compilation_cache_dir:
+    enable_compilation_cache(cfg.train.compilation_cache_dir)
+  return parallel.make_mesh(cfg.mesh), parallel.axis_rules([tuple(r) for r in cfg.mesh.rules] or None)
+
+
+@dataclasses.dataclass
+class Evaluator:
+  """Accuracy of a reader on a fixed held-out set (the config's released validation sampling)."""
+  reader: object
+  task: str
+  samples: list[dict]
+  eval_cfg: object
+
+  def __call__(self) -> dict[str, float]:
+    e = self.eval_cfg
+    summary = run_eval(self.reader, self.task, self.samples, None, e.batch_size, e.temperature, e.top_p,
+                       seed=e.seed, progress=False)
+    return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k != "n"}
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything one training run is made of; `trainer` owns the loop."""
+  cfg: object
+  mesh: object
+  policy: object
+  agent: object
+  train_pool: list[dict]
+  evaluator: Evaluator | None
+  trainer: Trainer
+
+
+def build_experiment(cfg, workdir: str | None = None) -> Experiment:
+  """The config turned into its parts, once: validate, start the runtime, load the policy, build
+  the reader, draw the data, pick the collector (RL rollouts or teacher rows), the evaluator and
+  the trainer (which restores the newest readable checkpoint of workdir)."""
+  validate_config(cfg)
+  mesh, rules = start_runtime(cfg)
+  policy = load_policy_of(cfg)
+  agent = build_reader(cfg.agent, policy, training=True, mesh=mesh)  # rollouts: rows over data x fsdp
+  prompt_width, response_width = row_widths(agent, cfg.agent.question_tokens, cfg.data.length)
+  if cfg.train.source == "teacher":  # supervised warm start / baseline: teacher-forced rows, loss "sft"
+    collector = TeacherCollector(agent, cfg.teacher, prompt_width, response_width)
+  else:
+    collector = RolloutCollector(agent, cfg.rl, prompt_width, response_width)
+  d = cfg.data
+  tok = agent.tokenizer
+  pool = sample_pool(d, size=d.train_size, seed=d.seed, length=d.length, tokenizer=tok)
+  batches = pipeline.make_iterator(pool, cfg.rl.questions_per_step, seed=d.seed, num_epochs=None,
+                                   drop_remainder=True)
+  evaluator = None
+  if cfg.eval.every:
+    e = cfg.eval
+    held_out = sample_pool(d, size=e.size, seed=e.seed, length=e.length or d.length, tokenizer=tok,
+                           data_dir=e.data_dir)
+    check_held_out(pool, held_out, d.task)
+    # multi-process params span hosts, so evaluation runs on the mesh too (each process reads the
+    # whole held-out set: duplicated work, same scores); one process keeps any batch size
+    reader = build_reader(cfg.agent, policy, training=False, mesh=mesh if jax.process_count() > 1 else None)
+    evaluator = Evaluator(reader, d.task, held_out, e)
+  # the loss starts at the response column; a teacher's prompt loss trains whole conversations
+  loss_from = 1 if cfg.train.source == "teacher" and cfg.teacher.prompt_loss else prompt_width
+  trainer = Trainer(cfg, workdir=workdir or cfg.train.workdir, mesh=mesh, rules=rules, policy=policy,
+                    collector=collector, batches=batches, loss_from=loss_from, evaluate=evaluator)
+  return Experiment(cfg, mesh, policy, agent, pool, evaluator, trainer)
+
+
+def build_trainer(cfg, workdir: str | None = None) -> Trainer:
+  """`build_experiment(cfg, workdir).trainer`: what a training entry point needs."""
+  return build_experiment(cfg, workdir).trainer

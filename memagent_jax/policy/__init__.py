@@ -1,0 +1,8 @@
+"""The policy: a decoder with its tokenizer, compiled sampling, and loading from every weight source.
+
+  sampling    jitted prefill + decode with a static KV cache, per-row PRNG keys
+  policy      `Policy`: logits, sample, generate, export
+  loading     `load_policy` / `load_tokenizer` from the embedded default, HF dirs, GGUF, hub ids
+  export      a training checkpoint -> an HF directory
+"""
+from memagent_jax.policy.policy import Policy

@@ -1,0 +1,8 @@
+"""The bottom layer: what any part of a run stands on and that knows nothing of models or agents.
+
+  registry      name -> function registries that configs select from
+  atomic_io     files and plots written under a temporary name, renamed on success
+  orbax_quiet   orbax's log noise silenced, its errors on one line
+  parallel      device mesh, logical-axis sharding rules, batch sharding, multi-host start
+  checkpointing orbax checkpoints: async, keep-N, atomic, damaged steps skipped
+"""
