@@ -1,7 +1,12 @@
 """Defaults shared by every training config; experiment files override what differs.
 
-Every field is read by the trainer (`memagent_jax/rl/trainer.py`); a field that nothing
-reads would be a flag that does nothing, so there are none.
+Who reads what: `memagent_jax/experiment/assembly.py` turns the model, agent, data, eval, mesh,
+distributed and teacher sections into the parts of a run (policy, reader, data, collector,
+evaluator); the trainer (`memagent_jax/rl/trainer.py`, with rl/rollout.py, rl/update.py,
+rl/optim.py and rl/train_state.py) reads rl, optim and train. `memagent_jax/rl/config_checks.py`
+validates every field before any of that. A field that nothing reads would be a flag that does
+nothing, so there are none: tests/test_config_reach.py checks that every field is read outside
+validation and that each agent, data, rl and teacher field changes what a run does.
 """
 
 import ml_collections
@@ -19,17 +24,21 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       attention="auto",  # attention backend: auto (by platform) | xla (portable) | cudnn (GPU) | splash (TPU)
   ))
   c.agent = ml_collections.ConfigDict(dict(
-      chunk_tokens=5000, memory_tokens=1024, answer_tokens=1024, question_tokens=1024,
+      chunk_tokens=5000,  # tokens per chunk the agent reads (toy documents keep each fact inside one)
+      memory_tokens=1024, answer_tokens=1024, question_tokens=1024,
       final_template="boxed", block_chunks=8,
       max_chunks=0,  # training-time centre truncation to this many chunks; 0 = read everything
       kind="memagent",  # "memagent", or "direct": the whole document in one prompt (full-attention baseline)
       context_tokens=0,  # direct only: context window (0 = the model's); evaluation centre-truncates beyond
   ))
   c.data = ml_collections.ConfigDict(dict(
-      task="niah_single_1",  # a memagent_jax.evaluation task (RULER, squad, hotpotqa, toy)
+      task="niah_single_1",  # a memagent_jax.data.tasks name (RULER, squad, hotpotqa, toy_kv)
       length=4096,  # context tokens of training documents
       data_dir="",  # local corpus for QA tasks: the training file (or a dir holding it)
       train_size=1024,  # questions in the training pool (reshuffled every epoch)
+      tfds="",  # '<builder>/<config>' (experiment/tfds_builders.py): train on that prepared array_record set
+      tfds_split="train",  # its split ("test" for the synthetic builders)
+      tfds_dir="",  # where it is prepared ("" = runs/tfds); QA corpora come from data.data_dir
       seed=0,
   ))
   c.rl = ml_collections.ConfigDict(dict(
@@ -79,7 +88,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   ))
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1, fsdp=1, tensor=1,  # -1: the remaining devices
-      rules=(),  # extra (logical, mesh axis) rules overriding the defaults in parallel.py
+      rules=(),  # extra (logical, mesh axis) rules overriding the defaults in runtime/parallel.py
   ))
   # 0 / "" / -1: from JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID (or one process)
   c.distributed = ml_collections.ConfigDict(dict(num_processes=0, coordinator_address="", process_id=-1))

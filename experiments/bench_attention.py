@@ -87,7 +87,8 @@ def model_case(backend, b, t, args, dtype):
   prompt = t - min(args.response_tokens, t - 1)
 
   def fn(params, tokens, valid):
-    loss = lambda p: jnp.sum(response_logprobs(nnx.merge(graphdef, p), tokens, valid, prompt, remat=True)[0])
+    loss = lambda p: jnp.sum(response_logprobs(nnx.merge(graphdef, p), tokens, valid, prompt_width=prompt,
+                                               remat=True, temperature=1.0)[0])
     return jax.grad(loss)(params)
 
   flops = 3 * 2 * cfg.num_params * b * t + 3.5 * 4 * b * cfg.num_layers * cfg.num_heads * cfg.head_dim * t * t / 2

@@ -61,7 +61,7 @@ def prefill_flops(cfg, t: int) -> float:
 @functools.partial(jax.jit, static_argnames=("graphdef", "cache_size"))
 def _prefill(graphdef, state, ids, cache_size):
   """The sampler's own prefill (cache writes included), jitted alone so it can be timed."""
-  return sampling.prefill(nnx.merge(graphdef, state), ids, jnp.ones(ids.shape, bool), cache_size)[0]
+  return sampling.prefill(nnx.merge(graphdef, state), ids, jnp.ones(ids.shape, bool), cache_size=cache_size)[0]
 
 
 def main(argv=None):
@@ -92,7 +92,7 @@ def main(argv=None):
     width = max(len(p) for p in prompts)
     ids = np.array([[policy.tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    ours = timed(lambda: policy.sample(prompts, n, stop_tokens=[]), args.repeats)
+    ours = timed(lambda: policy.sample(prompts, n, params=sampling.GREEDY, stop_tokens=[]), args.repeats)
     with torch.no_grad():
       theirs = timed(lambda: ref.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
                                           max_new_tokens=n, min_new_tokens=n, do_sample=False,

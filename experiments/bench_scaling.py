@@ -66,7 +66,8 @@ def worker(kind: str, n: int) -> dict:
     return dict(kind=kind, tokens=n, seconds=time.perf_counter() - t, rss_mb=peak_rss_mb(),
                 file_mb=os.path.getsize(path) / 2**20)
   if kind == "interleaved":  # 8 chunks vs n chunks alternately in one process, min of 3 each
-    reader = mj.MemAgent(policy, CHUNK, MEMORY, ANSWER, block_chunks=BLOCK)
+    reader = mj.MemAgent(policy, chunk_tokens=CHUNK, memory_tokens=MEMORY, answer_tokens=ANSWER,
+                         block_chunks=BLOCK)
     docs = {8: document(policy.tokenizer, 8 * CHUNK), n // CHUNK: document(policy.tokenizer, n)}
     reader.answer(q, docs[8], keep_prompts=False)
     best = {k: float("inf") for k in docs}
@@ -79,7 +80,8 @@ def worker(kind: str, n: int) -> dict:
                 rss_mb=peak_rss_mb())
   doc = document(policy.tokenizer, n)
   if kind == "memagent":
-    reader = mj.MemAgent(policy, CHUNK, MEMORY, ANSWER, block_chunks=BLOCK)
+    reader = mj.MemAgent(policy, chunk_tokens=CHUNK, memory_tokens=MEMORY, answer_tokens=ANSWER,
+                         block_chunks=BLOCK)
     run = lambda: reader.answer(q, doc, keep_prompts=False)
   else:
     reader = mj.DirectReader(policy, answer_tokens=ANSWER)

@@ -59,9 +59,11 @@ def bench_update(preset: str, rows: int, length: int, prompt_width: int, dtype, 
                old_logp=np.full((rows, n), -5.0, np.float32), ref_logp=np.full((rows, n), -5.0, np.float32),
                advantages=rng.standard_normal(rows).astype(np.float32))
   batch = {k: jnp.asarray(v) for k, v in upd.split_micro(batch, micro).items()}
-  spec = upd.UpdateSpec(prompt_width, remat=remat)
-  step = lambda: upd.update_step(gd, params, opt, batch, tx=tx, spec=spec)[2]["loss"]
-  compiled = upd.update_step.lower(gd, params, opt, batch, tx=tx, spec=spec).compile()
+  spec = upd.UpdateSpec(prompt_width=prompt_width, loss="ppo_clip", agg="token-mean", clip_low=0.2,
+                        clip_high=0.28, clip_c=None, kl_coef=0.0, kl_kind="low_var_kl", entropy_coef=0.0,
+                        remat=remat, temperature=1.0, compute_dtype=jnp.dtype(dtype).name)  # the model dtype: bf16 runs bf16
+  step = lambda: upd.update_step(params, opt, batch, graphdef=gd, tx=tx, spec=spec)[2]["loss"]
+  compiled = upd.update_step.lower(params, opt, batch, graphdef=gd, tx=tx, spec=spec).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   seconds = _time(step, repeats)

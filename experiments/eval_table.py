@@ -30,13 +30,15 @@ def main():
   p.add_argument("--out", default="docs/results")
   args = p.parse_args()
   policy = mj.load_policy(args.model)
-  readers = {"memagent": mj.MemAgent(policy, args.chunk_tokens, args.memory_tokens, args.answer_tokens),
+  readers = {"memagent": mj.MemAgent(policy, chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens,
+                                     answer_tokens=args.answer_tokens),
              "direct": mj.DirectReader(policy, answer_tokens=args.answer_tokens)}
   name = f"eval_{args.model}_{args.task}"
   os.makedirs(args.out, exist_ok=True)
   rows = []
   for length in [int(x) for x in args.lengths.split(",")]:
-    samples = tasks.make_samples(args.task, length, args.n, args.seed, policy.tokenizer)
+    samples = tasks.make_samples(args.task, length, args.n, args.seed, policy.tokenizer,
+                                 chunk_tokens=args.chunk_tokens)
     for method, reader in readers.items():
       out = os.path.join(args.out, f"{name}_{length}_{method}.jsonl")
       t = time.perf_counter()

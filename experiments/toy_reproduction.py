@@ -84,7 +84,8 @@ def make_reader(stage: str, scale: str, root: str):
 
 
 def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int) -> list[dict]:
-  ev = toy_memagent.get_config(f"rl,{scale}").eval
+  rl_cfg = toy_memagent.get_config(f"rl,{scale}")
+  ev, agent = rl_cfg.eval, rl_cfg.agent
   lengths, m = [], 1
   while m <= max_multiple:
     lengths.append(toy.TRAIN_TOKENS * m)
@@ -94,8 +95,10 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int) -> lis
     reader = make_reader(stage, scale, root)
     direct = stage == "full_attention"
     print(f"\n== eval {label}: {n} documents at {len(lengths)} lengths", flush=True)
-    rows += sweep_lengths(reader, stage, toy.TASK, lengths, n, seed, DIRECT_BATCH if direct else SCALES[scale]["batch"],
-                          ev.temperature, ev.top_p, out_dir=os.path.join(root, "eval"),
+    # the same documents for every method: laid out in the MemAgent stages' chunk size
+    rows += sweep_lengths(reader, stage, toy.TASK, lengths, n=n, seed=seed,
+                          batch_size=DIRECT_BATCH if direct else SCALES[scale]["batch"], temperature=ev.temperature,
+                          top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, out_dir=os.path.join(root, "eval"),
                           warmup_each_length=direct)
   return rows
 

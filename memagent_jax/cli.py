@@ -106,8 +106,8 @@ def cmd_eval(args) -> int:
   if os.path.isdir(out):
     raise IsADirectoryError(f"--out {out} is a directory; pass a file name for the JSONL")
   policy = _load(args)
-  samples = tasks.make_samples(args.task, args.length, args.n, args.data_seed,
-                               policy._require_tokenizer(), args.data_dir)
+  samples = tasks.make_samples(args.task, args.length, args.n, args.data_seed, policy._require_tokenizer(),
+                               args.data_dir, chunk_tokens=agent_config(args).chunk_tokens)
   reader = _reader(args, policy)
   args.partial = evaluation.partial_path(out)  # named by the main thread if interrupted
   summary = evaluation.run_eval(reader, args.task, samples, out, args.batch_size,

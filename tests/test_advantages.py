@@ -65,9 +65,9 @@ def test_std_normalize_knob_changes_result():
 
 def test_registry_lookup_and_unknown_name():
   assert set(advantages.ADVANTAGES) >= {"grpo", "mean_centred"}
-  np.testing.assert_allclose(advantages.get_advantage("grpo")(REWARDS, GIDS, 1e-6),
+  np.testing.assert_allclose(advantages.get_advantage("grpo")(REWARDS, GIDS, eps=1e-6),
                              _ref_group(REWARDS, GIDS, std=True), rtol=1e-6, atol=1e-7)
-  np.testing.assert_allclose(advantages.get_advantage("mean_centred")(REWARDS, GIDS, 1e-6),
+  np.testing.assert_allclose(advantages.get_advantage("mean_centred")(REWARDS, GIDS, eps=1e-6),
                              _ref_group(REWARDS, GIDS, std=False), rtol=1e-6, atol=1e-7)
   with pytest.raises(KeyError, match=r"nope.*grpo.*mean_centred"):
     advantages.get_advantage("nope")

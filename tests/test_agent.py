@@ -13,7 +13,7 @@ from memagent_jax.text import templates
 from memagent_jax.agent.recurrence import _strip_stop, pack_left
 from memagent_jax.text.templates import (FINAL_TEMPLATE_BOXED, FINAL_TEMPLATE_EVAL, MEMORY_TEMPLATE,
                                           NO_MEMORY)
-from memagent_jax.policy.sampling import Generation, SamplingParams
+from memagent_jax.policy.sampling import GREEDY, Generation
 
 SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
 
@@ -33,12 +33,12 @@ def python_loop(policy, agent: MemAgent, question: str, document: str):
   convs = []
   for start in range(0, len(doc), c):
     prompt = agent.memory_segments.assemble(prompt=q, memory=memory, chunk=doc[start:start + c])
-    gen = policy.sample([prompt], agent.memory_tokens, SamplingParams())
+    gen = policy.sample([prompt], agent.memory_tokens, params=GREEDY)
     response = gen.tokens[0, :gen.lengths[0]].tolist()
     convs.append((prompt, response, gen.logprobs[0, :gen.lengths[0]]))
     memory = response[:-1] if response and response[-1] in stops else response
   prompt = agent.final_segments.assemble(prompt=q, memory=memory)
-  gen = policy.sample([prompt], agent.answer_tokens, SamplingParams())
+  gen = policy.sample([prompt], agent.answer_tokens, params=GREEDY)
   convs.append((prompt, gen.tokens[0, :gen.lengths[0]].tolist(), gen.logprobs[0, :gen.lengths[0]]))
   return convs
 
@@ -192,7 +192,8 @@ def test_direct_reader_prompt_budget_and_truncation(tiny_agent_policy):
 
 def test_conversation_batch_rows(tiny_agent_policy):
   agent = MemAgent(tiny_agent_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=5)
-  results, batch = agent.rollout(["Q?", "R?"], ["one two three " * 20, "four five " * 8], seed=2)
+  results, batch = agent.rollout(["Q?", "R?"], ["one two three " * 20, "four five " * 8], temperature=1.0,
+                                 top_p=1.0, seed=2)
   assert isinstance(batch, ConversationBatch)
   assert len(batch) == sum(len(r.conversations) for r in results)
   assert batch.is_final.sum() == 2 and batch.trajectory.tolist() == sorted(batch.trajectory.tolist())
@@ -229,7 +230,7 @@ def test_pack_left_matches_numpy():
 def test_bad_inputs(tiny_agent_policy):
   p = tiny_agent_policy
   with pytest.raises(ValueError, match="memory_tokens=0 must be a positive integer"):
-    MemAgent(p, memory_tokens=0)
+    MemAgent(p, chunk_tokens=64, memory_tokens=0, answer_tokens=8)
   with pytest.raises(ValueError, match=r"memory update needs \d+ tokens .*chunk 8000.*context window is 8192"):
     MemAgent(p, chunk_tokens=8000, memory_tokens=1024, answer_tokens=1024)
   agent = MemAgent(p, chunk_tokens=64, memory_tokens=8, answer_tokens=8)

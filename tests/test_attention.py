@@ -141,7 +141,8 @@ def test_training_forward_and_gradients_equal_across_backends(monkeypatch, fused
   graphdef, params = nnx.split(Decoder(TINY, attention="xla", rngs=nnx.Rngs(0)))
 
   def loss(params):
-    logp, _ = response_logprobs(nnx.merge(graphdef, params), tokens, jnp.asarray(valid), p)
+    logp, _ = response_logprobs(nnx.merge(graphdef, params), tokens, jnp.asarray(valid), prompt_width=p,
+                                remat=False, temperature=1.0)
     return jnp.sum(jnp.where(valid[:, p:], logp, 0.0)), logp
 
   run = lambda: jax.jit(jax.value_and_grad(loss, has_aux=True))(params)  # a new jit: traced anew
@@ -163,9 +164,9 @@ def test_prefill_through_the_cudnn_glue_samples_the_same_tokens(monkeypatch):
 
   def sample():
     return jax.jit(lambda t, m: sample_from_prompts(
-        model, t, m, -jnp.ones((3, 1), jnp.int32), jnp.zeros((3, 2), jnp.uint32), 0.0, 1.0,
-        jnp.zeros((3,), bool), max_new_tokens=8, cache_size=24, greedy=True, top_k=0,
-        use_top_p=False, pad_id=0))(tokens, valid)
+        model, t, m, stop_tokens=-jnp.ones((3, 1), jnp.int32), keys=jnp.zeros((3, 2), jnp.uint32),
+        temperature=0.0, top_p=1.0, done=jnp.zeros((3,), bool), max_new_tokens=8, cache_size=24,
+        greedy=True, top_k=0, use_top_p=False, pad_id=0))(tokens, valid)
 
   ref = sample()
   monkeypatch.setattr(attention, "resolve_backend", lambda name, dtype: "cudnn")
@@ -227,7 +228,8 @@ def _train_jaxpr(model, t):
   valid = jax.ShapeDtypeStruct((1, t), jnp.bool_)
 
   def loss(params, tokens, valid):
-    logp, _ = response_logprobs(nnx.merge(graphdef, params), tokens, valid, t // 2, remat=True)
+    logp, _ = response_logprobs(nnx.merge(graphdef, params), tokens, valid, prompt_width=t // 2, remat=True,
+                                temperature=1.0)
     return jnp.sum(logp)
 
   return jax.make_jaxpr(jax.grad(loss))(params, tokens, valid).jaxpr

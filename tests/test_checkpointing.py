@@ -21,19 +21,29 @@ from memagent_jax.models.config import get_preset
 from memagent_jax.models.decoder import Decoder, forward_logits
 
 
+def params_to_tree(model: nnx.Module) -> dict:
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def load_params_into(model: nnx.Module, tree: dict) -> None:
+  state = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, tree)
+  nnx.update(model, state)
+
+
 def make_state(preset="tiny-llama", seed=0, step=7):
   """(model, state, meta) after one adamw step, so params, mu and nu are all non-trivial."""
   cfg = get_preset(preset)
   model = Decoder(cfg, jnp.float32, rngs=nnx.Rngs(seed))
-  params = ck.params_to_tree(model)
+  params = params_to_tree(model)
   tx = optax.adamw(1e-2)
   opt_state = tx.init(params)
   grads = jax.tree.map(lambda p: jax.random.normal(jax.random.key(seed + 1), p.shape, p.dtype), params)
   updates, opt_state = tx.update(grads, opt_state, params)
   params = optax.apply_updates(params, updates)
-  ck.load_params_into(model, params)
+  load_params_into(model, params)
   state = {"params": params, "opt_state": opt_state, "step": jnp.int32(step),
-           "rng": ck.key_to_data(jax.random.key(seed + 2))}
+           "rng": jax.random.key_data(jax.random.key(seed + 2))}
   meta = {"data_position": {"epoch": 1, "index": 42 + step}, "model_config": dataclasses.asdict(cfg),
           "model_source": f"random:{preset}", "tokenizer_source": None, "train_config": {"lr": 1e-2}}
   return model, state, meta
@@ -73,19 +83,9 @@ def test_restore_params_only_and_into_a_model(tmp_path):
   c = ck.Checkpointer(tmp_path)
   assert "params/layers/0/attn/k" in c.stored_shapes(1)
   fresh = Decoder(get_preset("tiny-llama"), jnp.float32, rngs=nnx.Rngs(9))
-  params, _ = c.restore_params(ck.params_to_tree(fresh), expect_model_config=get_preset("tiny-llama"))
-  ck.load_params_into(fresh, params)
-  assert_trees_equal(ck.params_to_tree(fresh), ck.params_to_tree(model))
-
-
-def test_prng_keys_round_trip_exactly():
-  for key in (jax.random.key(3), jax.random.key(3, impl="rbg")):
-    impl = str(jax.random.key_impl(key))
-    back = ck.key_from_data(np.asarray(ck.key_to_data(key)), impl=impl)
-    assert back.dtype == key.dtype and np.array_equal(jax.random.key_data(back), jax.random.key_data(key))
-  raw = jax.random.PRNGKey(5)
-  back = ck.key_from_data(ck.key_to_data(raw), typed=False)
-  assert back.dtype == raw.dtype and np.array_equal(back, raw)
+  params, _ = c.restore_params(params_to_tree(fresh), expect_model_config=get_preset("tiny-llama"))
+  load_params_into(fresh, params)
+  assert_trees_equal(params_to_tree(fresh), params_to_tree(model))
 
 
 def test_keep_n(tmp_path):
@@ -214,7 +214,7 @@ def test_clear_errors(tmp_path, capsys):
       capsys, ["export", "--ckpt", str(empty), "--out", str(tmp_path / "hf")])
   with pytest.raises(TypeError, match="JSON-serialisable"):
     c.save(1, {"x": jnp.ones(2)}, {"bad": object()})
-  with pytest.raises(ValueError, match="key_to_data"):
+  with pytest.raises(ValueError, match="jax.random.key_data"):
     c.save(1, {"rng": jax.random.key(0)}, {})
 
 

@@ -30,7 +30,7 @@ def test_streamed_tokens_equal_whole_text(tok, text):
   whole = tok.encode(text)
   assert len(text) > 30000
   for piece_chars in (97, 1000, 5000):  # every size cuts this text many times
-    pieces = list(chunking.split_text(text, tok, piece_chars))
+    pieces = list(chunking.split_text(text, tok, piece_chars=piece_chars))
     assert len(pieces) >= len(text) // piece_chars // 2
     assert "".join(pieces) == text  # nothing lost
     streamed = np.concatenate(list(chunking.token_stream(tok, pieces))).tolist()
@@ -40,7 +40,7 @@ def test_streamed_tokens_equal_whole_text(tok, text):
 def test_no_blind_cuts(tok):
   """Text with no clean boundary is never cut blindly: the piece grows instead."""
   text = "x" * 5000 + " tail words here"
-  pieces = list(chunking.split_text(text, tok, 1000))
+  pieces = list(chunking.split_text(text, tok, piece_chars=1000))
   assert pieces[0].startswith("x" * 5000) and "".join(pieces) == text
 
 
@@ -50,7 +50,7 @@ def test_file_stream_matches_text(tok, text, tmp_path, monkeypatch):
   monkeypatch.setattr(chunking, "READ_BYTES", 777)  # multi-byte characters straddle reads
   pieces = list(chunking.read_text_pieces(str(path), tok, piece_chars=2000))
   assert len(pieces) > 10 and "".join(pieces) == text
-  chunks = list(chunking.document_chunks(tok, str(path), 300, from_file=True))
+  chunks = list(chunking.document_chunks(tok, str(path), chunk_tokens=300, from_file=True))
   assert all(len(c) == 300 for c in chunks[:-1]) and 0 < len(chunks[-1]) <= 300
   assert np.concatenate(chunks).tolist() == tok.encode(text)
 
@@ -81,11 +81,11 @@ def test_chunk_stream_and_packing():
   arrays = [np.arange(0, 5), np.arange(5, 12), np.arange(12, 13)]
   chunks = list(chunking.chunk_stream([a.astype(np.int32) for a in arrays], 4))
   assert [c.tolist() for c in chunks] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12]]
-  tokens, lengths = chunking.pack_chunks([chunks, chunks[:1]], 5, 4, pad_id=-1)
+  tokens, lengths = chunking.pack_chunks([chunks, chunks[:1]], num_steps=5, chunk_tokens=4, pad_id=-1)
   assert tokens.shape == (2, 5, 4) and lengths.tolist() == [[4, 4, 4, 1, 0], [4, 0, 0, 0, 0]]
   assert tokens[0, 3].tolist() == [12, -1, -1, -1] and (tokens[1, 1:] == -1).all()
   with pytest.raises(ValueError, match="row 0 has 4 chunks for a block of 2 steps"):
-    chunking.pack_chunks([chunks], 2, 4, 0)
+    chunking.pack_chunks([chunks], num_steps=2, chunk_tokens=4, pad_id=0)
 
 
 def test_centre_truncate():
@@ -98,7 +98,7 @@ def test_centre_truncate():
 def test_empty_document(tok):
   for blank in ("", "  \n\t "):
     with pytest.raises(chunking.EmptyDocumentError, match="my doc is empty"):
-      list(chunking.document_chunks(tok, blank, 10, name="my doc"))
+      list(chunking.document_chunks(tok, blank, chunk_tokens=10, name="my doc"))
 
 
 @pytest.mark.parametrize("ch", ["\x00", "\x01", "\x08", "\x0e", "\x1b", "\x1f", "\x7f"])
@@ -107,12 +107,12 @@ def test_control_characters_are_refused_in_text(tok, ch):
   with pytest.raises(chunking.ControlCharacterError,
                      match=rf"my doc contains the control character U\+{ord(ch):04X} at character offset 18 "
                            r"\(line 2\)"):
-    chunking.document_chunks(tok, text, 10, name="my doc")  # raised at once, before any chunk
+    chunking.document_chunks(tok, text, chunk_tokens=10, name="my doc")  # raised at once, before any chunk
 
 
 def test_whitespace_controls_are_allowed(tok):
   text = "a\tb\nc\rd\x0be\x0cf end"
-  ids = np.concatenate(list(chunking.document_chunks(tok, text, 4))).tolist()
+  ids = np.concatenate(list(chunking.document_chunks(tok, text, chunk_tokens=4))).tolist()
   assert ids == tok.encode(text)
 
 
@@ -126,7 +126,7 @@ def test_control_character_in_file_names_file_and_offset(tok, tmp_path, monkeypa
   with pytest.raises(chunking.ControlCharacterError,
                      match=rf"doc\.txt contains the control character U\+0000 at character offset {at} "
                            r"\(line 301\)"):
-    list(chunking.document_chunks(tok, str(path), 50, from_file=True))
+    list(chunking.document_chunks(tok, str(path), chunk_tokens=50, from_file=True))
 
 
 def test_token_stream_checks_pieces_it_is_given(tok):
@@ -164,4 +164,4 @@ def test_question_with_control_character_is_an_error():
   from memagent_jax.agent.chunking import ControlCharacterError
   from memagent_jax.agent.memagent import encode_question
   with pytest.raises(ControlCharacterError, match=r"question 3 contains the control character U\+0000"):
-    encode_question(None, "what\x00 is it?", 3, 16)
+    encode_question(None, "what\x00 is it?", index=3, budget=16)

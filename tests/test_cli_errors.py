@@ -212,7 +212,7 @@ def test_failed_cli_eval_leaves_existing_out_untouched(tmp_path, capsys, monkeyp
 def test_default_eval_output_goes_under_runs(tmp_path, capsys, monkeypatch):
   monkeypatch.chdir(tmp_path)
   monkeypatch.setattr(cli, "_reader", lambda args, policy: StubReader())
-  monkeypatch.setattr(tasks, "make_samples", lambda *a: samples(3))
+  monkeypatch.setattr(tasks, "make_samples", lambda *a, **k: samples(3))
   assert cli.main(["eval", "--task", "squad", "--length", "300", "--n", "3"] + TINY[2:]) == 0
   expected = os.path.join("runs", "eval", "eval_squad_300_memagent.jsonl")
   assert json.loads(capsys.readouterr().out.splitlines()[-1])["predictions"] == expected
@@ -248,3 +248,13 @@ def test_ctrl_c_stops_answer_at_once(tmp_path):
   assert p.returncode == 130 and err.strip().splitlines()[-1] == "memagent: interrupted", err
   assert "Traceback" not in err and out == ""
   assert elapsed < 2.0, f"took {elapsed:.2f}s to stop after SIGINT"
+
+
+def test_installed_cli_runs_outside_the_repository(tmp_path):
+  """The console script's defaults come from configs/base.py, which is installed with the package:
+  `memagent` works from any directory, without the repository on PYTHONPATH."""
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  out = subprocess.run([sys.executable, "-m", "memagent_jax.cli", "answer", "--help"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path, env=env)
+  assert out.returncode == 0, out.stderr
+  assert "(default 5000)" in out.stdout and "(default 1024)" in out.stdout  # configs/base.py agent section

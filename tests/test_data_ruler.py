@@ -185,10 +185,10 @@ def test_fit_size_finds_the_largest_fitting_size(guess):
 
 
 def test_essay_haystack_is_seeded_plain_text():
-  a = haystack.essay_haystack(300, seed=1)
-  assert a == haystack.essay_haystack(300, seed=1)
-  assert a != haystack.essay_haystack(300, seed=2)
-  assert haystack.essay_haystack(20, seed=1) == a[:20]  # a stable prefix for binary search
+  a = haystack.Essay(1).sentences(300)
+  assert a == haystack.Essay(1).sentences(300)
+  assert a != haystack.Essay(2).sentences(300)
+  assert haystack.Essay(1).sentences(20) == a[:20]  # a stable prefix for binary search
   assert len(set(a)) > 290  # varied
   text = " ".join(a)
   assert not re.search(r"[0-9\-]|magic|VAR", text)
@@ -198,7 +198,6 @@ def test_essay_haystack_is_seeded_plain_text():
 def test_noise_sentence_exact():
   assert haystack.NOISE_SENTENCE == ("The grass is green. The sky is blue. The sun is yellow. "
                                      "Here we go. There and back again.")
-  assert haystack.noise_haystack(3) == [haystack.NOISE_SENTENCE] * 3
 
 
 def test_needle_haystack_never_reuses_real_keys(tok, monkeypatch):

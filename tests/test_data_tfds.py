@@ -135,3 +135,18 @@ def test_toy_builder_writes_the_generator_samples(tmp_path):
     for k in ("question", "context", "answers", "key", "num_tokens", "num_overrides", "index"):
       assert r[k] == e[k], k
   assert tb.ToyKV.builder_configs["x256"].length == 256 * toy.TRAIN_TOKENS
+
+
+def test_prepared_source_by_name(tmp_path):
+  """The training data path: '<builder>/<config>' prepared on first use, then read back."""
+  src = tb.prepared_source("memagent_toy_kv/x1", split="test", data_dir=str(tmp_path))
+  from memagent_jax.data import toy
+  first = sorted((pipeline.to_python(src[i]) for i in range(3)), key=lambda r: r["index"])
+  expected = {e["index"]: e for e in toy.generate(200, toy.TRAIN_TOKENS, seed=0)}
+  assert all(r["context"] == expected[r["index"]]["context"] for r in first)
+  with pytest.raises(ValueError, match="builder one of"):
+    tb.prepared_source("nope/x1", split="test", data_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="unknown config 'x3'"):
+    tb.prepared_source("memagent_toy_kv/x3", split="test", data_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="no split 'train'"):
+    tb.prepared_source("memagent_toy_kv/x1", split="train", data_dir=str(tmp_path))

@@ -42,7 +42,8 @@ class _Oracle:
     for q, d in zip(questions, documents):
       told = [v for k, v in facts_in(d) if k == asked_key(q)]
       v = told[-1] if len(d.split(" ")) <= self.limit else "nothing"
-      out.append(AgentResult(q, f"\\boxed{{ {v} }}", f" {v} ", f" {v} ", [], [], 1, len(d.split(" "))))
+      out.append(AgentResult(question=q, answer=f"\\boxed{{ {v} }}", boxed=f" {v} ", prediction=f" {v} ",
+                             memories=[], conversations=[], num_chunks=1, document_tokens=len(d.split(" "))))
     return out
 
 
@@ -50,7 +51,7 @@ class _Oracle:
 def test_sweep_rows_follow_the_reader(each):
   reader = _Oracle(limit=200)
   rows = sweep_lengths(reader, "oracle", "toy_kv", [128, 256, 512], n=8, seed=3, batch_size=4,
-                       temperature=0.0, top_p=1.0, warmup_each_length=each, progress=False)
+                       temperature=0.0, top_p=1.0, chunk_tokens=64, warmup_each_length=each, progress=False)
   assert [r["accuracy"] for r in rows] == [1.0, 0.0, 0.0]
   assert [r["doc_tokens"] for r in rows] == [128, 256, 512]
   assert all(r["n"] == 8 and r["seconds_per_doc"] >= 0 and r["peak_rss_mib"] > 10 for r in rows)

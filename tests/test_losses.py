@@ -41,7 +41,7 @@ def _ratio_logps(ratios):
 
 @pytest.mark.parametrize("agg", losses.AGG_MODES)
 def test_aggregate_modes_match_numpy(agg):
-  got = losses.aggregate(jnp.asarray(LOSS, jnp.float32), MASK, agg)
+  got = losses.aggregate(jnp.asarray(LOSS, jnp.float32), MASK, agg=agg)
   np.testing.assert_allclose(float(got), _ref_agg(LOSS, MASK, agg), rtol=RTOL)
 
 
@@ -50,15 +50,15 @@ def test_seq_mean_token_sum_norm_divides_by_horizon():
   mask = np.zeros((2, 8))
   mask[0, :3] = 1
   mask[1, :1] = 1
-  got = losses.aggregate(loss, mask, "seq-mean-token-sum-norm")
+  got = losses.aggregate(loss, mask, agg="seq-mean-token-sum-norm")
   np.testing.assert_allclose(float(got), 4.0 / 8.0, rtol=RTOL)
 
 
 def test_token_mean_weights_long_rows_more():
   loss = np.array([[1.0, 1.0, 1.0, 1.0], [3.0, 0.0, 0.0, 0.0]])
   mask = np.array([[1, 1, 1, 1], [1, 0, 0, 0]], np.float64)
-  tok = float(losses.aggregate(loss, mask, "token-mean"))
-  seq = float(losses.aggregate(loss, mask, "seq-mean-token-mean"))
+  tok = float(losses.aggregate(loss, mask, agg="token-mean"))
+  seq = float(losses.aggregate(loss, mask, agg="seq-mean-token-mean"))
   np.testing.assert_allclose(tok, 7.0 / 5.0, rtol=RTOL)
   np.testing.assert_allclose(seq, (1.0 + 3.0) / 2.0, rtol=RTOL)
   assert tok < seq  # the long, low-loss row pulls the token mean down
@@ -68,18 +68,18 @@ def test_token_mean_weights_long_rows_more():
 @pytest.mark.parametrize("parts", [2, 4])
 def test_denominator_makes_micro_batches_sum_to_whole(agg, parts):
   loss = jnp.asarray(LOSS, jnp.float32)
-  whole = float(losses.aggregate(loss, MASK, agg))
+  whole = float(losses.aggregate(loss, MASK, agg=agg))
   den = losses.agg_denominator(MASK, agg)
   total = 0.0
   for rows in np.array_split(np.arange(MASK.shape[0]), parts):
-    total += float(losses.aggregate(loss[rows], MASK[rows], agg, denominator=den))
+    total += float(losses.aggregate(loss[rows], MASK[rows], agg=agg, denominator=den))
   np.testing.assert_allclose(total, whole, rtol=1e-5)
   np.testing.assert_allclose(whole, _ref_agg(LOSS, MASK, agg), rtol=RTOL)
 
 
 def test_invalid_agg_lists_modes():
   with pytest.raises(ValueError, match="token-mean.*seq-mean-token-sum-norm"):
-    losses.aggregate(LOSS, MASK, "mean")
+    losses.aggregate(LOSS, MASK, agg="mean")
   with pytest.raises(ValueError, match="modes"):
     losses.policy_loss(LOSS, LOSS, np.zeros(4), MASK, agg="sum")
 
@@ -88,13 +88,13 @@ def test_all_masked_is_zero_not_nan():
   mask = np.zeros((3, 4))
   bad = np.full((3, 4), np.inf)  # padding may hold anything
   for agg in losses.AGG_MODES:
-    assert float(losses.aggregate(bad, mask, agg)) == 0.0
+    assert float(losses.aggregate(bad, mask, agg=agg)) == 0.0
   logp = np.zeros((3, 4))
   val, grad = jax.jit(jax.value_and_grad(losses.policy_loss))(jnp.asarray(logp, jnp.float32),
                                                                logp, np.ones(3), mask)
   assert float(val) == 0.0 and np.all(np.asarray(grad) == 0.0)
-  terms = jax.jit(losses.policy_loss_terms, static_argnames=("clip_c",))
-  _, metrics = terms(logp, logp, np.ones(3), mask, clip_c=3.0)
+  terms = jax.jit(losses.policy_loss_terms, static_argnames=("clip_low", "clip_high", "clip_c"))
+  _, metrics = terms(logp, logp, np.ones(3), mask, clip_low=0.2, clip_high=0.28, clip_c=3.0)
   assert all(float(v) == 0.0 for v in metrics.values())
 
 
@@ -125,8 +125,8 @@ def test_dual_clip_binds_only_for_negative_advantages():
   adv = np.array([[1.5, -2.0, -1.0, 1.0]])
   logp, old = _ratio_logps(ratios)
   mask = np.ones_like(ratios)
-  plain, m0 = losses.policy_loss_terms(logp, old, adv, mask, 0.2, 0.28, None)
-  dual, m3 = losses.policy_loss_terms(logp, old, adv, mask, 0.2, 0.28, 3.0)
+  plain, m0 = losses.policy_loss_terms(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, clip_c=None)
+  dual, m3 = losses.policy_loss_terms(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, clip_c=3.0)
   plain, dual = np.asarray(plain), np.asarray(dual)
   np.testing.assert_allclose(plain, [[-1.5 * 1.28, 2.0 * np.exp(10.0), 2.0, -0.9]], rtol=1e-5)
   np.testing.assert_allclose(dual[0, [0, 2, 3]], plain[0, [0, 2, 3]], rtol=RTOL)  # unchanged
@@ -164,7 +164,7 @@ def test_clip_fraction_and_ppo_kl_on_hand_case():
   adv = np.array([[1.0, 1.0, -1.0, -1.0, 1.0]])
   mask = np.array([[1, 1, 1, 1, 0]], np.float64)  # last token clipped but masked out
   logp, old = _ratio_logps(ratios)
-  _, m = losses.policy_loss_terms(logp, old, adv, mask)
+  _, m = losses.policy_loss_terms(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, clip_c=None)
   np.testing.assert_allclose(float(m["clipfrac"]), 2.0 / 4.0, rtol=RTOL)  # tokens 0 and 2
   ref_kl = np.mean(-np.log(ratios[0, :4]))
   np.testing.assert_allclose(float(m["ppo_kl"]), ref_kl, rtol=1e-5)
@@ -245,23 +245,27 @@ def test_entropy_matches_numpy_and_is_stable():
 def test_sft_loss_matches_numpy():
   logp = -np.abs(LOSS)
   for agg in losses.AGG_MODES:
-    np.testing.assert_allclose(float(losses.sft_loss(logp, MASK, agg)),
+    np.testing.assert_allclose(float(losses.sft_loss(logp, MASK, agg=agg)),
                                _ref_agg(-logp, MASK, agg), rtol=RTOL)
 
 
-def test_policy_loss_registry_uniform_signature():
+@pytest.mark.parametrize("agg", losses.AGG_MODES)
+@pytest.mark.parametrize("denominator", [None, 7.0])
+def test_policy_loss_registry_is_policy_loss_and_sft_loss(agg, denominator):
   assert set(losses.POLICY_LOSSES) >= {"ppo_clip", "sft"}
   rng = np.random.default_rng(3)
   logp = rng.normal(scale=0.3, size=MASK.shape) - 2.0
   old = rng.normal(scale=0.3, size=MASK.shape) - 2.0
   adv = np.array([1.0, -0.5, 2.0, -1.5])
-  kw = dict(clip_low=0.2, clip_high=0.28, clip_c=3.0)
-  mat, metrics = losses.get_policy_loss("ppo_clip")(logp, old, adv, MASK, **kw)
-  np.testing.assert_allclose(float(losses.aggregate(mat, MASK)),
-                             float(losses.policy_loss(logp, old, adv, MASK, **kw)), rtol=RTOL)
+  kw = dict(clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg, denominator=denominator)
+  loss, metrics = losses.get_policy_loss("ppo_clip")(logp, old, adv, MASK, **kw)
+  assert float(loss) == float(losses.policy_loss(logp, old, adv, MASK, 0.2, 0.28, 3.0, agg,
+                                                 denominator=denominator))
   assert {"clipfrac", "clipfrac_lower", "ppo_kl"} <= set(metrics)
-  mat, metrics = losses.get_policy_loss("sft")(logp, old, adv, MASK, **kw)
-  np.testing.assert_allclose(np.asarray(mat), -logp, rtol=RTOL)
+  loss, metrics = losses.get_policy_loss("sft")(logp, old, adv, MASK, **kw)
+  assert float(loss) == float(losses.sft_loss(logp, MASK, agg=agg, denominator=denominator))
+  if denominator is None:
+    np.testing.assert_allclose(float(loss), _ref_agg(-logp, MASK, agg), rtol=RTOL)
   np.testing.assert_allclose(float(metrics["nll"]), _ref_agg(-logp, MASK, "token-mean"),
                              rtol=RTOL)
   with pytest.raises(KeyError, match="ppo_clip.*sft"):

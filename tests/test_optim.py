@@ -13,16 +13,18 @@ from memagent_jax.rl.optim import learning_rate_schedule, lr_at, make_optimizer,
 
 def test_schedule_by_hand():
   # lr 1.0, warm-up 4 rollout steps, 2 updates per step, 10 steps in all
-  const = learning_rate_schedule(1.0, "constant", 4, 10, updates_per_step=2)
+  const = learning_rate_schedule(lr=1.0, schedule="constant", warmup_steps=4, total_steps=10, min_lr_ratio=0.0,
+                                 updates_per_step=2)
   assert [float(const(c)) for c in range(0, 10, 2)] == [0.25, 0.5, 0.75, 1.0, 1.0]
   assert float(const(1)) == 0.25  # both updates of a step share its rate
-  cos = learning_rate_schedule(1.0, "cosine", 4, 10, min_lr_ratio=0.1, updates_per_step=2)
+  cos = learning_rate_schedule(lr=1.0, schedule="cosine", warmup_steps=4, total_steps=10, min_lr_ratio=0.1,
+                               updates_per_step=2)
   for step in range(4, 10):  # cosine over the 6 steps after warm-up, down to 0.1
     want = 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * (step - 4) / 6))
     assert float(cos(2 * step)) == pytest.approx(want, rel=1e-6)
   assert float(cos(2 * 3)) == 1.0
   with pytest.raises(ValueError, match="schedule"):
-    learning_rate_schedule(1.0, "linear", 0, 10)
+    learning_rate_schedule(lr=1.0, schedule="linear", warmup_steps=0, total_steps=10, min_lr_ratio=0.0)
 
 
 def _optim(**kw):
@@ -70,13 +72,13 @@ def test_learning_rate_follows_the_rollout_step_not_the_update_count():
     ("kl_kind", "abs", "kl_kind"), ("entropy_coef", 0.01, "entropy_coef")])
 def test_every_loss_knob_reaches_the_update_spec(field, value, attr):
   c = toy_cpu.get_config()
-  before = upd.UpdateSpec.from_config(c.rl, 100, remat=False)
+  before = upd.UpdateSpec.from_config(c.rl, loss_from=100, remat=False, compute_dtype="float32")
   c.rl[field] = value
-  after = upd.UpdateSpec.from_config(c.rl, 100, remat=False)
+  after = upd.UpdateSpec.from_config(c.rl, loss_from=100, remat=False, compute_dtype="float32")
   assert getattr(after, attr) == value and getattr(before, attr) != value
 
 
 def test_clip_c_zero_disables_dual_clip():
   c = toy_cpu.get_config()
   c.rl.clip_c = 0.0
-  assert upd.UpdateSpec.from_config(c.rl, 100, remat=False).clip_c is None
+  assert upd.UpdateSpec.from_config(c.rl, loss_from=100, remat=False, compute_dtype="float32").clip_c is None

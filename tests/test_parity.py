@@ -6,6 +6,7 @@ import torch
 
 import memagent_jax as mj
 from conftest import make_tiny_hf_dir, torch_logits
+from memagent_jax.policy.sampling import GREEDY
 
 
 def test_tiny_checkpoint_logits_match_transformers(tiny_hf_dir):
@@ -83,7 +84,7 @@ def test_smollm2_gguf_logits_and_greedy_tokens_match_transformers(smollm, smollm
   with torch.no_grad():
     ref = smollm_reference.generate(torch.tensor(ids), max_new_tokens=32, do_sample=False,
                                     min_new_tokens=32)[0, len(prompt):].tolist()
-  out = smollm.sample([prompt], 32, stop_tokens=[])
+  out = smollm.sample([prompt], 32, params=GREEDY, stop_tokens=[])
   assert out.tokens[0].tolist() == ref
   assert int(out.lengths[0]) == 32
 

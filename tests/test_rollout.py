@@ -41,14 +41,19 @@ class FakeAgent:
       words = words.split(",")
       answer = words[row % len(words)]  # row id = question * G + trajectory
       n_mem = 1 + int(i) % 2
-      convs = [Conversation(np.arange(1, 4 + t, dtype=np.int32), np.asarray([5, 6, 0], np.int32),
-                            np.full(3, -1.0, np.float32), np.zeros(3, np.float32), False, False)
+      convs = [Conversation(prompt_ids=np.arange(1, 4 + t, dtype=np.int32),
+                            response_ids=np.asarray([5, 6, 0], np.int32),
+                            response_logprobs=np.full(3, -1.0, np.float32),
+                            sample_logprobs=np.zeros(3, np.float32), truncated=False, is_final=False)
                for t in range(n_mem)]
       final_len = len(answer)
-      convs.append(Conversation(np.arange(1, 6, dtype=np.int32), np.full(final_len, 7, np.int32),
-                                np.full(final_len, -2.0, np.float32), np.zeros(final_len, np.float32),
-                                final_len >= 6, True))
-      out.append(AgentResult(q, answer, None, answer, ["m"] * n_mem, convs, n_mem, 10))
+      convs.append(Conversation(prompt_ids=np.arange(1, 6, dtype=np.int32),
+                                response_ids=np.full(final_len, 7, np.int32),
+                                response_logprobs=np.full(final_len, -2.0, np.float32),
+                                sample_logprobs=np.zeros(final_len, np.float32), truncated=final_len >= 6,
+                                is_final=True))
+      out.append(AgentResult(question=q, answer=answer, boxed=None, prediction=answer, memories=["m"] * n_mem,
+                             conversations=convs, num_chunks=n_mem, document_tokens=10))
     return out
 
 
@@ -129,7 +134,7 @@ def test_mask_truncated_removes_capped_conversations_from_the_loss():
 
 def test_mini_batches_split_by_question_and_pad():
   out, _ = _collect(_cfg(questions_per_step=2), [["0:yes,no", "1:yes,no"]])
-  parts = mini_batches(out.rows, 2, 1, multiple=4, pad_id=0)
+  parts = mini_batches(out.rows, num_questions=2, questions_per_mini_batch=1, multiple=4, pad_id=0)
   assert [len(p) for p in parts] == [4, 8]  # 4 rows -> 4; 6 rows -> bucket 8
   assert parts[1].loss_mask[6:].sum() == 0 and (parts[1].question[6:] == -1).all()
   assert parts[1].valid[6:].sum(1).tolist() == [1, 1]  # padding rows keep one valid token
@@ -139,7 +144,7 @@ def test_unknown_reward_and_batch_not_multiple_of_group():
   with pytest.raises(KeyError, match="unknown reward"):
     rollout.get_reward_fn("nope")
   with pytest.raises(ValueError, match="multiple of rl.group_size"):
-    rollout.RolloutCollector(FakeAgent(), _cfg(rollout_batch=3), 8, 8)
+    rollout.RolloutCollector(FakeAgent(), _cfg(rollout_batch=3), prompt_width=8, response_width=8)
 
 
 def test_training_rows_reproduce_the_sampler_logprobs():
@@ -152,14 +157,14 @@ def test_training_rows_reproduce_the_sampler_logprobs():
   policy = mj.load_policy("random:toy-tiny", seed=3)
   agent = mj.MemAgent(policy, chunk_tokens=32, memory_tokens=8, answer_tokens=6, question_tokens=16)
   p, n = row_widths(agent, 16)
-  col = rollout.RolloutCollector(agent, _cfg(reward="string_match_part"), p, n)
+  col = rollout.RolloutCollector(agent, _cfg(reward="string_match_part"), prompt_width=p, response_width=n)
   samples = toy.generate(2, 80, seed=1)
   batch = {"question": [s["question"] for s in samples], "context": [s["context"] for s in samples],
            "answers": [s["answers"] for s in samples]}
   out = col.collect(itertools.repeat(batch), lambda g, s: 7)
   rows = out.rows
   assert len(rows) > 4  # several memory updates per trajectory
-  got = upd.batch_logprobs(policy.graphdef, policy.state, jnp.asarray(rows.tokens[None]),
-                           jnp.asarray(rows.valid[None]), prompt_width=p)[0]
+  got = upd.batch_logprobs(policy.state, jnp.asarray(rows.tokens[None]), jnp.asarray(rows.valid[None]),
+                           graphdef=policy.graphdef, prompt_width=p, temperature=1.0, compute_dtype="float32")[0]
   m = rows.loss_mask
   np.testing.assert_allclose(np.asarray(got)[m], rows.old_logp[m], atol=2e-4)

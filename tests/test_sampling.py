@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import memagent_jax as mj
-from memagent_jax.policy.sampling import SamplingParams
+from memagent_jax.policy.sampling import GREEDY, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +31,9 @@ def _full_forward_logits(policy, prompt, generated):
 
 def test_left_padded_batch_equals_each_prompt_alone(tiny):
   prompts = _ragged(0, [5, 17, 9, 30], 256)
-  batch = tiny.sample(prompts, 24, stop_tokens=[])
+  batch = tiny.sample(prompts, 24, params=GREEDY, stop_tokens=[])
   for i, p in enumerate(prompts):
-    alone = tiny.sample([p], 24, stop_tokens=[])
+    alone = tiny.sample([p], 24, params=GREEDY, stop_tokens=[])
     np.testing.assert_array_equal(batch.tokens[i], alone.tokens[0])
     np.testing.assert_allclose(batch.logprobs[i], alone.logprobs[0], atol=1e-5)
 
@@ -42,19 +42,19 @@ def test_left_padded_batch_equals_each_prompt_alone(tiny):
 def test_smollm2_batch_equals_alone(smollm):
   texts = ["What is 2 + 2?", "List three fruits that are red, and say why each one is red.", "Hi"]
   prompts = [smollm.tokenizer.apply_chat_template(t) for t in texts]
-  batch = smollm.sample(prompts, 24)
+  batch = smollm.sample(prompts, 24, params=GREEDY)
   for i, p in enumerate(prompts):
-    alone = smollm.sample([p], 24)
+    alone = smollm.sample([p], 24, params=GREEDY)
     n = int(alone.lengths[0])
     assert int(batch.lengths[i]) == n
     np.testing.assert_array_equal(batch.tokens[i, :n], alone.tokens[0, :n])
 
 
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_k=20),
-                                    SamplingParams(temperature=1.3, top_p=0.8)])
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.7, top_p=1.0, top_k=20),
+                                    SamplingParams(temperature=1.3, top_p=0.8, top_k=0)])
 def test_logprobs_equal_full_forward(tiny, params):
   prompts = _ragged(1, [7, 12], 256)
-  out = tiny.sample(prompts, 16, params, seed=5, stop_tokens=[])
+  out = tiny.sample(prompts, 16, params=params, seed=5, stop_tokens=[])
   for i, p in enumerate(prompts):
     gen = out.tokens[i, :out.lengths[i]]
     logits = _full_forward_logits(tiny, p, gen)
@@ -82,12 +82,12 @@ def test_logprobs_equal_full_forward(tiny, params):
 
 def test_stop_tokens_end_rows_early_and_per_row(tiny):
   prompts = _ragged(2, [6, 11], 256)
-  hot = SamplingParams(temperature=1.0)  # a random tiny model repeats one token when greedy
-  free = tiny.sample(prompts, 20, hot, seed=4, stop_tokens=[])
+  hot = SamplingParams(temperature=1.0, top_p=1.0, top_k=0)  # a random tiny model repeats one token when greedy
+  free = tiny.sample(prompts, 20, params=hot, seed=4, stop_tokens=[])
   assert int(free.steps) == 20 and not free.stopped.any()
   first_new = lambda row: next(j for j in range(2, 20) if row[j] not in row[:j])
   j0, j1 = first_new(free.tokens[0].tolist()), first_new(free.tokens[1].tolist()[3:]) + 3
-  out = tiny.sample(prompts, 20, hot, seed=4,
+  out = tiny.sample(prompts, 20, params=hot, seed=4,
                     stop_tokens=[[int(free.tokens[0, j0])], [int(free.tokens[1, j1])]])
   assert out.lengths.tolist() == [j0 + 1, j1 + 1]
   assert out.stopped.all()
@@ -98,14 +98,16 @@ def test_stop_tokens_end_rows_early_and_per_row(tiny):
 
 def test_seeds_top_k_one_and_tiny_top_p_are_greedy(tiny):
   prompts = _ragged(3, [8, 8], 256)
-  greedy = tiny.sample(prompts, 12, stop_tokens=[])
-  hot = SamplingParams(temperature=1.0)
-  a, b = tiny.sample(prompts, 12, hot, seed=1, stop_tokens=[]), tiny.sample(prompts, 12, hot, seed=1, stop_tokens=[])
-  c = tiny.sample(prompts, 12, hot, seed=2, stop_tokens=[])
+  greedy = tiny.sample(prompts, 12, params=GREEDY, stop_tokens=[])
+  hot = SamplingParams(temperature=1.0, top_p=1.0, top_k=0)
+  a = tiny.sample(prompts, 12, params=hot, seed=1, stop_tokens=[])
+  b = tiny.sample(prompts, 12, params=hot, seed=1, stop_tokens=[])
+  c = tiny.sample(prompts, 12, params=hot, seed=2, stop_tokens=[])
   np.testing.assert_array_equal(a.tokens, b.tokens)
   assert not np.array_equal(a.tokens, c.tokens)
-  for p in (SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=1.0, top_p=1e-6)):
-    out = tiny.sample(prompts, 12, p, seed=9, stop_tokens=[])
+  for p in (SamplingParams(temperature=1.0, top_p=1.0, top_k=1),
+            SamplingParams(temperature=1.0, top_p=1e-6, top_k=0)):
+    out = tiny.sample(prompts, 12, params=p, seed=9, stop_tokens=[])
     np.testing.assert_array_equal(out.tokens, greedy.tokens)
     np.testing.assert_allclose(out.sample_logprobs, 0.0, atol=1e-6)
 
@@ -117,7 +119,8 @@ def test_temperature_sampling_matches_the_model_distribution():
   policy = mj.Policy(model)
   prompt = _ragged(4, [10], 256)[0]
   t = 0.5
-  out = policy.sample([prompt] * 8000, 1, SamplingParams(temperature=t), seed=0, stop_tokens=[])
+  hot = SamplingParams(temperature=t, top_p=1.0, top_k=0)
+  out = policy.sample([prompt] * 8000, 1, params=hot, seed=0, stop_tokens=[])
   logits = np.asarray(policy.logits(np.array([prompt])))[0, -1]
   freq = np.bincount(out.tokens[:, 0], minlength=256) / 8000
   tv = lambda p: 0.5 * np.abs(freq - p).sum()
@@ -150,12 +153,12 @@ def test_non_integer_and_out_of_range_ids_are_refused(tiny):
     tiny.logits(np.array([[3, 256]], np.uint16))
   assert tiny.logits(np.array([[3, 255]], np.uint8)).shape == (1, 2, 256)
   with pytest.raises(TypeError, match=r"prompt 1 must be integer token ids, got dtype float64"):
-    tiny.sample([[1, 2], [3.0, 4.0]], 2)
+    tiny.sample([[1, 2], [3.0, 4.0]], 2, params=GREEDY)
   with pytest.raises(TypeError, match=r"prompt 0 must be integer token ids, got dtype bool"):
-    tiny.sample([np.array([True, True])], 2)
+    tiny.sample([np.array([True, True])], 2, params=GREEDY)
   with pytest.raises(ValueError, match=r"\[0, 256\).*prompt 1 holds 300"):
-    tiny.sample([[1, 2], [3, 300]], 2)
+    tiny.sample([[1, 2], [3, 300]], 2, params=GREEDY)
   with pytest.raises(ValueError, match=r"prompt 0 must be a flat sequence of token ids"):
-    tiny.sample([[[1, 2]]], 2)
+    tiny.sample([[[1, 2]]], 2, params=GREEDY)
   with pytest.raises(TypeError, match=r"stop_tokens of row 0 must be integer token ids, got dtype float64"):
-    tiny.sample([[1, 2]], 2, stop_tokens=[2.0])
+    tiny.sample([[1, 2]], 2, params=GREEDY, stop_tokens=[2.0])

@@ -1,5 +1,8 @@
 """The toy memory world: its word-level tokenizer, its task generator and the agent on both."""
 
+import hashlib
+import json
+
 import numpy as np
 import pytest
 
@@ -99,7 +102,7 @@ def test_streaming_chunks_of_a_long_document_equal_whole_encoding(tok):
   """Documents over chunking.PIECE_CHARS are cut mid-text; cut checks see word fragments."""
   doc = toy.generate(1, 20000, seed=0)[0]["context"]
   assert len(doc) > chunking.PIECE_CHARS
-  chunks = list(chunking.document_chunks(tok, doc, 64))
+  chunks = list(chunking.document_chunks(tok, doc, chunk_tokens=64))
   assert np.concatenate(chunks).tolist() == tok.encode(doc)
   assert len(chunks) == -(-20000 // 64)
 
@@ -109,7 +112,8 @@ def test_memagent_runs_end_to_end_on_the_toy_world():
   assert policy.tokenizer is toy_tokenizer()
   agent = mj.MemAgent(policy, chunk_tokens=64, memory_tokens=16, answer_tokens=8)
   samples = toy.generate(2, 150, seed=0)
-  results, batch = agent.rollout([s["question"] for s in samples], [s["context"] for s in samples])
+  results, batch = agent.rollout([s["question"] for s in samples], [s["context"] for s in samples],
+                                 temperature=1.0, top_p=1.0, seed=0)
   assert isinstance(batch, ConversationBatch)
   for r in results:
     assert r.num_chunks == 3 and len(r.conversations) == 4 and r.document_tokens == 150
@@ -186,8 +190,26 @@ def test_values_are_unambiguous_under_substring_matching():
 
 def test_registered_in_evaluation(tok):
   assert toy.TASK in tasks.task_names()
-  samples = tasks.make_samples(toy.TASK, 128, 2, 0, tok)
+  samples = tasks.make_samples(toy.TASK, 128, 2, 0, tok, chunk_tokens=toy.CHUNK_TOKENS)
   assert samples == toy.generate(2, 128, 0)
+
+
+# sha256 of json.dumps(samples, sort_keys=True) for 4 samples of 128 tokens (seed 0) and 2 of 1024
+# (seed 3) at chunk 64, taken before the chunk size came from the config: the toy reproduction's data.
+TOY_DIGEST_CHUNK_64 = "92bf33784916f6f3b7dcd8c803fbcb581d752f2676ee10ae3eb3e382bac55e6f"
+
+
+def test_chunk_size_shapes_the_documents_and_64_is_unchanged(tok):
+  def digest(chunk_tokens):
+    samples = (tasks.make_samples(toy.TASK, 128, 4, 0, tok, chunk_tokens=chunk_tokens)
+               + tasks.make_samples(toy.TASK, 1024, 2, 3, tok, chunk_tokens=chunk_tokens))
+    return hashlib.sha256(json.dumps(samples, sort_keys=True).encode()).hexdigest()
+  assert digest(64) == TOY_DIGEST_CHUNK_64
+  for chunk in (16, 32):  # other chunk sizes: other documents, every fact inside one of their chunks
+    samples = tasks.make_samples(toy.TASK, 1024, 8, 3, tok, chunk_tokens=chunk)
+    assert [s["context"] for s in samples] != [s["context"] for s in toy.generate(8, 1024, 3)]
+    assert all(st // chunk == (st + toy.FACT_TOKENS - 1) // chunk for s in samples for st in s["fact_starts"])
+  assert digest(32) != TOY_DIGEST_CHUNK_64
 
 
 def test_no_fact_crosses_a_chunk_boundary_and_distractors_scale_with_length():

@@ -23,7 +23,7 @@ def agent():
 
 
 def _teacher(agent, sample, q, seed=0):
-  return TEACHERS.get("toy_memory")(agent, sample["question"], sample["context"], random.Random(seed),
+  return TEACHERS.get("toy_memory")(agent, sample["question"], sample["context"], rng=random.Random(seed),
                                     overwrite_prob=q)
 
 
@@ -90,7 +90,7 @@ def test_direct_teacher_answers_from_the_whole_document():
   policy = mj.load_policy("random:toy-tiny", seed=0)
   reader = mj.DirectReader(policy, answer_tokens=8, question_tokens=16, context_tokens=600)
   s = toy.generate(1, toy.TRAIN_TOKENS, seed=5)[0]
-  r = TEACHERS.get("toy_direct")(reader, s["question"], s["context"], random.Random(0))
+  r = TEACHERS.get("toy_direct")(reader, s["question"], s["context"], rng=random.Random(0))
   assert r.prediction == s["answers"][0] and asked_key(s["question"]) == s["key"]
   np.testing.assert_array_equal(r.conversations[0].prompt_ids, reader.prompt_ids(s["question"], s["context"])[0])
 
@@ -98,8 +98,9 @@ def test_direct_teacher_answers_from_the_whole_document():
 def test_teacher_rows_carry_unit_advantages_and_the_whole_response(agent):
   samples = toy.generate(3, toy.TRAIN_TOKENS, seed=6)
   results = [_teacher(agent, s, 0.5) for s in samples]
-  conv = ConversationBatch.from_results(results, agent.pad_id, 200, 16)
-  rows = rows_from_conversations(conv, np.ones(len(conv.trajectory)), conv.trajectory)
+  conv = ConversationBatch.from_results(results, agent.pad_id, prompt_width=200, response_width=16)
+  rows = rows_from_conversations(conv, row_advantages=np.ones(len(conv.trajectory)),
+                                 row_question=conv.trajectory, mask_truncated=False)
   assert rows.loss_mask.sum() == sum(len(c.response_ids) for r in results for c in r.conversations)
   assert np.all(rows.advantages == 1)
 
@@ -108,7 +109,7 @@ def test_recall_teacher_writes_plain_text_rows():
   policy = mj.load_policy("random:toy-tiny", seed=0)
   reader = mj.DirectReader(policy, answer_tokens=8, question_tokens=16, context_tokens=600)
   s = toy.generate(1, 48, seed=8)[0]
-  r = TEACHERS.get("toy_recall")(reader, s["question"], s["context"], random.Random(0))
+  r = TEACHERS.get("toy_recall")(reader, s["question"], s["context"], rng=random.Random(0))
   tok = reader.tokenizer
   assert tok.decode(r.conversations[0].prompt_ids) == f"{s['context']} {s['question']}"  # no template
   assert tok.decode_response(r.conversations[0].response_ids) == f"\\boxed{{ {s['answers'][0]} }}"
@@ -117,8 +118,9 @@ def test_recall_teacher_writes_plain_text_rows():
 def test_prompt_loss_makes_every_real_token_a_target(agent):
   from memagent_jax.rl.teacher_rows import language_model_rows
   results = [_teacher(agent, s, 0.5) for s in toy.generate(2, toy.TRAIN_TOKENS, seed=6)]
-  conv = ConversationBatch.from_results(results, agent.pad_id, 200, 16)
-  rows = language_model_rows(rows_from_conversations(conv, np.ones(len(conv.trajectory)), conv.trajectory))
+  conv = ConversationBatch.from_results(results, agent.pad_id, prompt_width=200, response_width=16)
+  rows = language_model_rows(rows_from_conversations(conv, row_advantages=np.ones(len(conv.trajectory)),
+                                                     row_question=conv.trajectory, mask_truncated=False))
   assert rows.prompt_width == 1 and rows.loss_mask.shape == (len(conv.trajectory), 215)
   real = conv.prompt_lengths + conv.response_mask.sum(1)
   np.testing.assert_array_equal(rows.loss_mask.sum(1), real - 1)  # all but the first real token

@@ -12,9 +12,19 @@ from flax import nnx
 
 from memagent_jax.models.config import get_preset
 from memagent_jax.models.decoder import Decoder, forward_logits
+from memagent_jax.rl import losses
 from memagent_jax.rl import update as upd
 
 P, N, R = 12, 6, 8
+# Every knob of the update, explicit (the library has no defaults; configs/base.py holds the run's).
+SPEC = dict(prompt_width=P, loss="ppo_clip", agg="token-mean", clip_low=0.2, clip_high=0.28, clip_c=None,
+            kl_coef=0.0, kl_kind="low_var_kl", entropy_coef=0.0, remat=False, temperature=1.0,
+            compute_dtype="float32")
+LOGP = dict(prompt_width=P, remat=False, temperature=1.0)  # response_logprobs at the sampling temperature
+
+
+def _spec(**overrides):
+  return upd.UpdateSpec(**{**SPEC, **overrides})
 
 
 def _model(preset="tiny-llama", seed=0):
@@ -43,7 +53,7 @@ def _step(model, rows, spec, micro=1, tx=None, return_opt=False):
   tx = tx or optax.adamw(1e-3, weight_decay=0.01)
   opt = tx.init(params)
   batch = {k: jnp.asarray(v) for k, v in upd.split_micro(rows, micro).items()}
-  new_params, new_opt, metrics = upd.update_step(gd, params, opt, batch, tx=tx, spec=spec)
+  new_params, new_opt, metrics = upd.update_step(params, opt, batch, graphdef=gd, tx=tx, spec=spec)
   if return_opt:
     return params, new_params, jax.device_get(metrics), opt, new_opt
   return params, new_params, jax.device_get(metrics)
@@ -62,7 +72,7 @@ def test_response_logprobs_align_with_full_forward(chunk, monkeypatch):
   monkeypatch.setattr(upd, "LOGITS_CHUNK", chunk)
   model = _model()
   rows = _rows()
-  logp, ent = upd.response_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), P)
+  logp, ent = upd.response_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), **LOGP)
   for i in range(R):
     ids = rows["tokens"][i][rows["valid"][i]]
     plen = int(rows["valid"][i, :P].sum())
@@ -79,14 +89,14 @@ def test_chunked_logprobs_hold_no_full_logits_and_give_the_same_update(monkeypat
   equals the one-projection update."""
   model, rows = _model(), _rows()
   vocab = get_preset("tiny-llama").vocab_size
-  spec = upd.UpdateSpec(P)
+  spec = _spec()
   _, whole, _ = _step(model, rows, spec)
   monkeypatch.setattr(upd, "LOGITS_CHUNK", 2)
   _, chunked, _ = _step(_model(), rows, spec)
   assert _rel(chunked, whole) < 1e-6
   gd, params = nnx.split(_model())
   loss = lambda p: upd.response_logprobs(nnx.merge(gd, p), jnp.asarray(rows["tokens"]),
-                                         jnp.asarray(rows["valid"]), P)[0].sum()
+                                         jnp.asarray(rows["valid"]), **LOGP)[0].sum()
   jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
 
   def shapes(jp):
@@ -105,7 +115,7 @@ def test_gradient_accumulation_1_vs_4_micro_batches(agg):
   """4 micro-batches give the update of the whole mini-batch at once (<= 1e-6 relative)."""
   model, rows = _model(), _rows()
   rows["loss_mask"][1] = False  # micro-batch 0 of 4 holds an empty row (as padding rows are)
-  spec = upd.UpdateSpec(P, agg=agg, kl_coef=0.01, entropy_coef=0.01, clip_c=3.0)
+  spec = _spec(agg=agg, kl_coef=0.01, entropy_coef=0.01, clip_c=3.0)
   tx = optax.sgd(1.0)  # the update IS the gradient: compares gradients directly
   p0, one, m1 = _step(model, rows, spec, micro=1, tx=tx)
   _, four, m4 = _step(model, rows, spec, micro=4, tx=tx)
@@ -129,7 +139,7 @@ def test_a_mean_of_micro_batch_means_would_differ():
 def _rows_with_ratios(spread=0.7):
   """Rows whose old log-probs put the ratios spread over [e^-spread, e^spread] around 1."""
   rows, model = _rows(), _model()
-  logp, _ = upd.response_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), P)
+  logp, _ = upd.response_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), **LOGP)
   shift = np.random.default_rng(1).uniform(-spread, spread, logp.shape)
   rows["old_logp"] = (np.asarray(logp) - shift).astype(np.float32)
   return rows
@@ -145,7 +155,7 @@ def _params_after(spec, rows=None, model=None):
                                           ("clip_high", 0.01), ("agg", "seq-mean-token-sum"),
                                           ("loss", "sft"), ("kl_kind", "abs")])
 def test_each_update_knob_changes_the_update(field, value):
-  base = upd.UpdateSpec(P, kl_coef=0.1 if field == "kl_kind" else 0.0)
+  base = _spec(kl_coef=0.1 if field == "kl_kind" else 0.0)
   rows = _rows_with_ratios()
   a = _params_after(base, rows)
   b = _params_after(dataclasses.replace(base, **{field: value}), rows)
@@ -154,22 +164,22 @@ def test_each_update_knob_changes_the_update(field, value):
 
 def test_dual_clip_knob_changes_the_update():
   rows = _rows_with_ratios(spread=3.0)  # ratios up to e^3 > clip_c for negative advantages
-  a = _params_after(upd.UpdateSpec(P, clip_c=None), rows)
-  b = _params_after(upd.UpdateSpec(P, clip_c=3.0), rows)
+  a = _params_after(_spec(clip_c=None), rows)
+  b = _params_after(_spec(clip_c=3.0), rows)
   assert _rel(a, b) > 1e-4
 
 
 def test_remat_gives_the_same_update():
   rows = _rows()
-  a = _params_after(upd.UpdateSpec(P), rows)
-  b = _params_after(upd.UpdateSpec(P, remat=True), rows)
+  a = _params_after(_spec(), rows)
+  b = _params_after(_spec(remat=True), rows)
   assert _rel(a, b) <= 1e-6
 
 
 def test_non_finite_loss_skips_the_update():
   rows = _rows()
   rows["advantages"][0] = np.nan
-  p0, p1, m, o0, o1 = _step(_model(), rows, upd.UpdateSpec(P), return_opt=True)
+  p0, p1, m, o0, o1 = _step(_model(), rows, _spec(), return_opt=True)
   assert not m["finite"]
   assert _rel(p1, p0) == 0.0
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(o0), jax.tree_util.tree_leaves(o1)))
@@ -178,7 +188,7 @@ def test_non_finite_loss_skips_the_update():
 def test_all_masked_batch_is_a_finite_no_op_gradient():
   rows = _rows()
   rows["loss_mask"][:] = False
-  p0, p1, m = _step(_model(), rows, upd.UpdateSpec(P), tx=optax.sgd(1.0))
+  p0, p1, m = _step(_model(), rows, _spec(), tx=optax.sgd(1.0))
   assert m["finite"] and m["tokens"] == 0 and m["loss"] == 0.0
   assert _rel(p1, p0) == 0.0
 
@@ -191,8 +201,8 @@ def test_bf16_compute_keeps_float32_master_weights():
   params = upd.cast_params(params, jnp.float32)
   tx = optax.adamw(1e-6)
   batch = {k: jnp.asarray(v) for k, v in upd.split_micro(_rows(), 1).items()}
-  new, _, m = upd.update_step(gd, params, tx.init(params), batch, tx=tx,
-                              spec=upd.UpdateSpec(P, compute_dtype="bfloat16"))
+  new, _, m = upd.update_step(params, tx.init(params), batch, graphdef=gd, tx=tx,
+                              spec=_spec(compute_dtype="bfloat16"))
   assert m["finite"]
   leaves0, leaves1 = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(new)
   assert all(x.dtype == jnp.float32 for x in leaves1)
@@ -205,6 +215,26 @@ def test_bf16_compute_keeps_float32_master_weights():
 def test_temperature_scales_the_logprobs():
   model, rows = _model(), _rows()
   t = jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"])
-  lp1, _ = upd.response_logprobs(model, *t, P)
-  lp2, _ = upd.response_logprobs(model, *t, P, temperature=0.5)
+  lp1, _ = upd.response_logprobs(model, *t, **LOGP)
+  lp2, _ = upd.response_logprobs(model, *t, **dict(LOGP, temperature=0.5))
   assert float(jnp.max(jnp.abs(lp1 - lp2))) > 1e-3
+
+
+@pytest.mark.parametrize("loss,agg,micro", [("ppo_clip", "token-mean", 1), ("ppo_clip", "seq-mean-token-mean", 4),
+                                           ("ppo_clip", "seq-mean-token-sum", 1),
+                                           ("ppo_clip", "seq-mean-token-sum-norm", 4),
+                                           ("sft", "token-mean", 4), ("sft", "seq-mean-token-mean", 1)])
+def test_update_pg_loss_is_losses_policy_loss(loss, agg, micro):
+  """The update's pg loss is `losses.policy_loss` ("ppo_clip") or `losses.sft_loss` ("sft") of the
+  policy's response log-probs, whatever the micro-batching."""
+  model, rows = _model(), _rows_with_ratios()
+  spec = _spec(loss=loss, agg=agg, clip_low=0.2, clip_high=0.28, clip_c=3.0)
+  _, _, m = _step(model, rows, spec, micro=micro, tx=optax.sgd(1.0))
+  logp, _ = upd.response_logprobs(_model(), jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), **LOGP)
+  mask = rows["loss_mask"]
+  if loss == "ppo_clip":
+    want = losses.policy_loss(logp, rows["old_logp"], rows["advantages"], mask, 0.2, 0.28, 3.0, agg)
+  else:
+    want = losses.sft_loss(logp, mask, agg=agg)
+  np.testing.assert_allclose(m["pg_loss"], float(want), rtol=2e-6, atol=1e-7)
+  np.testing.assert_allclose(m["loss"], float(want), rtol=2e-6, atol=1e-7)  # no KL, no entropy bonus

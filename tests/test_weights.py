@@ -11,6 +11,8 @@ import memagent_jax as mj
 from conftest import torch_logits
 from memagent_jax.models import gguf_weights
 from memagent_jax.models.config import PRESETS, ModelConfig
+from memagent_jax.policy import loading
+from memagent_jax.policy.sampling import GREEDY
 
 
 def test_export_round_trip_through_transformers(tiny_hf_dir, tmp_path):
@@ -45,13 +47,13 @@ def test_smollm2_export_round_trip(smollm, tmp_path):
 
 
 def test_embedded_default_is_cached(smollm, monkeypatch):
-  src = gguf_weights.convert_gguf(mj.models.embedded_gguf_path())
+  src = gguf_weights.convert_gguf(loading.embedded_gguf_path())
   assert os.path.isfile(os.path.join(src, "COMPLETE"))
 
   def must_not_reconvert(path):
     raise AssertionError(f"the cached conversion of {path} was redone")
   monkeypatch.setattr(gguf_weights, "_open", must_not_reconvert)
-  assert gguf_weights.convert_gguf(mj.models.embedded_gguf_path()) == src
+  assert gguf_weights.convert_gguf(loading.embedded_gguf_path()) == src
   assert smollm.config == PRESETS["smollm2-135m-instruct"]
 
 
@@ -155,13 +157,13 @@ def test_prompt_longer_than_cache_and_cache_overflow():
   policy = mj.load_policy("random:tiny-llama")
   prompt = list(range(100))
   with pytest.raises(ValueError, match=r"prompt of 100 tokens is longer than the KV cache \(cache_size=64"):
-    policy.sample([prompt], 8, cache_size=64)
+    policy.sample([prompt], 8, params=GREEDY, cache_size=64)
   with pytest.raises(ValueError, match=r"max_new_tokens=40 would overflow the KV cache: prompt 100 \+ 40"):
-    policy.sample([prompt], 40, cache_size=128)
+    policy.sample([prompt], 40, params=GREEDY, cache_size=128)
   with pytest.raises(ValueError, match="exceeds the model's context window of 512"):
-    policy.sample([list(range(200)) * 2], 200)
+    policy.sample([list(range(200)) * 2], 200, params=GREEDY)
   with pytest.raises(ValueError, match="empty prompt"):
-    policy.sample([[]], 4)
+    policy.sample([[]], 4, params=GREEDY)
   with pytest.raises(ValueError, match=r"token ids must lie in \[0, 256\)"):
     policy.logits(np.array([[1, 999]]))
 

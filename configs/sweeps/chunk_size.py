@@ -1,4 +1,7 @@
-"""Ablation: chunk size at a fixed document length (more, smaller chunks = more memory updates)."""
+"""Ablation: chunk size at a fixed document length (more, smaller chunks = more memory updates).
+
+agent.chunk_tokens also reaches the toy data: each run's documents keep every fact inside one of
+its chunks (memagent_jax/data/toy.py), as the 64-token world does."""
 
 
 def get_sweep():

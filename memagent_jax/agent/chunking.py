@@ -34,7 +34,7 @@ class ControlCharacterError(ValueError):
   """A document holds a NUL or another control character: binary data, not text."""
 
 
-def check_text(piece: str, name: str, offset: int = 0, line: int = 1):
+def check_text(piece: str, name: str, *, offset: int = 0, line: int = 1):
   """Raises ControlCharacterError naming the document, the character and its offset; tokenizers
   would otherwise encode such bytes silently (or drop them)."""
   m = _CONTROL.search(piece)
@@ -46,14 +46,14 @@ def check_text(piece: str, name: str, offset: int = 0, line: int = 1):
         "return, form feed and vertical tab are the only control characters allowed)")
 
 
-def is_clean_cut(tokenizer, text: str, i: int, margin: int = CUT_MARGIN) -> bool:
+def is_clean_cut(tokenizer, text: str, i: int, *, margin: int = CUT_MARGIN) -> bool:
   """True if cutting `text` at i leaves the ids around the cut unchanged (pre-tokenizers and BPE
   merges only look a few characters around a boundary, so the margin decides it)."""
   left, right = text[max(0, i - margin):i], text[i:i + margin]
   return tokenizer.encode(left + right) == tokenizer.encode(left) + tokenizer.encode(right)
 
 
-def find_cut(tokenizer, text: str, lo: int, hi: int) -> int:
+def find_cut(tokenizer, text: str, *, lo: int, hi: int) -> int:
   """The last verified clean cut in [lo, hi], or -1."""
   tries = 0
   for m in reversed(list(_CANDIDATE.finditer(text, lo, min(len(text), hi + 1)))):
@@ -67,7 +67,7 @@ def find_cut(tokenizer, text: str, lo: int, hi: int) -> int:
   return -1
 
 
-def split_text(text: str, tokenizer, piece_chars: int = PIECE_CHARS, final: bool = True) -> Iterator[str]:
+def split_text(text: str, tokenizer, *, piece_chars: int = PIECE_CHARS, final: bool = True) -> Iterator[str]:
   """Cuts a string into pieces of about `piece_chars` at verified clean cuts, so tokenising the
   pieces gives the same ids as the whole text. Without a clean cut a piece grows (never a blind
   cut). With final=False the tail (which may continue in unread text) is yielded last, uncut."""
@@ -75,10 +75,10 @@ def split_text(text: str, tokenizer, piece_chars: int = PIECE_CHARS, final: bool
   stop = len(text) if final else len(text) - CUT_MARGIN  # cuts need context on both sides
   while stop - start > piece_chars:
     lo, hi = start + piece_chars // 2, start + piece_chars
-    cut = find_cut(tokenizer, text, lo, hi)
+    cut = find_cut(tokenizer, text, lo=lo, hi=hi)
     while cut < 0 and hi < stop:  # no clean boundary here: look further ahead
       lo, hi = hi, min(stop, hi + piece_chars)
-      cut = find_cut(tokenizer, text, lo, hi)
+      cut = find_cut(tokenizer, text, lo=lo, hi=hi)
     if cut < 0:
       break
     yield text[start:cut]
@@ -87,7 +87,7 @@ def split_text(text: str, tokenizer, piece_chars: int = PIECE_CHARS, final: bool
     yield text[start:]
 
 
-def read_text_pieces(path: str, tokenizer, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
+def read_text_pieces(path: str, tokenizer, *, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
   """Streams a UTF-8 file ('-' = stdin) as clean-cut text pieces; errors name the file and byte."""
   decoder = codecs.getincrementaldecoder("utf-8")("strict")
   offset, pending, chars, lines = 0, "", 0, 1
@@ -107,15 +107,15 @@ def read_text_pieces(path: str, tokenizer, piece_chars: int = PIECE_CHARS) -> It
         data = held + raw
         raise ValueError(f"{path} is not UTF-8 text (invalid byte at offset "
                          f"{offset - len(held) + e.start}: {data[e.start:e.start + 4]!r})") from None
-      check_text(text, path, chars, lines)  # before any tokenisation
+      check_text(text, path, offset=chars, line=lines)  # before any tokenisation
       chars, lines, pending = chars + len(text), lines + text.count("\n"), pending + text
       offset += len(raw)
       if not raw:
         break
-      pieces = list(split_text(pending, tokenizer, piece_chars, final=False))
+      pieces = list(split_text(pending, tokenizer, piece_chars=piece_chars, final=False))
       pending = pieces.pop() if pieces else ""
       yield from pieces
-  yield from split_text(pending, tokenizer, piece_chars)
+  yield from split_text(pending, tokenizer, piece_chars=piece_chars)
 
 
 def token_stream(tokenizer, pieces: Iterable[str], name: str = "document") -> Iterator[np.ndarray]:
@@ -123,7 +123,7 @@ def token_stream(tokenizer, pieces: Iterable[str], name: str = "document") -> It
   ControlCharacterError (before tokenising) at the first NUL or other control character."""
   seen_text, offset, line = False, 0, 1
   for piece in pieces:
-    check_text(piece, name, offset, line)
+    check_text(piece, name, offset=offset, line=line)
     offset, line = offset + len(piece), line + piece.count("\n")
     seen_text = seen_text or bool(piece.strip())
     ids = tokenizer.encode(piece)
@@ -145,7 +145,8 @@ def chunk_stream(token_arrays: Iterable[np.ndarray], chunk_tokens: int) -> Itera
     yield buf
 
 
-def text_pieces(tokenizer, document: str, name: str = "document", from_file: bool = False) -> Iterator[str]:
+def text_pieces(tokenizer, document: str, *, name: str = "document",
+                from_file: bool = False) -> Iterator[str]:
   """Clean-cut pieces of a document given as text (checked for control characters here, at
   once) or as a file path ('-' = stdin) when `from_file` (checked as it is read)."""
   if from_file:
@@ -156,10 +157,10 @@ def text_pieces(tokenizer, document: str, name: str = "document", from_file: boo
   return split_text(document, tokenizer)
 
 
-def document_chunks(tokenizer, document: str, chunk_tokens: int, name: str = "document",
+def document_chunks(tokenizer, document: str, *, chunk_tokens: int, name: str = "document",
                     from_file: bool = False) -> Iterator[np.ndarray]:
   """Chunks of a document given as text, or as a file path ('-' = stdin) when `from_file`."""
-  pieces = text_pieces(tokenizer, document, name, from_file)
+  pieces = text_pieces(tokenizer, document, name=name, from_file=from_file)
   return chunk_stream(token_stream(tokenizer, pieces, name), chunk_tokens)
 
 
@@ -171,7 +172,7 @@ def centre_truncate(ids: np.ndarray, max_tokens: int) -> np.ndarray:
   return np.concatenate([ids[:head], ids[len(ids) - (max_tokens - head):]])
 
 
-def pack_chunks(rows: Sequence[Sequence[np.ndarray]], num_steps: int, chunk_tokens: int,
+def pack_chunks(rows: Sequence[Sequence[np.ndarray]], *, num_steps: int, chunk_tokens: int,
                 pad_id: int) -> tuple[np.ndarray, np.ndarray]:
   """Per-row chunk lists -> padded tokens [B, K, C] and lengths [B, K] (0 = no chunk: inactive)."""
   tokens = np.full((len(rows), num_steps, chunk_tokens), pad_id, np.int32)

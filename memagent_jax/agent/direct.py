@@ -21,8 +21,10 @@ from memagent_jax.policy.sampling import SamplingParams
 class DirectReader:
   """Answers from the full document in context (centre-truncated to fit when `truncate`)."""
 
-  def __init__(self, policy, answer_tokens: int = 1024, question_tokens: int = 1024,
-               truncate: bool = False, context_tokens: int | None = None):
+  # As MemAgent's: the answer budget is named; the question budget defaults to the released reader's,
+  # the context to the model's window (trainer: configs/base.py agent section).
+  def __init__(self, policy, *, answer_tokens: int, question_tokens: int = 1024, truncate: bool = False,
+               context_tokens: int | None = None):
     if answer_tokens < 1:
       raise ValueError(f"answer_tokens={answer_tokens} must be >= 1")
     self.policy = policy
@@ -39,11 +41,11 @@ class DirectReader:
     """Most document tokens that fit beside the template, the question and the answer cap."""
     return self.context - self.segments.fixed_tokens - question_len - self.answer_tokens
 
-  def prompt_ids(self, question: str, document: str, index: int = 0, from_file: bool = False):
+  def prompt_ids(self, question: str, document: str, *, index: int = 0, from_file: bool = False):
     """(prompt ids, document tokens before truncation) of one question and document."""
-    q = encode_question(self.tokenizer, question, index, self.question_tokens)
+    q = encode_question(self.tokenizer, question, index=index, budget=self.question_tokens)
     name = document if from_file else f"document {index}"
-    pieces = chunking.text_pieces(self.tokenizer, document, name, from_file)
+    pieces = chunking.text_pieces(self.tokenizer, document, name=name, from_file=from_file)
     doc = np.concatenate(list(chunking.token_stream(self.tokenizer, pieces, name)))
     budget = self.document_budget(len(q))
     if budget < 1:
@@ -61,26 +63,34 @@ class DirectReader:
       kept = doc
     return self.segments.assemble(prompt=q, context=kept.tolist()), len(doc)
 
-  def answer_batch(self, questions: Sequence[str], documents: Sequence[str], temperature: float = 0.0,
-                   top_p: float = 1.0, seed: int = 0, *, top_k: int = 0,
+  # The reader interface of MemAgent.answer_batch (documented public API): greedy unless asked.
+  def answer_batch(self, questions: Sequence[str], documents: Sequence[str], *, temperature: float = 0.0,
+                   top_p: float = 1.0, seed: int = 0, top_k: int = 0,
                    from_files: bool = False) -> list[AgentResult]:
+    """Answers each question from its whole document in one prompt."""
     if len(questions) != len(documents) or not questions:
       raise ValueError(f"got {len(questions)} questions for {len(documents)} documents")
-    built = [self.prompt_ids(q, d, i, from_files) for i, (q, d) in enumerate(zip(questions, documents))]
+    built = [self.prompt_ids(q, d, index=i, from_file=from_files)
+             for i, (q, d) in enumerate(zip(questions, documents))]
     prompts = [p for p, _ in built]
     longest = max(len(p) for p in prompts)
-    gen = self.policy.sample(prompts, self.answer_tokens, SamplingParams(temperature, top_p, top_k),
-                             seed, cache_size=longest + self.answer_tokens)
+    gen = self.policy.sample(prompts, self.answer_tokens,
+                             params=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k),
+                             seed=seed, cache_size=longest + self.answer_tokens)
     results = []
     for i, (prompt, n_doc) in enumerate(built):
       n = int(gen.lengths[i])
-      conv = Conversation(np.asarray(prompt, np.int32), gen.tokens[i, :n], gen.logprobs[i, :n],
-                          gen.sample_logprobs[i, :n], truncated=not bool(gen.stopped[i]), is_final=True)
+      conv = Conversation(prompt_ids=np.asarray(prompt, np.int32), response_ids=gen.tokens[i, :n],
+                          response_logprobs=gen.logprobs[i, :n], sample_logprobs=gen.sample_logprobs[i, :n],
+                          truncated=not bool(gen.stopped[i]), is_final=True)
       answer = self.tokenizer.decode_response(conv.response_ids)
-      results.append(AgentResult(questions[i], answer, answers.extract_boxed(answer),
-                                 answer_text_to_prediction(answer, "boxed"), [], [conv], 0, n_doc))
+      results.append(AgentResult(question=questions[i], answer=answer, boxed=answers.extract_boxed(answer),
+                                 prediction=answer_text_to_prediction(answer, "boxed"), memories=[],
+                                 conversations=[conv], num_chunks=0, document_tokens=n_doc))
     return results
 
-  def answer(self, question: str, document: str, temperature: float = 0.0, top_p: float = 1.0,
+  def answer(self, question: str, document: str, *, temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, **kwargs) -> AgentResult:
-    return self.answer_batch([question], [document], temperature, top_p, seed, **kwargs)[0]
+    """One question about one document."""
+    return self.answer_batch([question], [document], temperature=temperature, top_p=top_p, seed=seed,
+                             **kwargs)[0]

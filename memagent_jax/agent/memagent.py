@@ -32,7 +32,7 @@ class ContextBudgetError(ValueError):
   """A prompt plus its generation cap does not fit the model's context window."""
 
 
-def encode_question(tokenizer, question: str, index: int, budget: int) -> list[int]:
+def encode_question(tokenizer, question: str, *, index: int, budget: int) -> list[int]:
   """Question ids; an empty question or one over the budget is an error (never truncated)."""
   if not isinstance(question, str) or not question.strip():
     raise ValueError(f"question {index} is empty")
@@ -51,9 +51,11 @@ class MemAgent:
   and over processes: each process passes its own questions and documents and gets its own
   results, while the policy's params stay sharded as in training."""
 
-  def __init__(self, policy, chunk_tokens: int = 5000, memory_tokens: int = 1024,
-               answer_tokens: int = 1024, question_tokens: int = 1024, final_template: str = "boxed",
-               block_chunks: int = 8, max_chunks: int | None = None, mesh=None):
+  # The documented call `mj.MemAgent(policy, chunk_tokens=, memory_tokens=, answer_tokens=)` names the
+  # three budgets; the rest default to the released reader (trainer: configs/base.py agent section).
+  def __init__(self, policy, *, chunk_tokens: int, memory_tokens: int, answer_tokens: int,
+               question_tokens: int = 1024, final_template: str = "boxed", block_chunks: int = 8,
+               max_chunks: int | None = None, mesh=None):
     for name, v in dict(chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
                         answer_tokens=answer_tokens, question_tokens=question_tokens,
                         block_chunks=block_chunks).items():
@@ -107,7 +109,8 @@ class MemAgent:
                                  f"window is {self.context} tokens; lower chunk_tokens/memory_tokens/answer_tokens")
 
   def _question_ids(self, questions: Sequence[str], placement: RowPlacement):
-    ids = [encode_question(self.tokenizer, q, i, self.question_tokens) for i, q in enumerate(questions)]
+    ids = [encode_question(self.tokenizer, q, index=i, budget=self.question_tokens)
+           for i, q in enumerate(questions)]
     longest = placement.agree_max(max(len(q) for q in ids))  # one static width on every process
     self.check_budget(longest)
     width = round_up(longest, QUESTION_BUCKET)
@@ -120,7 +123,8 @@ class MemAgent:
 
   def _chunks(self, document: str, index: int, from_file: bool):
     name = document if from_file else f"document {index}"
-    stream = chunking.document_chunks(self.tokenizer, document, self.chunk_tokens, name, from_file)
+    stream = chunking.document_chunks(self.tokenizer, document, chunk_tokens=self.chunk_tokens, name=name,
+                                      from_file=from_file)
     if self.max_chunks is None:
       return stream
     ids = np.concatenate(list(stream))  # training only: centre-truncate to max_chunks chunks
@@ -129,12 +133,13 @@ class MemAgent:
 
   # ----- running -------------------------------------------------------------------------------
   def _spec(self, params: SamplingParams, keep_prompts: bool) -> RecurrenceSpec:
-    return RecurrenceSpec(self.memory_tokens, self.answer_tokens, self.stop_tokens, self.pad_id,
-                          greedy=params.temperature == 0.0, top_k=params.top_k,
-                          use_top_p=params.top_p < 1.0, keep_prompts=keep_prompts)
+    return RecurrenceSpec(memory_tokens=self.memory_tokens, answer_tokens=self.answer_tokens,
+                          stop_tokens=self.stop_tokens, pad_id=self.pad_id, greedy=params.temperature == 0.0,
+                          top_k=params.top_k, use_top_p=params.top_p < 1.0, keep_prompts=keep_prompts)
 
-  def answer_batch(self, questions: Sequence[str], documents: Sequence[str], temperature: float = 0.0,
-                   top_p: float = 1.0, seed: int = 0, *, top_k: int = 0, from_files: bool = False,
+  # Documented public API (DESIGN.md): greedy unless asked, as `Policy.generate`.
+  def answer_batch(self, questions: Sequence[str], documents: Sequence[str], *, temperature: float = 0.0,
+                   top_p: float = 1.0, seed: int = 0, top_k: int = 0, from_files: bool = False,
                    keep_prompts: bool = True, progress: bool = False,
                    row_ids: Sequence[int] | None = None) -> list[AgentResult]:
     """Reads documents (texts, or file paths with from_files=True) and answers each question.
@@ -149,7 +154,7 @@ class MemAgent:
     row_ids = np.arange(b) if row_ids is None else np.asarray(row_ids, np.int64)
     if row_ids.shape != (b,) or (b and (row_ids.min() < 0 or row_ids.max() >= 2 ** 32)):
       raise ValueError(f"row_ids must be {b} integers in [0, 2**32) (one per question); got {row_ids}")
-    params = SamplingParams(temperature, top_p, top_k)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     spec = self._spec(params, keep_prompts)
     place = RowPlacement(self.mesh, b)
     question, q_len = self._question_ids(questions, place)
@@ -170,17 +175,20 @@ class MemAgent:
       rows = [list(itertools.islice(s, self.block_chunks)) for s in streams]
       if not place.any_process(any(rows)):  # every process runs the same blocks
         break
-      chunks, lengths = chunking.pack_chunks(rows, self.block_chunks, self.chunk_tokens, self.pad_id)
+      chunks, lengths = chunking.pack_chunks(rows, num_steps=self.block_chunks,
+                                             chunk_tokens=self.chunk_tokens, pad_id=self.pad_id)
       memory, mem_len, outs = memory_block(
-          pol.graphdef, pol.state, self._memory_pieces, question, q_len, memory, mem_len,
-          place.put(chunks), place.put(lengths), keys, jnp.int32(first_chunk), temp, tp, spec=spec)
+          pol.graphdef, pol.state, pieces=self._memory_pieces, question=question, q_len=q_len, memory=memory,
+          mem_len=mem_len, chunks=place.put(chunks), chunk_len=place.put(lengths), keys=keys,
+          first_chunk=jnp.int32(first_chunk), temperature=temp, top_p=tp, spec=spec)
       first_chunk += self.block_chunks
-      self._collect(place.local(outs, row_axis=1), conversations, memories, is_final=False)
+      self._collect(place.local(outs, row_axis=1), conversations, memories=memories, is_final=False)
       doc_tokens += lengths.sum(axis=1)
       bar.update(int(lengths.sum()))
     bar.close()
-    prompt, valid, gen = answer_block(pol.graphdef, pol.state, self._final_pieces, question, q_len,
-                                      memory, mem_len, keys, temp, tp, spec=spec)
+    prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, question=question,
+                                      q_len=q_len, memory=memory, mem_len=mem_len, keys=keys,
+                                      temperature=temp, top_p=tp, spec=spec)
     prompt, valid, gen = place.local((prompt, valid, gen))
     final = dict(response=gen.tokens[None], logprobs=gen.logprobs[None],
                  sample_logprobs=gen.sample_logprobs[None], response_len=gen.lengths[None],
@@ -188,7 +196,7 @@ class MemAgent:
                  active=np.ones((1, b), bool), prompt=prompt[None])
     if not keep_prompts:
       del final["prompt"]
-    self._collect(final, conversations, None, is_final=True)
+    self._collect(final, conversations, memories=None, is_final=True)
     results = []
     for i in range(b):
       answer = self.tokenizer.decode_response(conversations[i][-1].response_ids)
@@ -198,7 +206,7 @@ class MemAgent:
           conversations=conversations[i], num_chunks=len(memories[i]), document_tokens=int(doc_tokens[i])))
     return results
 
-  def _collect(self, outs, conversations, memories, is_final: bool):
+  def _collect(self, outs, conversations, *, memories, is_final: bool):
     """Per-step stacked outputs [K, B, ...] -> Conversations of the active rows, in order."""
     k_steps, b = outs["active"].shape
     for k in range(k_steps):
@@ -215,13 +223,15 @@ class MemAgent:
         if memories is not None:
           memories[i].append(self.tokenizer.decode_response(conv.response_ids))
 
-  def answer(self, question: str, document: str, temperature: float = 0.0, top_p: float = 1.0,
+  def answer(self, question: str, document: str, *, temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, **kwargs) -> AgentResult:
     """Reads one document (text; a path with from_files=True) and answers the question about it."""
-    return self.answer_batch([question], [document], temperature, top_p, seed, **kwargs)[0]
+    return self.answer_batch([question], [document], temperature=temperature, top_p=top_p, seed=seed,
+                             **kwargs)[0]
 
-  def rollout(self, questions, documents, temperature: float = 1.0, top_p: float = 1.0,
-              seed: int = 0, **kwargs) -> tuple[list[AgentResult], ConversationBatch]:
+  def rollout(self, questions, documents, *, temperature: float, top_p: float, seed: int,
+              **kwargs) -> tuple[list[AgentResult], ConversationBatch]:
     """Sampled trajectories and their conversations batched for training."""
-    results = self.answer_batch(questions, documents, temperature, top_p, seed, **kwargs)
+    results = self.answer_batch(questions, documents, temperature=temperature, top_p=top_p, seed=seed,
+                                **kwargs)
     return results, ConversationBatch.from_results(results, self.pad_id)

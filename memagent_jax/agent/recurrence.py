@@ -20,7 +20,7 @@ from memagent_jax.policy.sampling import Generation, fold_rows, sample_from_prom
 FINAL_STREAM = 0xFFFFFFFF  # the final answer's key is fold_in(row key, FINAL_STREAM); chunk k uses k
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RecurrenceSpec:
   """Static settings of the compiled recurrence (hashable: part of the jit cache key)."""
   memory_tokens: int  # new-token cap of each memory update
@@ -28,9 +28,9 @@ class RecurrenceSpec:
   stop_tokens: tuple[int, ...]
   pad_id: int
   greedy: bool
-  top_k: int = 0
-  use_top_p: bool = False
-  keep_prompts: bool = True  # return the assembled prompts (RL needs them; long reads may not)
+  top_k: int  # 0: off
+  use_top_p: bool
+  keep_prompts: bool  # return the assembled prompts (RL needs them; long reads may not)
 
 
 def pack_left(parts, pad_id: int):
@@ -69,18 +69,19 @@ def _empty_generation(b: int, n: int, pad_id: int) -> Generation:
                     jnp.zeros((b,), bool), jnp.int32(0))
 
 
-def _sample(model, tokens, valid, keys, temperature, top_p, inactive, n, spec: RecurrenceSpec):
+def _sample(model, tokens, valid, *, keys, temperature, top_p, inactive, n: int, spec: RecurrenceSpec):
+  """Up to n new tokens for left-padded prompts tokens, valid [B, P]; inactive [B] rows generate none."""
   stops = jnp.broadcast_to(jnp.asarray(spec.stop_tokens or (-1,), jnp.int32)[None],
                            (tokens.shape[0], max(1, len(spec.stop_tokens))))
   return sample_from_prompts(
-      model, tokens, valid, stops, keys, temperature, top_p, inactive, max_new_tokens=n,
-      cache_size=tokens.shape[1] + n, greedy=spec.greedy, top_k=spec.top_k,
-      use_top_p=spec.use_top_p, pad_id=spec.pad_id)
+      model, tokens, valid, stop_tokens=stops, keys=keys, temperature=temperature, top_p=top_p,
+      done=inactive, max_new_tokens=n, cache_size=tokens.shape[1] + n, greedy=spec.greedy,
+      top_k=spec.top_k, use_top_p=spec.use_top_p, pad_id=spec.pad_id)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
-def memory_block(graphdef, state, pieces, question, q_len, memory, mem_len, chunks, chunk_len,
-                 keys, first_chunk, temperature, top_p, *, spec: RecurrenceSpec):
+def memory_block(graphdef, state, *, pieces, question, q_len, memory, mem_len, chunks, chunk_len,
+                 keys, first_chunk, temperature, top_p, spec: RecurrenceSpec):
   """K memory updates in one scan.
 
   pieces: 4 template pieces [L_i]; question [B, Q], q_len [B]; memory [B, M], mem_len [B];
@@ -103,7 +104,8 @@ def memory_block(graphdef, state, pieces, question, q_len, memory, mem_len, chun
                                _fixed(pieces[3], b)], spec.pad_id)
     gen = jax.lax.cond(
         jnp.any(active),
-        lambda: _sample(model, tokens, valid, step_keys, temperature, top_p, ~active, n, spec),
+        lambda: _sample(model, tokens, valid, keys=step_keys, temperature=temperature, top_p=top_p,
+                        inactive=~active, n=n, spec=spec),
         lambda: _empty_generation(b, n, spec.pad_id))
     new_memory, new_len = _strip_stop(gen, m, spec.pad_id)
     memory = jnp.where(active[:, None], new_memory, memory)
@@ -121,14 +123,14 @@ def memory_block(graphdef, state, pieces, question, q_len, memory, mem_len, chun
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
-def answer_block(graphdef, state, pieces, question, q_len, memory, mem_len, keys, temperature,
-                 top_p, *, spec: RecurrenceSpec):
+def answer_block(graphdef, state, *, pieces, question, q_len, memory, mem_len, keys, temperature,
+                 top_p, spec: RecurrenceSpec):
   """The final conversation: question + final memory -> answer, row r sampled with
   fold_in(keys[r], FINAL_STREAM). Returns (prompt [B, P], valid, gen)."""
   model = nnx.merge(graphdef, state)
   b = question.shape[0]
   tokens, valid = pack_left([_fixed(pieces[0], b), (question, q_len), _fixed(pieces[1], b),
                              (memory, mem_len), _fixed(pieces[2], b)], spec.pad_id)
-  gen = _sample(model, tokens, valid, fold_rows(keys, jnp.uint32(FINAL_STREAM)), temperature, top_p,
-                jnp.zeros((b,), bool), spec.answer_tokens, spec)
+  gen = _sample(model, tokens, valid, keys=fold_rows(keys, jnp.uint32(FINAL_STREAM)), temperature=temperature,
+                top_p=top_p, inactive=jnp.zeros((b,), bool), n=spec.answer_tokens, spec=spec)
   return tokens, valid, gen

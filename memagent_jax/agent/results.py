@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Conversation:
   """One single-turn chat of a trajectory: a memory update (turn k) or the final answer."""
   prompt_ids: np.ndarray | None  # [P] int32 (None when the run did not keep prompts)
@@ -19,7 +19,7 @@ class Conversation:
   is_final: bool
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class AgentResult:
   """The outcome of reading one document."""
   question: str
@@ -32,7 +32,7 @@ class AgentResult:
   document_tokens: int
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class ConversationBatch:
   """All conversations of a batch of trajectories as padded arrays: the rows RL trains on.
 
@@ -50,9 +50,9 @@ class ConversationBatch:
   turn: np.ndarray  # [R] int32 conversation index within its trajectory
 
   @classmethod
-  def from_results(cls, results: Sequence[AgentResult], pad_id: int, prompt_width: int | None = None,
+  def from_results(cls, results: Sequence[AgentResult], pad_id: int, *, prompt_width: int | None = None,
                    response_width: int | None = None) -> "ConversationBatch":
-    """Pads to the longest prompt/response, or to fixed widths (static shapes: no recompiles)."""
+    """Pads to the longest prompt/response (width None), or to fixed widths (static shapes: no recompiles)."""
     convs = [(i, t, c) for i, r in enumerate(results) for t, c in enumerate(r.conversations)]
     if not convs:
       raise ValueError("no conversations to batch")
@@ -65,10 +65,11 @@ class ConversationBatch:
                        f"prompt_width={prompt_width}, response_width={response_width}")
     p, n = prompt_width or p, response_width or n
     r = len(convs)
-    out = cls(np.full((r, p), pad_id, np.int32), np.zeros(r, np.int32),
-              np.full((r, n), pad_id, np.int32), np.zeros((r, n), bool),
-              np.zeros((r, n), np.float32), np.zeros((r, n), np.float32), np.zeros(r, bool),
-              np.zeros(r, bool), np.zeros(r, np.int32), np.zeros(r, np.int32))
+    out = cls(prompt_ids=np.full((r, p), pad_id, np.int32), prompt_lengths=np.zeros(r, np.int32),
+              response_ids=np.full((r, n), pad_id, np.int32), response_mask=np.zeros((r, n), bool),
+              response_logprobs=np.zeros((r, n), np.float32), sample_logprobs=np.zeros((r, n), np.float32),
+              truncated=np.zeros(r, bool), is_final=np.zeros(r, bool), trajectory=np.zeros(r, np.int32),
+              turn=np.zeros(r, np.int32))
     for row, (i, t, c) in enumerate(convs):
       lp, ln = len(c.prompt_ids), len(c.response_ids)
       out.prompt_ids[row, p - lp:] = c.prompt_ids

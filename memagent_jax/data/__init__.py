@@ -1,4 +1,5 @@
-"""Evaluation and training data: RULER-style synthetic tasks, long-document QA, TFDS, grain.
+"""Evaluation and training data (layer 3; imports text): RULER-style synthetic tasks,
+long-document QA, the toy world, grain.
 
 Submodules stay import-light (no TFDS or grain import here) so that generating a
 synthetic sample does not pay for the input-pipeline stack:
@@ -9,6 +10,9 @@ synthetic sample does not pay for the input-pipeline stack:
   fitting         binary search of the haystack size against a token budget
   tokens          token counters (a tokenizer or a `str -> int` callable), cached
   longqa          SQuAD / HotpotQA loaders and MemAgent's padded long-document QA
-  tfds_builders   TFDS builders (`Ruler`, `LongQA`) written as array_record, without TensorFlow
+  toy             the toy memory world (seeded key-value documents); toy_tokenizer: its word tokenizer
+  tasks           a task name -> samples (RULER, QA, toy), for training pools and evaluation alike
   pipeline        grain input pipeline with a checkpointable position
+
+The TFDS builders live in experiment/tfds_builders.py.
 """

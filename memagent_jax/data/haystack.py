@@ -15,11 +15,6 @@ NOISE_SENTENCE = ("The grass is green. The sky is blue. The sun is yellow. Here 
                   "There and back again.")
 
 
-def noise_haystack(n: int) -> list[str]:
-  """n copies of the noise sentence (one haystack unit each)."""
-  return [NOISE_SENTENCE] * n
-
-
 def _cap(s: str) -> str:
   return s[:1].upper() + s[1:]
 
@@ -91,8 +86,3 @@ class Essay:
     if n > 0:
       self.sentence(n - 1)
     return self._sentences[:n]
-
-
-def essay_haystack(n: int, seed: int | str = 0) -> list[str]:
-  """The first n sentences of the essay for `seed` (deterministic)."""
-  return Essay(seed).sentences(n)

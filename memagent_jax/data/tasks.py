@@ -33,13 +33,17 @@ def _qa_file(task: str, data_dir: str | None) -> str:
   raise FileNotFoundError(f"no {task} file in {data_dir} (looked for {', '.join(QA_FILES[task])})")
 
 
-def make_samples(task: str, length: int, n: int, seed: int, tokenizer,
-                 data_dir: str | None = None) -> list[dict]:
-  """n samples whose contexts have about `length` tokens (RULER: fitted; QA: padded documents)."""
+def make_samples(task: str, length: int, n: int, seed: int, tokenizer, data_dir: str | None = None, *,
+                 chunk_tokens: int) -> list[dict]:
+  """n samples whose contexts have about `length` tokens (RULER: fitted; QA: padded documents).
+
+  chunk_tokens: the reader's chunk size. The toy world places no fact across a boundary of it
+  (so a config's agent.chunk_tokens shapes its documents; None: facts anywhere); other tasks
+  ignore it."""
   if task in ruler.TASKS:
     return ruler.generate(task, length, n, seed, tokenizer=tokenizer)
   if task == toy.TASK:  # lengths in toy (word) tokens, whatever the tokenizer
-    return toy.generate(n, length, seed)
+    return toy.generate(n, length, seed, chunk_tokens=chunk_tokens)
   if task not in QA_TASKS:
     raise ValueError(f"unknown task {task!r}; known: {', '.join(task_names())}")
   path = _qa_file(task, data_dir)

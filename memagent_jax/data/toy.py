@@ -13,8 +13,10 @@ Values are chosen so that substring rewards are unambiguous: no value is inside 
 vocabulary word, nor holds one (articles aside, which metrics drop; tests/test_toy.py checks
 it), and the answer value appears in the document only in the last fact about the asked key.
 
-A fact never straddles a boundary of `chunk_tokens` (the agent's chunk size), so every fact is
-readable within one chunk: the world tests what a memory keeps, not how chunking cuts a sentence.
+A fact never straddles a boundary of `chunk_tokens` (the agent's chunk size: a config's
+agent.chunk_tokens, passed by `tasks.make_samples`), so every fact is readable within one chunk:
+the world tests what a memory keeps, not how chunking cuts a sentence. The chunk size changes where
+facts may stand, so documents differ between chunk sizes (same seed, other placement).
 Distractors scale with the length (`DISTRACTOR_DENSITY` per 1000 tokens), so a longer document
 holds proportionally more chances to overwrite the memory with the wrong fact.
 """
@@ -23,10 +25,10 @@ from __future__ import annotations
 
 import random
 
-TASK = "toy_kv"  # the name evaluation.make_samples knows this task by
+TASK = "toy_kv"  # the name tasks.make_samples knows this task by
 
 # Defaults of the toy experiments: the memory cannot hold every fact of a document.
-CHUNK_TOKENS = 64  # tokens per chunk the agent reads
+CHUNK_TOKENS = 64  # tokens per chunk the agent reads (default; a config's agent.chunk_tokens wins)
 MEMORY_TOKENS = 16  # memory cap: about two facts in sentence form
 ANSWER_TOKENS = 8  # "\boxed{ tiger }" + <|im_end|> is 4
 TRAIN_TOKENS = 128  # training document length (1x): 2 chunks

@@ -39,6 +39,7 @@ CHAT_TEMPLATE = (
 
 
 def _pre_tokenizer():
+  # lazy: data/ modules stay import-light; only splitting or building toy text needs tokenizers
   from tokenizers import Regex, pre_tokenizers
   return pre_tokenizers.Sequence([
       pre_tokenizers.WhitespaceSplit(),
@@ -67,6 +68,7 @@ def vocabulary() -> list[str]:
 
 def build_hf_tokenizer(words: list[str] | None = None):
   """The `PreTrainedTokenizerFast` over `words` (default: `vocabulary()`)."""
+  # lazy: transformers takes ~1-3 s to import; only building the toy tokenizer needs it
   from tokenizers import Tokenizer as RawTokenizer, decoders, models
   from transformers import PreTrainedTokenizerFast
   words = vocabulary() if words is None else list(words)

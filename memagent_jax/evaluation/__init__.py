@@ -1,2 +1,6 @@
-"""Scoring a reader on a task: one length (`run_eval`) or the accuracy-vs-length curve (`sweep_lengths`)."""
+"""Scoring a reader on a task (layer 7; imports data, rl.rewards and below).
+
+  evaluate      `run_eval` (one task at one length, JSONL rows, resumable), `score`
+  length_sweep  `sweep_lengths`: accuracy (Wilson interval), seconds and peak memory against length
+"""
 from memagent_jax.evaluation.evaluate import partial_path, run_eval, score

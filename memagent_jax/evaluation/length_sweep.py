@@ -55,8 +55,8 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
   return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def sweep_lengths(reader, name: str, task: str, lengths: list[int], n: int, seed: int, batch_size: int,
-                  temperature: float, top_p: float, out_dir: str | None = None,
+def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, seed: int, batch_size: int,
+                  temperature: float, top_p: float, chunk_tokens: int, out_dir: str | None = None,
                   warmup_each_length: bool = True, progress: bool = True) -> list[dict]:
   """One row per length: accuracy (+ Wilson 95% interval), seconds per document, peak RSS.
 
@@ -64,7 +64,7 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], n: int, seed
   do not depend on the length (MemAgent), so no long document is read twice."""
   rows = []
   for i, length in enumerate(lengths):
-    samples = tasks.make_samples(task, length, n, seed + length, reader.tokenizer)
+    samples = tasks.make_samples(task, length, n, seed + length, reader.tokenizer, chunk_tokens=chunk_tokens)
     if i == 0 or warmup_each_length:
       warm = samples[:batch_size]
       reader.answer_batch([s["question"] for s in warm], [s["context"] for s in warm],

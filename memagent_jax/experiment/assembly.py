@@ -16,12 +16,16 @@ import jax
 from memagent_jax.agent import DirectReader, MemAgent
 from memagent_jax.data import pipeline, tasks
 from memagent_jax.evaluation import run_eval
+from memagent_jax.experiment import tfds_builders
 from memagent_jax.policy.loading import load_policy
 from memagent_jax.rl.config_checks import validate_config
 from memagent_jax.rl.rollout import RolloutCollector
 from memagent_jax.rl.teacher_rows import TeacherCollector
 from memagent_jax.rl.trainer import Trainer
 from memagent_jax.runtime import parallel
+
+
+TFDS_DIR = os.path.join("runs", "tfds")  # where data.tfds datasets are prepared unless data.tfds_dir says
 
 
 def build_reader(agent_cfg, policy, *, training: bool, mesh=None, truncate: bool | None = None):
@@ -53,15 +57,31 @@ def load_reader(cfg, source: str | None = None, *, training: bool = False, mesh=
   return build_reader(cfg.agent, load_policy_of(cfg, source), training=training, mesh=mesh)
 
 
-def sample_pool(data_cfg, *, size: int, seed: int, length: int, tokenizer, data_dir: str = "") -> list[dict]:
-  """`size` samples of the config's task at `length` tokens (toy documents in the config's chunk size)."""
-  return tasks.make_samples(data_cfg.task, length, size, seed, tokenizer, data_dir or data_cfg.data_dir or None)
+def sample_pool(data_cfg, *, chunk_tokens: int, size: int, seed: int, length: int, tokenizer,
+                data_dir: str = "") -> list[dict]:
+  """`size` samples of the config's task at `length` tokens; toy documents keep every fact inside
+  one chunk of `chunk_tokens` (the config's agent.chunk_tokens: the chunks the agent reads)."""
+  return tasks.make_samples(data_cfg.task, length, size, seed, tokenizer, data_dir or data_cfg.data_dir or None,
+                            chunk_tokens=chunk_tokens)
 
 
-def check_held_out(train: list[dict], held_out: list[dict], task: str):
+def training_source(data_cfg, *, chunk_tokens: int, tokenizer):
+  """The random-access training data: the prepared TFDS dataset `data.tfds` (records read lazily by
+  grain: corpora larger than memory), or `data.train_size` samples generated from `data.task`."""
+  d = data_cfg
+  if d.tfds:
+    return tfds_builders.prepared_source(d.tfds, split=d.tfds_split, data_dir=d.tfds_dir or TFDS_DIR,
+                                         manual_dir=d.data_dir)
+  return sample_pool(d, chunk_tokens=chunk_tokens, size=d.train_size, seed=d.seed, length=d.length,
+                     tokenizer=tokenizer)
+
+
+def check_held_out(train, held_out: list[dict], task: str):
   """Evaluation questions must not be training questions (QA corpora: pass the dev file as
   eval.data_dir); synthetic tasks draw fresh samples from another seed."""
-  seen = {(s["question"], tuple(s["answers"])) for s in train}
+  if task not in tasks.QA_TASKS:
+    return
+  seen = {(s["question"], tuple(s["answers"])) for s in map(pipeline.to_python, train)}
   overlap = sum((s["question"], tuple(s["answers"])) in seen for s in held_out)
   if overlap and task in tasks.QA_TASKS:
     raise ValueError(f"{overlap} of the {len(held_out)} evaluation questions of {task!r} are also training "
@@ -118,7 +138,7 @@ class Experiment:
   mesh: object
   policy: object
   agent: object
-  train_pool: list[dict]
+  train_pool: object  # list[dict], or a TFDS array_record source
   evaluator: Evaluator | None
   trainer: Trainer
 
@@ -133,19 +153,20 @@ def build_experiment(cfg, workdir: str | None = None) -> Experiment:
   agent = build_reader(cfg.agent, policy, training=True, mesh=mesh)  # rollouts: rows over data x fsdp
   prompt_width, response_width = row_widths(agent, cfg.agent.question_tokens, cfg.data.length)
   if cfg.train.source == "teacher":  # supervised warm start / baseline: teacher-forced rows, loss "sft"
-    collector = TeacherCollector(agent, cfg.teacher, prompt_width, response_width)
+    collector = TeacherCollector(agent, cfg.teacher, prompt_width=prompt_width, response_width=response_width)
   else:
-    collector = RolloutCollector(agent, cfg.rl, prompt_width, response_width)
+    collector = RolloutCollector(agent, cfg.rl, prompt_width=prompt_width, response_width=response_width)
   d = cfg.data
   tok = agent.tokenizer
-  pool = sample_pool(d, size=d.train_size, seed=d.seed, length=d.length, tokenizer=tok)
+  chunk = cfg.agent.chunk_tokens
+  pool = training_source(d, chunk_tokens=chunk, tokenizer=tok)
   batches = pipeline.make_iterator(pool, cfg.rl.questions_per_step, seed=d.seed, num_epochs=None,
                                    drop_remainder=True)
   evaluator = None
   if cfg.eval.every:
     e = cfg.eval
-    held_out = sample_pool(d, size=e.size, seed=e.seed, length=e.length or d.length, tokenizer=tok,
-                           data_dir=e.data_dir)
+    held_out = sample_pool(d, chunk_tokens=chunk, size=e.size, seed=e.seed, length=e.length or d.length,
+                           tokenizer=tok, data_dir=e.data_dir)
     check_held_out(pool, held_out, d.task)
     # multi-process params span hosts, so evaluation runs on the mesh too (each process reads the
     # whole held-out set: duplicated work, same scores); one process keeps any batch size

@@ -189,6 +189,7 @@ class ToyKVConfig(tfds.core.BuilderConfig):
   length: int = toy.TRAIN_TOKENS  # document length in toy (word) tokens
   num_samples: int = 200
   seed: int = 0
+  chunk_tokens: int = toy.CHUNK_TOKENS  # facts never cross a chunk of this size
 
 
 class ToyKV(_LocalBuilder):
@@ -215,6 +216,32 @@ class ToyKV(_LocalBuilder):
 
   def _generate_examples(self):
     cfg = self.builder_config
-    for s in toy.generate(cfg.num_samples, cfg.length, cfg.seed):
+    for s in toy.generate(cfg.num_samples, cfg.length, cfg.seed, chunk_tokens=cfg.chunk_tokens):
       yield s["index"], {k: s[k] for k in ("question", "context", "answers", "key", "num_tokens",
                                            "num_overrides", "num_distractors", "seed", "index")}
+
+
+BUILDERS = {b.name: b for b in (Ruler, LongQA, ToyKV)}
+
+
+def prepared_source(name: str, *, split: str, data_dir: str, manual_dir: str = ""):
+  """The random-access array_record source of `name` ('<builder>/<config>', e.g. 'memagent_long_qa/
+  squad_200'), prepared into `data_dir` on first use (QA corpora from the JSON in `manual_dir`).
+
+  This is the training data path for corpora too large to hold as a list: grain reads records
+  lazily from it, and every host of a pod reads the same prepared files."""
+  builder_name, _, config = name.partition("/")
+  if builder_name not in BUILDERS or not config:
+    raise ValueError(f"data.tfds={name!r}: expected '<builder>/<config>' with builder one of {sorted(BUILDERS)}")
+  cls = BUILDERS[builder_name]
+  if config not in cls.builder_configs:
+    raise ValueError(f"data.tfds={name!r}: unknown config {config!r} of {builder_name}; known: "
+                     f"{', '.join(sorted(cls.builder_configs))}")
+  builder = cls(config=config, data_dir=data_dir)
+  download = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
+  builder.download_and_prepare(download_config=download)
+  splits = builder.as_data_source()
+  if split not in splits:
+    raise ValueError(f"data.tfds={name!r} has no split {split!r} (prepared in {data_dir}); it has "
+                     f"{sorted(splits)}")
+  return splits[split]

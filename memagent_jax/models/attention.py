@@ -190,6 +190,7 @@ _SPLASH_LANE = 128  # splash tiles the sequence in multiples of this
 @functools.lru_cache(maxsize=32)
 def _splash_kernel(t: int, heads: int, interpret: bool):
   """A causal multi-query splash kernel for rows of t tokens (t a multiple of 128)."""
+  # TPU backend only: the Pallas splash kernels load when the splash backend is chosen
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
   blk = next(b for b in (512, 256, 128) if t % b == 0)
@@ -204,6 +205,7 @@ def splash_attention(q, k, v, key_valid):
   segment ids (1 = real token, 0 = padding; a query sees only keys of its own segment, and every
   query sees itself, so no softmax row is empty). Each kv head runs the G query heads it serves
   as one multi-query kernel. q [B, T, H, D]; k, v [B, K, T, D]; key_valid [B, T]."""
+  # TPU backend only (see _splash_kernel)
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   b, t, h, d = q.shape
   kh = k.shape[1]

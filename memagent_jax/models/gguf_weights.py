@@ -97,7 +97,7 @@ def gguf_config(reader, path: str) -> ModelConfig:
 
 def gguf_tensors(reader, cfg: ModelConfig, path: str) -> dict[str, np.ndarray]:
   """Dequantised float32 tensors under their HF names and HF layout."""
-  from gguf.quants import dequantize
+  from gguf.quants import dequantize  # lazy: only GGUF sources need gguf
   out = {}
   for t in tqdm(reader.tensors, desc=f"dequantising {os.path.basename(path)}", unit="tensor"):
     if t.name in _TOP_NAMES:
@@ -172,6 +172,7 @@ def convert_gguf(path: str, cache_dir: str | None = None) -> str:
               eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id", path, default=-1)))
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(hf, f, indent=2)
+    # lazy: transformers takes ~1-3 s to import; only converting a GGUF's tokenizer needs it here
     from transformers import AutoTokenizer
     try:
       tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),

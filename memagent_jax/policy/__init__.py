@@ -1,4 +1,5 @@
-"""The policy: a decoder with its tokenizer, compiled sampling, and loading from every weight source.
+"""The policy (layer 4; imports runtime, text, models, data): a decoder with its tokenizer,
+compiled sampling, and loading from every weight source.
 
   sampling    jitted prefill + decode with a static KV cache, per-row PRNG keys
   policy      `Policy`: logits, sample, generate, export

@@ -103,7 +103,7 @@ def _load_gguf(path: str, dtype, name: str, attention: str = "auto"):
 
 def _download(hub_id: str) -> str:
   try:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # lazy: only hub ids need the network client
     return snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
   except Exception as e:
     offline = type(e).__name__ in ("LocalEntryNotFoundError", "OfflineModeIsEnabled")

@@ -31,7 +31,7 @@ def check_token_ids(ids: np.ndarray, vocab_size: int, what: str = "ids"):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _logits(graphdef, state, ids, valid):
+def _logits(graphdef, state, ids, *, valid):
   return forward_logits(nnx.merge(graphdef, state), ids, valid)
 
 
@@ -68,16 +68,15 @@ class Policy:
                        f"{self.config.max_position_embeddings} tokens")
     check_token_ids(ids, self.config.vocab_size)
     valid = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask, bool)
-    return _logits(self.graphdef, self.state, jnp.asarray(ids, jnp.int32), jnp.asarray(valid))
+    return _logits(self.graphdef, self.state, jnp.asarray(ids, jnp.int32), valid=jnp.asarray(valid))
 
   def default_stop_tokens(self) -> list[int]:
     return self.tokenizer.stop_token_ids if self.tokenizer is not None else []
 
-  def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-             params: sampling.SamplingParams = sampling.SamplingParams(), seed: int = 0,
-             stop_tokens: Sequence[int] | Sequence[Sequence[int]] | None = None,
+  def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, params: sampling.SamplingParams, *,
+             seed: int = 0, stop_tokens: Sequence[int] | Sequence[Sequence[int]] | None = None,
              cache_size: int | None = None) -> sampling.Generation:
-    """Token-level generation for ragged prompts; returns host numpy arrays."""
+    """Token-level generation for ragged prompts (params e.g. sampling.GREEDY); host numpy arrays out."""
     if not prompts:
       raise ValueError("no prompts given")
     longest = max(len(p) for p in prompts)
@@ -89,7 +88,8 @@ class Policy:
         raise ValueError(f"prompt {i} must be a flat sequence of token ids, got shape {a.shape}")
       check_token_ids(a, self.config.vocab_size, f"prompt {i}")
     size = cache_size or sampling.round_up(longest, PROMPT_BUCKET) + max_new_tokens
-    sampling.check_budget(longest, max_new_tokens, size, self.config.max_position_embeddings)
+    sampling.check_budget(prompt_len=longest, max_new_tokens=max_new_tokens, cache_size=size,
+                          context=self.config.max_position_embeddings)
     width = max(longest, min(sampling.round_up(longest, PROMPT_BUCKET), size - max_new_tokens))
     pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
     tokens, valid = sampling.left_pad(prompts, pad, width)
@@ -105,13 +105,15 @@ class Policy:
     for i, r in enumerate(rows):
       stop_arr[i, :len(r)] = r
     out = sampling.generate_tokens(
-        self.graphdef, self.state, jnp.asarray(tokens), jnp.asarray(valid), jnp.asarray(stop_arr),
-        jax.random.PRNGKey(seed), jnp.float32(max(params.temperature, 1e-6)),
-        jnp.float32(params.top_p), max_new_tokens=max_new_tokens, cache_size=size,
+        self.graphdef, self.state, jnp.asarray(tokens), valid=jnp.asarray(valid),
+        stop_tokens=jnp.asarray(stop_arr), key=jax.random.PRNGKey(seed),
+        temperature=jnp.float32(max(params.temperature, 1e-6)), top_p=jnp.float32(params.top_p),
+        max_new_tokens=max_new_tokens, cache_size=size,
         greedy=params.temperature == 0.0, top_k=params.top_k, use_top_p=params.top_p < 1.0,
         pad_id=pad)
     return sampling.Generation(*jax.device_get(out))
 
+  # Documented public API (DESIGN.md): greedy by default, like `MemAgent.answer`.
   def generate(self, prompts: Sequence[str], max_new_tokens: int, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True) -> list[str]:
     """Strings in, strings out; chat=True wraps each prompt as one user turn."""
@@ -120,7 +122,8 @@ class Policy:
       raise TypeError("generate takes a list of prompts; wrap a single prompt in a list")
     ids = [tok.apply_chat_template(p) if chat else tok.encode(p, add_special_tokens=True)
            for p in prompts]
-    out = self.sample(ids, max_new_tokens, sampling.SamplingParams(temperature, top_p, top_k), seed)
+    params = sampling.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+    out = self.sample(ids, max_new_tokens, params=params, seed=seed)
     return [tok.decode_response(row[:n]) for row, n in zip(out.tokens, out.lengths)]
 
   def export(self, out_dir: str, dtype: str = "float32"):

@@ -18,7 +18,8 @@ from flax import nnx
 from memagent_jax.models.decoder import init_cache, positions_from_mask
 
 
-@dataclasses.dataclass(frozen=True)
+# Public (`mj.SamplingParams`, README): the defaults of the documented `Policy.generate`, greedy, no filter.
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingParams:
   """temperature 0 = greedy; top_k 0 = off; top_p 1 = off."""
   temperature: float = 0.0
@@ -32,6 +33,9 @@ class SamplingParams:
       raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
     if self.top_k < 0:
       raise ValueError(f"top_k={self.top_k} must be >= 0")
+
+
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0)  # argmax decoding, no truncation
 
 
 class Generation(NamedTuple):
@@ -86,7 +90,7 @@ def fold_rows(keys, data):
   return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
 
 
-def _pick(logits, keys, temperature, top_p, *, greedy, top_k, use_top_p):
+def _pick(logits, keys, *, temperature, top_p, greedy, top_k, use_top_p):
   """One token per row (row r drawn with keys[r] alone), with its model log-prob and its
   sampling log-prob. logits [B, V], keys [B, 2]."""
   model_lp = jax.nn.log_softmax(logits, axis=-1)
@@ -101,7 +105,7 @@ def _pick(logits, keys, temperature, top_p, *, greedy, top_k, use_top_p):
   return tok, lp, sample_lp
 
 
-def prefill(model, tokens, valid, cache_size: int):
+def prefill(model, tokens, valid, *, cache_size: int):
   """Runs left-padded prompts [B, P] into a fresh cache of `cache_size` slots.
   Returns (next-token logits [B, V] float32, cache)."""
   cache = init_cache(model.config, tokens.shape[0], cache_size, model.dtype)
@@ -109,7 +113,7 @@ def prefill(model, tokens, valid, cache_size: int):
   return model.logits(hidden[:, -1]), cache
 
 
-def sample_from_prompts(model, tokens, valid, stop_tokens, keys, temperature, top_p, done, *,
+def sample_from_prompts(model, tokens, valid, *, stop_tokens, keys, temperature, top_p, done,
                         max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
                         use_top_p: bool, pad_id: int) -> Generation:
   """Traceable core of generation (used inside `generate_tokens` and the agent's `lax.scan`).
@@ -120,7 +124,7 @@ def sample_from_prompts(model, tokens, valid, stop_tokens, keys, temperature, to
   """
   b, p = tokens.shape
   n = max_new_tokens
-  logits, cache = prefill(model, tokens, valid, cache_size)
+  logits, cache = prefill(model, tokens, valid, cache_size=cache_size)
   key_valid = jnp.zeros((b, cache_size), bool).at[:, :p].set(valid)
 
   def cond(c):
@@ -128,7 +132,7 @@ def sample_from_prompts(model, tokens, valid, stop_tokens, keys, temperature, to
 
   def body(c):
     step = c["step"]
-    tok, lp, slp = _pick(c["logits"], fold_rows(keys, step), temperature, top_p,
+    tok, lp, slp = _pick(c["logits"], fold_rows(keys, step), temperature=temperature, top_p=top_p,
                          greedy=greedy, top_k=top_k, use_top_p=use_top_p)
     live = ~c["done"]
     tok = jnp.where(live, tok, pad_id)
@@ -153,19 +157,19 @@ def sample_from_prompts(model, tokens, valid, stop_tokens, keys, temperature, to
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy",
                                              "top_k", "use_top_p", "pad_id"))
-def generate_tokens(graphdef, state, tokens, valid, stop_tokens, key, temperature, top_p, *,
+def generate_tokens(graphdef, state, tokens, *, valid, stop_tokens, key, temperature, top_p,
                     max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
                     use_top_p: bool, pad_id: int) -> Generation:
   """tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none); key [2] (row r samples
   with fold_in(key, r)). Needs P + N <= cache_size."""
   return sample_from_prompts(
-      nnx.merge(graphdef, state), tokens, valid, stop_tokens, row_keys(key, jnp.arange(tokens.shape[0])),
-      temperature, top_p,
-      jnp.zeros((tokens.shape[0],), bool), max_new_tokens=max_new_tokens, cache_size=cache_size,
+      nnx.merge(graphdef, state), tokens, valid, stop_tokens=stop_tokens,
+      keys=row_keys(key, jnp.arange(tokens.shape[0])), temperature=temperature, top_p=top_p,
+      done=jnp.zeros((tokens.shape[0],), bool), max_new_tokens=max_new_tokens, cache_size=cache_size,
       greedy=greedy, top_k=top_k, use_top_p=use_top_p, pad_id=pad_id)
 
 
-def check_budget(prompt_len: int, max_new_tokens: int, cache_size: int, context: int):
+def check_budget(*, prompt_len: int, max_new_tokens: int, cache_size: int, context: int):
   """Clear errors for prompts or generation lengths that do not fit the cache or the model."""
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")

@@ -20,13 +20,14 @@ import numpy as np
 
 from memagent_jax.runtime.registry import Registry
 
-AdvantageFn = Callable[[np.ndarray, np.ndarray, float], np.ndarray]
+AdvantageFn = Callable[..., np.ndarray]
 
-ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")  # fn(rewards, group_ids, eps) -> [N]
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")  # fn(rewards, group_ids, *, eps) -> [N]
 register_advantage = ADVANTAGES.register
 get_advantage = ADVANTAGES.get
 
 
+# Documented public API (DESIGN.md): its defaults are the paper's GRPO values; training passes rl.eps.
 def group_advantages(rewards, group_ids, std_normalize: bool = True,
                      eps: float = 1e-6) -> np.ndarray:
   """Per-trajectory advantage relative to its group: r - mean_g, optionally / (std_g + eps).
@@ -65,13 +66,13 @@ def group_advantages(rewards, group_ids, std_normalize: bool = True,
 
 
 @register_advantage("grpo")
-def grpo(rewards, group_ids, eps: float = 1e-6) -> np.ndarray:
+def grpo(rewards, group_ids, *, eps: float) -> np.ndarray:
   """Paper / GRPO estimator: group z-score with Bessel std."""
   return group_advantages(rewards, group_ids, std_normalize=True, eps=eps)
 
 
 @register_advantage("mean_centred")
-def mean_centred(rewards, group_ids, eps: float = 1e-6) -> np.ndarray:
+def mean_centred(rewards, group_ids, *, eps: float) -> np.ndarray:
   """Released MemAgent estimator: r - group mean (eps unused, kept for a uniform signature)."""
   del eps
   return group_advantages(rewards, group_ids, std_normalize=False)

@@ -15,7 +15,7 @@ import numpy as np
 from memagent_jax.agent.results import ConversationBatch
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class TrainRows:
   """Host arrays of R rows; `prompt_width` P marks where responses start."""
   tokens: np.ndarray  # [R, P + N] int32
@@ -36,8 +36,7 @@ class TrainRows:
 
   def take(self, idx) -> "TrainRows":
     idx = np.asarray(idx, np.int64)
-    return TrainRows(self.tokens[idx], self.valid[idx], self.loss_mask[idx], self.old_logp[idx],
-                     self.ref_logp[idx], self.advantages[idx], self.question[idx], self.prompt_width)
+    return TrainRows(**{k: a[idx] for k, a in self.row_arrays().items()}, prompt_width=self.prompt_width)
 
   def pad_to(self, rows: int, pad_id: int) -> "TrainRows":
     """Appends empty rows (no valid token but one, no loss) up to `rows`."""
@@ -49,17 +48,23 @@ class TrainRows:
     valid = np.concatenate([self.valid, np.zeros((extra, self.valid.shape[1]), bool)])
     valid[r:, self.prompt_width - 1] = True  # one real token keeps attention well defined
     z = lambda a: np.concatenate([a, np.zeros((extra,) + a.shape[1:], a.dtype)])
-    return TrainRows(tokens, valid, z(self.loss_mask), z(self.old_logp), z(self.ref_logp),
-                     z(self.advantages), np.concatenate([self.question, np.full(extra, -1, np.int32)]),
-                     self.prompt_width)
+    return TrainRows(tokens=tokens, valid=valid, loss_mask=z(self.loss_mask), old_logp=z(self.old_logp),
+                     ref_logp=z(self.ref_logp), advantages=z(self.advantages),
+                     question=np.concatenate([self.question, np.full(extra, -1, np.int32)]),
+                     prompt_width=self.prompt_width)
 
   def arrays(self) -> dict[str, np.ndarray]:
+    """The arrays the update reads (every per-row field but `question`)."""
     return dict(tokens=self.tokens, valid=self.valid, loss_mask=self.loss_mask, old_logp=self.old_logp,
                 ref_logp=self.ref_logp, advantages=self.advantages)
 
+  def row_arrays(self) -> dict[str, np.ndarray]:
+    """Every per-row field, `question` included: TrainRows(**row_arrays(), prompt_width=P) rebuilds."""
+    return dict(self.arrays(), question=self.question)
 
-def rows_from_conversations(batch: ConversationBatch, row_advantages: np.ndarray, row_question: np.ndarray,
-                            mask_truncated: bool = False) -> TrainRows:
+
+def rows_from_conversations(batch: ConversationBatch, *, row_advantages: np.ndarray, row_question: np.ndarray,
+                            mask_truncated: bool) -> TrainRows:
   """ConversationBatch (fixed widths) + per-row advantages -> TrainRows.
 
   mask_truncated drops from the loss every conversation that hit its token cap (DAPO's
@@ -71,9 +76,11 @@ def rows_from_conversations(batch: ConversationBatch, row_advantages: np.ndarray
   loss_mask = batch.response_mask.copy()
   if mask_truncated:
     loss_mask &= ~batch.truncated[:, None]
-  return TrainRows(tokens.astype(np.int32), valid, loss_mask, batch.response_logprobs.astype(np.float32),
-                   np.zeros(loss_mask.shape, np.float32), np.asarray(row_advantages, np.float32),
-                   np.asarray(row_question, np.int32), p)
+  return TrainRows(tokens=tokens.astype(np.int32), valid=valid, loss_mask=loss_mask,
+                   old_logp=batch.response_logprobs.astype(np.float32),
+                   ref_logp=np.zeros(loss_mask.shape, np.float32),
+                   advantages=np.asarray(row_advantages, np.float32),
+                   question=np.asarray(row_question, np.int32), prompt_width=p)
 
 
 def bucket_rows(rows: int, multiple: int) -> int:
@@ -86,7 +93,7 @@ def bucket_rows(rows: int, multiple: int) -> int:
   return multiple * (3 * power // 4 if power >= 4 and units <= 3 * power // 4 else power)
 
 
-def mini_batches(rows: TrainRows, num_questions: int, questions_per_mini_batch: int,
+def mini_batches(rows: TrainRows, *, num_questions: int, questions_per_mini_batch: int,
                  multiple: int, pad_id: int) -> list[TrainRows]:
   """Splits rows by question into mini-batches of `questions_per_mini_batch` questions (the
   last one smaller when dynamic sampling proceeded with fewer groups), each padded to a

@@ -6,12 +6,14 @@ V vocabulary. Definitions follow verl's `core_algos.py` (which MemAgent forks).
 
 Loss registry (`get_policy_loss(cfg.loss)`): every registered loss has the one signature
 
-  fn(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.28, clip_c=None)
-      -> (loss_mat [R, T], metrics: dict[str, scalar])
+  fn(logp, old_logp, advantages, mask, *, clip_low, clip_high, clip_c, agg, denominator)
+      -> (loss scalar, metrics: dict[str, scalar])
 
-so a trainer can call any of them the same way and then reduce with `aggregate`. Losses
-that do not use an argument ignore it ("sft" ignores old_logp, advantages and the clips).
-Metrics are masked means over the tokens of this call (local, not mini-batch, stats).
+so the update calls any of them the same way: "ppo_clip" is `policy_loss`, "sft" is
+`sft_loss`. Losses that do not use an argument ignore it ("sft" ignores old_logp, advantages
+and the clips). Metrics are masked means over the tokens of this call (local, not
+mini-batch, stats). The knobs have no defaults here but in the documented public
+`policy_loss` / `kl_penalty`; training passes the config's values (configs/base.py).
 
 Gradient accumulation: pass `denominator=agg_denominator(minibatch_mask, agg)` to every
 micro-batch's `aggregate` and SUM the micro-batch results; that equals the aggregate of
@@ -54,7 +56,7 @@ def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   return _safe_div(jnp.sum(jnp.where(mask > 0, x, 0.0) * mask), jnp.sum(mask))
 
 
-def agg_denominator(mask, agg: str = "token-mean") -> jax.Array:
+def agg_denominator(mask, agg: str) -> jax.Array:
   """The local normaliser of `aggregate`, so callers can compute it over a mini-batch.
 
   token-mean: number of masked tokens; seq-mean-*: number of rows with >= 1 token (sum
@@ -71,8 +73,7 @@ def agg_denominator(mask, agg: str = "token-mean") -> jax.Array:
   return jnp.sum((jnp.sum(mask, axis=-1) > 0).astype(jnp.float32))
 
 
-def aggregate(loss_mat, mask, agg: str = "token-mean",
-              denominator: Optional[jax.Array] = None) -> jax.Array:
+def aggregate(loss_mat, mask, *, agg: str, denominator: Optional[jax.Array] = None) -> jax.Array:
   """Reduces a per-token loss [R, T] to a scalar the way verl's `agg_loss` does.
 
   Modes:
@@ -104,8 +105,8 @@ def _row_advantages(advantages, shape) -> jax.Array:
   return jnp.broadcast_to(adv, shape)
 
 
-def policy_loss_terms(logp, old_logp, advantages, mask, clip_low: float = 0.2,
-                      clip_high: float = 0.28, clip_c: Optional[float] = None):
+def policy_loss_terms(logp, old_logp, advantages, mask, *, clip_low: float, clip_high: float,
+                      clip_c: Optional[float]):
   """Per-token PPO clipped surrogate (clip-higher, optional dual clip) and its diagnostics.
 
   Args:
@@ -147,15 +148,21 @@ def policy_loss_terms(logp, old_logp, advantages, mask, clip_low: float = 0.2,
   return loss, metrics
 
 
-def policy_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2,
-                clip_high: float = 0.28, clip_c: Optional[float] = None,
-                agg: str = "token-mean", denominator: Optional[jax.Array] = None) -> jax.Array:
-  """Scalar clipped-surrogate loss: `policy_loss_terms` reduced by `aggregate`."""
+# Documented public API (DESIGN.md): its defaults are the paper's values (DAPO clip-higher, token-mean).
+def policy_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_high: float = 0.28,
+                clip_c: Optional[float] = None, agg: str = "token-mean", *,
+                denominator: Optional[jax.Array] = None, with_metrics: bool = False):
+  """Scalar clipped-surrogate loss: `policy_loss_terms` reduced by `aggregate`.
+
+  with_metrics=True returns (loss, metrics of `policy_loss_terms`): the update's "ppo_clip"."""
   _check_agg(agg)
-  loss, _ = policy_loss_terms(logp, old_logp, advantages, mask, clip_low, clip_high, clip_c)
-  return aggregate(loss, mask, agg, denominator)
+  loss, metrics = policy_loss_terms(logp, old_logp, advantages, mask, clip_low=clip_low,
+                                    clip_high=clip_high, clip_c=clip_c)
+  total = aggregate(loss, mask, agg=agg, denominator=denominator)
+  return (total, metrics) if with_metrics else total
 
 
+# Documented public API (DESIGN.md): its default is the released MemAgent's estimator (k3).
 def kl_penalty(logp, ref_logp, kind: str = "low_var_kl") -> jax.Array:
   """Per-token KL estimate [R, T] between the policy and the reference (verl's estimators).
 
@@ -185,10 +192,9 @@ def entropy_from_logits(logits) -> jax.Array:
   return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
 
 
-def sft_loss(logp, mask, agg: str = "token-mean",
-             denominator: Optional[jax.Array] = None) -> jax.Array:
-  """Negative log-likelihood of the response tokens, for supervised warm starts."""
-  return aggregate(-_f32(logp), mask, agg, denominator)
+def sft_loss(logp, mask, *, agg: str, denominator: Optional[jax.Array] = None) -> jax.Array:
+  """Negative log-likelihood of the response tokens, for supervised warm starts (the "sft" loss)."""
+  return aggregate(-_f32(logp), mask, agg=agg, denominator=denominator)
 
 
 # ---------------------------------------------------------------------------------------
@@ -202,16 +208,17 @@ get_policy_loss = POLICY_LOSSES.get
 
 
 @register_policy_loss("ppo_clip")
-def _ppo_clip(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
-              clip_high: float = 0.28, clip_c: Optional[float] = None):
-  """Clipped surrogate; clip-higher and dual clip are its arguments."""
-  return policy_loss_terms(logp, old_logp, advantages, mask, clip_low, clip_high, clip_c)
+def _ppo_clip(logp, old_logp, advantages, mask, *, clip_low: float, clip_high: float,
+              clip_c: Optional[float], agg: str, denominator: Optional[jax.Array]):
+  """`policy_loss` (clip-higher, optional dual clip) with its clip diagnostics."""
+  return policy_loss(logp, old_logp, advantages, mask, clip_low, clip_high, clip_c, agg,
+                     denominator=denominator, with_metrics=True)
 
 
 @register_policy_loss("sft")
-def _sft(logp, old_logp, advantages, mask, *, clip_low: float = 0.2,
-         clip_high: float = 0.28, clip_c: Optional[float] = None):
-  """Per-token NLL; the RL-only arguments are accepted for the uniform signature and ignored."""
+def _sft(logp, old_logp, advantages, mask, *, clip_low: float, clip_high: float,
+         clip_c: Optional[float], agg: str, denominator: Optional[jax.Array]):
+  """`sft_loss`; the RL-only arguments are accepted for the uniform signature and ignored."""
   del old_logp, advantages, clip_low, clip_high, clip_c
-  nll = -_f32(logp)  # [R, T]
-  return nll, {"nll": _masked_mean(nll, _f32(mask))}
+  nll = _masked_mean(-_f32(logp), _f32(mask))
+  return sft_loss(logp, mask, agg=agg, denominator=denominator), {"nll": nll}

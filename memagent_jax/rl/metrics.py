@@ -21,6 +21,7 @@ class MetricWriter:
     os.makedirs(log_dir, exist_ok=True)
     self._jsonl = open(os.path.join(log_dir, "metrics.jsonl"), "a")
     if tensorboard:
+      # lazy: tensorboardX takes ~1.7 s to import; only runs writing TensorBoard events need it
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(log_dir=os.path.join(log_dir, "tensorboard"), flush_secs=10)
 

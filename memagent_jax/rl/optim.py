@@ -16,9 +16,11 @@ import optax
 SCHEDULES = ("constant", "cosine")
 
 
-def learning_rate_schedule(lr: float, schedule: str, warmup_steps: int, total_steps: int,
-                           min_lr_ratio: float = 0.0, updates_per_step: int = 1):
-  """optax schedule over optimizer updates: linear warm-up, then constant or cosine decay."""
+def learning_rate_schedule(*, lr: float, schedule: str, warmup_steps: int, total_steps: int,
+                           min_lr_ratio: float, updates_per_step: int = 1):
+  """optax schedule over optimizer updates: linear warm-up, then constant or cosine decay.
+
+  updates_per_step 1: the count is the rollout step (as the trainer's `lr_at` reads it)."""
   if schedule not in SCHEDULES:
     raise ValueError(f"optim.schedule={schedule!r}; choose one of {SCHEDULES}")
   if lr <= 0 or warmup_steps < 0 or total_steps < 1 or updates_per_step < 1:
@@ -38,18 +40,22 @@ def learning_rate_schedule(lr: float, schedule: str, warmup_steps: int, total_st
   return fn
 
 
+def _schedule(optim_cfg, total_steps: int):
+  """The schedule of a config's `optim` section, over rollout steps."""
+  o = optim_cfg
+  return learning_rate_schedule(lr=o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps,
+                                total_steps=total_steps, min_lr_ratio=o.min_lr_ratio)
+
+
 def lr_at(optim_cfg, step: int, total_steps: int) -> float:
   """The learning rate of rollout step `step` (0-based)."""
-  sched = learning_rate_schedule(optim_cfg.lr, optim_cfg.schedule, optim_cfg.warmup_steps, total_steps,
-                                 optim_cfg.min_lr_ratio)
-  return float(sched(step))
+  return float(_schedule(optim_cfg, total_steps)(step))
 
 
 def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
   """AdamW (+ weight decay) after clipping the global gradient norm (0 disables clipping); its
   learning rate is a state entry set per rollout step with `set_learning_rate`."""
-  learning_rate_schedule(optim_cfg.lr, optim_cfg.schedule, optim_cfg.warmup_steps, total_steps,
-                         optim_cfg.min_lr_ratio)  # validates the schedule settings
+  _schedule(optim_cfg, total_steps)  # validates the schedule settings
   adamw = optax.inject_hyperparams(optax.adamw)(
       learning_rate=lr_at(optim_cfg, 0, total_steps), b1=optim_cfg.b1, b2=optim_cfg.b2,
       eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)

@@ -35,7 +35,7 @@ for _name in ("exact_match", "string_match_all", "string_match_part"):
 get_reward_fn = REWARD_FNS.get
 
 
-def overlong_penalty(lengths, max_tokens: int, cache_tokens: int) -> np.ndarray:
+def overlong_penalty(lengths, *, max_tokens: int, cache_tokens: int) -> np.ndarray:
   """DAPO's soft overlong punishment, in tokens: 0 up to Lmax - Lcache, then a linear ramp
   ((Lmax - Lcache) - L) / Lcache down to -1 at Lmax, and -1 beyond. lengths [N] -> [N]."""
   if not 0 < cache_tokens <= max_tokens:
@@ -51,7 +51,7 @@ class DynamicSamplingError(RuntimeError):
   """Dynamic sampling ran out of extra generation batches before the step was full."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class StepRollout:
   """The kept groups of one rollout step as training rows, plus what to log."""
   rows: TrainRows | None  # None when no group was kept
@@ -68,7 +68,7 @@ def _response_tokens(conv, stop_tokens) -> int:
 class RolloutCollector:
   """Generates the rows of one step from an iterator of question batches."""
 
-  def __init__(self, agent, rl_cfg, prompt_width: int, response_width: int):
+  def __init__(self, agent, rl_cfg, *, prompt_width: int, response_width: int):
     self.agent, self.cfg = agent, rl_cfg
     self.prompt_width, self.response_width = prompt_width, response_width
     self.reward_fn = get_reward_fn(rl_cfg.reward)
@@ -104,7 +104,7 @@ class RolloutCollector:
     shaped = scores.copy()
     ov = self.cfg.overlong
     if ov.enable:
-      shaped += overlong_penalty(lengths, ov.max_tokens, ov.cache_tokens)
+      shaped += overlong_penalty(lengths, max_tokens=ov.max_tokens, cache_tokens=ov.cache_tokens)
     return shaped, scores, lengths
 
   def collect(self, batches: Iterator[dict], seed_of: Callable[[int, int], int]) -> StepRollout:
@@ -159,7 +159,7 @@ class RolloutCollector:
         "rollout_seconds": time.perf_counter() - t0,
     }
     rows = self._rows(kept, kept_rewards, local) if kept else None
-    return StepRollout(rows, len(kept), metrics, all_results)
+    return StepRollout(rows=rows, num_questions=len(kept), metrics=metrics, results=all_results)
 
   def _result_metrics(self, results: list[AgentResult]) -> dict[str, float]:
     """Means over every process's trajectories of memory length, chunks, truncation, tokens."""
@@ -180,21 +180,23 @@ class RolloutCollector:
     it generated, then the rows of all processes are gathered and ordered by group."""
     g = self.cfg.group_size
     traj_adv = self.advantage_fn(np.concatenate(kept_rewards), np.repeat(np.arange(len(kept)), g),
-                                 self.cfg.eps)  # [K * G]
+                                 eps=self.cfg.eps)  # [K * G]
     mine = [k for k, key in enumerate(kept) if key in local]
     width = self.prompt_width + self.response_width
     if mine:
       flat = [r for k in mine for r in local[kept[k]]]
       traj = np.asarray([k * g + j for k in mine for j in range(g)])  # global trajectory index
-      batch = ConversationBatch.from_results(flat, self.agent.pad_id, self.prompt_width, self.response_width)
-      part = rows_from_conversations(batch, traj_adv[traj[batch.trajectory]], traj[batch.trajectory] // g,
-                                     self.cfg.mask_truncated)
+      batch = ConversationBatch.from_results(flat, self.agent.pad_id, prompt_width=self.prompt_width,
+                                             response_width=self.response_width)
+      part = rows_from_conversations(batch, row_advantages=traj_adv[traj[batch.trajectory]],
+                                     row_question=traj[batch.trajectory] // g,
+                                     mask_truncated=self.cfg.mask_truncated)
     else:  # this process generated none of the kept groups: it still joins the gather
       z = lambda *shape, dt=np.float32: np.zeros(shape, dt)
-      part = TrainRows(z(0, width, dt=np.int32), z(0, width, dt=bool), z(0, self.response_width, dt=bool),
-                       z(0, self.response_width), z(0, self.response_width), z(0), z(0, dt=np.int32),
-                       self.prompt_width)
-    fields = [gather_rows(a) for a in (part.tokens, part.valid, part.loss_mask, part.old_logp,
-                                       part.ref_logp, part.advantages, part.question)]
-    order = np.argsort(fields[-1], kind="stable")  # group order; within a group, as generated
-    return TrainRows(*(f[order] for f in fields), self.prompt_width)
+      n = self.response_width
+      part = TrainRows(tokens=z(0, width, dt=np.int32), valid=z(0, width, dt=bool),
+                       loss_mask=z(0, n, dt=bool), old_logp=z(0, n), ref_logp=z(0, n), advantages=z(0),
+                       question=z(0, dt=np.int32), prompt_width=self.prompt_width)
+    fields = {k: gather_rows(a) for k, a in part.row_arrays().items()}
+    order = np.argsort(fields["question"], kind="stable")  # group order; within a group, as generated
+    return TrainRows(**{k: f[order] for k, f in fields.items()}, prompt_width=self.prompt_width)

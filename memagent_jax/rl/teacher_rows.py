@@ -26,13 +26,14 @@ def language_model_rows(rows: TrainRows) -> TrainRows:
   loss on whole conversations, as a base model is pretrained, instead of on responses only."""
   loss_mask = rows.valid[:, 1:] & rows.valid[:, :-1]  # [R, W - 1]: a target and a real token before it
   zeros = np.zeros(loss_mask.shape, np.float32)
-  return TrainRows(rows.tokens, rows.valid, loss_mask, zeros, zeros, rows.advantages, rows.question, 1)
+  return TrainRows(tokens=rows.tokens, valid=rows.valid, loss_mask=loss_mask, old_logp=zeros, ref_logp=zeros,
+                   advantages=rows.advantages, question=rows.question, prompt_width=1)
 
 
 class TeacherCollector:
   """Teacher trajectories of one step's questions -> TrainRows (one trajectory per question)."""
 
-  def __init__(self, agent, teacher_cfg, prompt_width: int, response_width: int):
+  def __init__(self, agent, teacher_cfg, *, prompt_width: int, response_width: int):
     self.agent, self.prompt_width, self.response_width = agent, prompt_width, response_width
     self.teacher = TEACHERS.get(teacher_cfg.name)
     self.options = dict(teacher_cfg.options)
@@ -42,10 +43,12 @@ class TeacherCollector:
     t0 = time.perf_counter()
     samples = next(batches)
     rng = random.Random(seed_of(0, 0))
-    results = [self.teacher(self.agent, q, c, rng, **self.options)
+    results = [self.teacher(self.agent, q, c, rng=rng, **self.options)
                for q, c in zip(samples["question"], samples["context"])]
-    conv = ConversationBatch.from_results(results, self.agent.pad_id, self.prompt_width, self.response_width)
-    rows = rows_from_conversations(conv, np.ones(len(conv.trajectory), np.float32), conv.trajectory)
+    conv = ConversationBatch.from_results(results, self.agent.pad_id, prompt_width=self.prompt_width,
+                                          response_width=self.response_width)
+    rows = rows_from_conversations(conv, row_advantages=np.ones(len(conv.trajectory), np.float32),
+                                   row_question=conv.trajectory, mask_truncated=False)  # never truncated
     if self.prompt_loss:
       rows = language_model_rows(rows)
     scores = [rewards.exact_match(r.prediction, list(a)) for r, a in zip(results, samples["answers"])]
@@ -56,4 +59,4 @@ class TeacherCollector:
                "chunks_per_doc": float(np.mean([r.num_chunks for r in results])),
                "rollout_tokens": float(conv.prompt_lengths.sum() + conv.response_mask.sum()),
                "rollout_seconds": time.perf_counter() - t0}
-    return StepRollout(rows, len(results), metrics, results)
+    return StepRollout(rows=rows, num_questions=len(results), metrics=metrics, results=results)

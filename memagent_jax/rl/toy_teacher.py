@@ -28,7 +28,7 @@ from memagent_jax.runtime.registry import Registry
 FACT_RE = re.compile(r"the code of (\w+) is (\w+) \.")
 QUESTION_RE = re.compile(r"what is the latest code of (\w+) \?")
 
-# teacher name -> fn(agent, question, context, rng, **options) -> AgentResult
+# teacher name -> fn(agent, question, context, *, rng, **options) -> AgentResult (options: teacher.options)
 TEACHERS: Registry = Registry("teacher")
 
 
@@ -52,13 +52,14 @@ def answer_text(value: str) -> str:
   return f"\\boxed{{ {value} }}"
 
 
-def _conversation(prompt: list[int], response_text: str, tokenizer, cap: int, is_final: bool) -> Conversation:
+def _conversation(prompt: list[int], response_text: str, *, tokenizer, cap: int,
+                  is_final: bool) -> Conversation:
   ids = tokenizer.encode(response_text) + [tokenizer.eos_token_id]
   if len(ids) > cap:
     raise ValueError(f"teacher response {response_text!r} has {len(ids)} tokens, over the cap of {cap}")
   zeros = np.zeros(len(ids), np.float32)
-  return Conversation(np.asarray(prompt, np.int32), np.asarray(ids, np.int32), zeros, zeros,
-                      truncated=False, is_final=is_final)
+  return Conversation(prompt_ids=np.asarray(prompt, np.int32), response_ids=np.asarray(ids, np.int32),
+                      response_logprobs=zeros, sample_logprobs=zeros, truncated=False, is_final=is_final)
 
 
 def guess(memory: list[tuple[str, str]], key: str, rng: random.Random) -> str:
@@ -79,16 +80,16 @@ def latest_value(context: str, key: str) -> str:
 
 
 @TEACHERS.register("toy_memory")
-def memory_teacher(agent, question: str, context: str, rng: random.Random,
-                   overwrite_prob: float = 0.3) -> AgentResult:
+def memory_teacher(agent, question: str, context: str, *, rng: random.Random,
+                   overwrite_prob: float) -> AgentResult:
   """One trajectory of the imperfect memory policy through `agent`'s chunking and templates."""
   if not 0.0 <= overwrite_prob <= 1.0:
     raise ValueError(f"overwrite_prob={overwrite_prob} must lie in [0, 1]")
   tok, key = agent.tokenizer, asked_key(question)
-  q = encode_question(tok, question, 0, agent.question_tokens)
+  q = encode_question(tok, question, index=0, budget=agent.question_tokens)
   memory: list[tuple[str, str]] = []
   conversations, memories, doc_tokens = [], [], 0
-  for chunk in chunking.document_chunks(tok, context, agent.chunk_tokens, "document", False):
+  for chunk in chunking.document_chunks(tok, context, chunk_tokens=agent.chunk_tokens):
     prompt = agent.memory_segments.assemble(prompt=q, memory=tok.encode(memory_text(memory)), chunk=chunk)
     found = facts_in(tok.decode(chunk))
     asked = [f for f in found if f[0] == key]
@@ -96,7 +97,8 @@ def memory_teacher(agent, question: str, context: str, rng: random.Random,
       memory = [asked[-1]]
     elif found and rng.random() < overwrite_prob:
       memory = found[-2:]  # the chunk's facts replace the memory (two fit in 16 tokens)
-    conversations.append(_conversation(prompt, memory_text(memory), tok, agent.memory_tokens, False))
+    conversations.append(_conversation(prompt, memory_text(memory), tokenizer=tok, cap=agent.memory_tokens,
+                                       is_final=False))
     memories.append(memory_text(memory))
     doc_tokens += len(chunk)
   if not conversations:
@@ -104,31 +106,35 @@ def memory_teacher(agent, question: str, context: str, rng: random.Random,
   prompt = agent.final_segments.assemble(prompt=q, memory=tok.encode(memory_text(memory)))
   value = guess(memory, key, rng)
   answer = answer_text(value)
-  conversations.append(_conversation(prompt, answer, tok, agent.answer_tokens, True))
-  return AgentResult(question, answer, f" {value} ", value, memories, conversations, len(memories), doc_tokens)
+  conversations.append(_conversation(prompt, answer, tokenizer=tok, cap=agent.answer_tokens, is_final=True))
+  return AgentResult(question=question, answer=answer, boxed=f" {value} ", prediction=value,
+                     memories=memories, conversations=conversations, num_chunks=len(memories),
+                     document_tokens=doc_tokens)
 
 
 @TEACHERS.register("toy_direct")
-def direct_teacher(reader, question: str, context: str, rng: random.Random) -> AgentResult:
+def direct_teacher(reader, question: str, context: str, *, rng: random.Random) -> AgentResult:
   """The right answer from the whole document in one prompt (the full-attention baseline)."""
   del rng
-  tok, key = reader.tokenizer, asked_key(question)
-  prompt, doc_tokens = reader.prompt_ids(question, context, 0)
-  return _answered(tok, reader, question, prompt, latest_value(context, key), doc_tokens)
+  key = asked_key(question)
+  prompt, doc_tokens = reader.prompt_ids(question, context, index=0)
+  return _answered(reader, question, prompt=prompt, value=latest_value(context, key), doc_tokens=doc_tokens)
 
 
 @TEACHERS.register("toy_recall")
-def recall_teacher(reader, question: str, context: str, rng: random.Random) -> AgentResult:
+def recall_teacher(reader, question: str, context: str, *, rng: random.Random) -> AgentResult:
   """Base-model pretraining row: "<document> <question>" as plain text -> the latest value, boxed."""
   del rng
   tok, key = reader.tokenizer, asked_key(question)
   document = tok.encode(context)  # word-level: encode(a + " " + b) == encode(a) + encode(b)
   prompt = document + tok.encode(question)
-  return _answered(tok, reader, question, prompt, latest_value(context, key), len(document))
+  return _answered(reader, question, prompt=prompt, value=latest_value(context, key),
+                   doc_tokens=len(document))
 
 
-def _answered(tok, reader, question: str, prompt: list[int], value: str, doc_tokens: int) -> AgentResult:
+def _answered(reader, question: str, *, prompt: list[int], value: str, doc_tokens: int) -> AgentResult:
   """A one-conversation trajectory whose response is `value` boxed."""
   answer = answer_text(value)
-  conv = _conversation(prompt, answer, tok, reader.answer_tokens, True)
-  return AgentResult(question, answer, f" {value} ", value, [], [conv], 0, doc_tokens)
+  conv = _conversation(prompt, answer, tokenizer=reader.tokenizer, cap=reader.answer_tokens, is_final=True)
+  return AgentResult(question=question, answer=answer, boxed=f" {value} ", prediction=value, memories=[],
+                     conversations=[conv], num_chunks=0, document_tokens=doc_tokens)

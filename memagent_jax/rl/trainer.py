@@ -68,25 +68,26 @@ class Trainer:
     if roll.rows is None:  # dynamic sampling proceeded with nothing to learn from
       metrics.update(updates=0, step_seconds=time.perf_counter() - t0)
       return metrics
-    parts = mini_batches(roll.rows, roll.num_questions, cfg.rl.ppo_mini_batch, self.row_multiple,
-                         self.collector.agent.pad_id)
+    parts = mini_batches(roll.rows, num_questions=roll.num_questions,
+                         questions_per_mini_batch=cfg.rl.ppo_mini_batch, multiple=self.row_multiple,
+                         pad_id=self.collector.agent.pad_id)
     batches = []
     gd = self.policy.graphdef
     tokens = int(sum(part.valid.sum() for part in parts))  # real tokens the updates process
     for part in parts:  # old / reference log-probs: all from the params that sampled
       arrays = upd.split_micro(part.arrays(), cfg.rl.micro_batches)
       dev = self._device_batch(arrays)
-      kw = dict(prompt_width=self.loss_from, temperature=self.spec.temperature,
+      kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.spec.temperature,
                 compute_dtype=self.spec.compute_dtype)
       if cfg.rl.recompute_old_logprobs and cfg.rl.loss != "sft":  # sft reads no old log-probs
-        dev["old_logp"] = upd.batch_logprobs(gd, st.params, dev["tokens"], dev["valid"], **kw)
+        dev["old_logp"] = upd.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw)
       if cfg.rl.kl_coef:
-        dev["ref_logp"] = upd.batch_logprobs(gd, st.ref_params, dev["tokens"], dev["valid"], **kw)
+        dev["ref_logp"] = upd.batch_logprobs(st.ref_params, dev["tokens"], dev["valid"], **kw)
       batches.append(dev)
     st.opt_state = set_learning_rate(st.opt_state, lr_at(cfg.optim, st.step, cfg.train.steps))
     update_metrics = []
     for dev in batches:
-      st.params, st.opt_state, m = upd.update_step(gd, st.params, st.opt_state, dev, tx=self.tx,
+      st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
                                                    spec=self.spec)
       update_metrics.append(m)
     update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars

@@ -21,21 +21,21 @@ from memagent_jax.models.decoder import positions_from_mask
 from memagent_jax.rl import losses
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class UpdateSpec:
-  """Static settings of the update (hashable: a jit static argument)."""
+  """Static settings of the update (hashable: a jit static argument); defaults live in the config."""
   prompt_width: int
-  loss: str = "ppo_clip"
-  agg: str = "token-mean"
-  clip_low: float = 0.2
-  clip_high: float = 0.28
-  clip_c: float | None = None
-  kl_coef: float = 0.0
-  kl_kind: str = "low_var_kl"
-  entropy_coef: float = 0.0
-  remat: bool = False
-  temperature: float = 1.0  # the rollout temperature: log-probs of the distribution that sampled
-  compute_dtype: str = "float32"  # forward/backward dtype; params and AdamW state stay float32
+  loss: str  # a losses.POLICY_LOSSES name
+  agg: str
+  clip_low: float
+  clip_high: float
+  clip_c: float | None  # None: no dual clip
+  kl_coef: float
+  kl_kind: str
+  entropy_coef: float
+  remat: bool
+  temperature: float  # the rollout temperature: log-probs of the distribution that sampled
+  compute_dtype: str  # forward/backward dtype; params and AdamW state stay float32
 
   @classmethod
   def from_config(cls, rl, *, loss_from: int, remat: bool, compute_dtype: str) -> "UpdateSpec":
@@ -55,8 +55,7 @@ def cast_params(params, dtype):
 LOGITS_CHUNK = 512  # response positions projected on the vocabulary at a time: [r, N, V] fp32 logits never exist
 
 
-def response_logprobs(model, tokens, valid, prompt_width: int, remat: bool = False,
-                      temperature: float = 1.0):
+def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: bool, temperature: float):
   """log p of each response token and the entropy of its distribution at the sampling
   temperature (as verl). tokens, valid [r, P+N] -> (logp [r, N], entropy [r, N]); only the N
   response positions are projected on the vocabulary."""
@@ -85,29 +84,29 @@ def response_logprobs(model, tokens, valid, prompt_width: int, remat: bool = Fal
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "prompt_width", "temperature", "compute_dtype"))
-def batch_logprobs(graphdef, params, tokens, valid, *, prompt_width: int, temperature: float = 1.0,
-                   compute_dtype: str = "float32"):
+def batch_logprobs(params, tokens, valid, *, graphdef, prompt_width: int, temperature: float,
+                   compute_dtype: str):
   """Log-probs of the response tokens, micro-batch by micro-batch: [M, r, L] -> [M, r, N]."""
   model = nnx.merge(graphdef, cast_params(params, compute_dtype))
-  return jax.lax.map(lambda tv: response_logprobs(model, tv[0], tv[1], prompt_width, False, temperature)[0],
-                     (tokens, valid))
+  return jax.lax.map(lambda tv: response_logprobs(model, tv[0], tv[1], prompt_width=prompt_width, remat=False,
+                                                  temperature=temperature)[0], (tokens, valid))
 
 
-def _micro_loss(params, graphdef, mb, denominator, spec: UpdateSpec):
+def _micro_loss(params, mb, denominator, *, graphdef, spec: UpdateSpec):
   """Loss of one micro-batch (already divided by the mini-batch denominator) + metric sums."""
   model = nnx.merge(graphdef, cast_params(params, spec.compute_dtype))
-  logp, entropy = response_logprobs(model, mb["tokens"], mb["valid"], spec.prompt_width, spec.remat,
-                                    spec.temperature)
+  logp, entropy = response_logprobs(model, mb["tokens"], mb["valid"], prompt_width=spec.prompt_width,
+                                    remat=spec.remat, temperature=spec.temperature)
   mask = mb["loss_mask"]
-  loss_fn = losses.get_policy_loss(spec.loss)
-  loss_mat, terms = loss_fn(logp, mb["old_logp"], mb["advantages"], mask, clip_low=spec.clip_low,
-                            clip_high=spec.clip_high, clip_c=spec.clip_c)
-  pg = losses.aggregate(loss_mat, mask, spec.agg, denominator)
-  ent = losses.aggregate(entropy, mask, spec.agg, denominator)
+  loss_fn = losses.get_policy_loss(spec.loss)  # "ppo_clip" is losses.policy_loss, "sft" losses.sft_loss
+  pg, terms = loss_fn(logp, mb["old_logp"], mb["advantages"], mask, clip_low=spec.clip_low,
+                      clip_high=spec.clip_high, clip_c=spec.clip_c, agg=spec.agg, denominator=denominator)
+  ent = losses.aggregate(entropy, mask, agg=spec.agg, denominator=denominator)
   total = pg - spec.entropy_coef * ent if spec.entropy_coef else pg
   kl = jnp.float32(0)
   if spec.kl_coef:
-    kl = losses.aggregate(losses.kl_penalty(logp, mb["ref_logp"], spec.kl_kind), mask, spec.agg, denominator)
+    kl_mat = losses.kl_penalty(logp, mb["ref_logp"], kind=spec.kl_kind)  # [r, N]
+    kl = losses.aggregate(kl_mat, mask, agg=spec.agg, denominator=denominator)
     total = total + spec.kl_coef * kl
   n = jnp.sum(mask.astype(jnp.float32))  # the loss's per-call means -> token-weighted sums
   sums = {"pg_loss": pg, "kl": kl, "entropy": ent,
@@ -117,7 +116,7 @@ def _micro_loss(params, graphdef, mb, denominator, spec: UpdateSpec):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "tx", "spec"))
-def update_step(graphdef, params, opt_state, batch, *, tx: optax.GradientTransformation, spec: UpdateSpec):
+def update_step(params, opt_state, batch, *, graphdef, tx: optax.GradientTransformation, spec: UpdateSpec):
   """One optimizer update on a mini-batch given as micro-batches: every array [M, r, ...].
 
   Returns (params, opt_state, metrics); when the loss or gradients are not finite the inputs
@@ -129,7 +128,7 @@ def update_step(graphdef, params, opt_state, batch, *, tx: optax.GradientTransfo
 
   def accumulate(carry, mb):
     grads, loss, sums = carry
-    (l, s), g = grad_fn(params, graphdef, mb, denominator, spec)
+    (l, s), g = grad_fn(params, mb, denominator, graphdef=graphdef, spec=spec)
     grads = jax.tree_util.tree_map(jnp.add, grads, g)
     return (grads, loss + l, jax.tree_util.tree_map(jnp.add, sums, s)), None
 

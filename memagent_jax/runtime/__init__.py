@@ -1,4 +1,4 @@
-"""The bottom layer: what any part of a run stands on and that knows nothing of models or agents.
+"""The bottom layer (0): what any part of a run stands on and that knows nothing of models or agents.
 
   registry      name -> function registries that configs select from
   atomic_io     files and plots written under a temporary name, renamed on success

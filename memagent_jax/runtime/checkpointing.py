@@ -25,7 +25,6 @@ import os
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -46,34 +45,6 @@ class CheckpointMismatchError(ValueError):
 
 class CheckpointCorruptError(RuntimeError):
   """A committed step could not be read back (truncated or garbled files)."""
-
-
-def key_to_data(key) -> jax.Array:
-  """uint32 data of a typed key (`jax.random.key`) or a raw uint32 key, for checkpoints."""
-  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-    return jax.random.key_data(key)
-  return key
-
-
-def key_from_data(data, typed: bool = True, impl: str | None = None):
-  """The key back from `key_to_data`: typed (impl as `str(jax.random.key_impl(key))`,
-  default impl if None) or, with typed=False, the raw uint32 array unchanged."""
-  if not typed:
-    return jnp.asarray(data, jnp.uint32)
-  return jax.random.wrap_key_data(data, impl=impl)
-
-
-def params_to_tree(model: nnx.Module) -> dict:
-  """The model's nnx.Param values as a pure nested dict (what checkpoints store)."""
-  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-
-def load_params_into(model: nnx.Module, tree: dict) -> None:
-  """Writes a pure-dict param tree (int or str layer keys) into `model`, shapes checked."""
-  state = nnx.state(model, nnx.Param)
-  _check_tree(_flat_shapes(tree), params_to_tree(model), "the params tree")
-  nnx.replace_by_pure_dict(state, tree)
-  nnx.update(model, state)
 
 
 def _to_pure(tree):
@@ -150,7 +121,7 @@ def _abstract(target, keep_sharding: bool = True):
     dtype = getattr(x, "dtype", None)
     dtype = np.asarray(x).dtype if dtype is None else dtype
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-      raise ValueError("typed PRNG keys cannot be checkpointed; store key_to_data(key)")
+      raise ValueError("typed PRNG keys cannot be checkpointed; store jax.random.key_data(key)")
     sharding = (getattr(x, "sharding", None) if keep_sharding else None) or default
     return jax.ShapeDtypeStruct(tuple(getattr(x, "shape", np.shape(x))), dtype, sharding=sharding)
   return jax.tree.map(one, target)
@@ -217,7 +188,7 @@ class Checkpointer:
     state = _to_pure(state)
     for leaf in jax.tree.leaves(state):
       if jax.dtypes.issubdtype(getattr(leaf, "dtype", np.dtype(np.float32)), jax.dtypes.prng_key):
-        raise ValueError("typed PRNG keys cannot be checkpointed; store key_to_data(key)")
+        raise ValueError("typed PRNG keys cannot be checkpointed; store jax.random.key_data(key)")
     self._mngr.wait_until_finished()  # nothing of ours in flight while we clean up
     self._clean_up(step)
     return self._mngr.save(step, force=force, args=ocp.args.Composite(

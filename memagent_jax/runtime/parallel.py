@@ -3,8 +3,8 @@
 Every parameter names its dimensions logically (`out_sharding` metadata, e.g.
 ("embed", "q_heads", "head_dim")); rules map those names to the mesh axes
 ("data", "fsdp", "tensor"), so one model runs on a laptop or a pod by config alone.
-Batches are split by rows over ("data", "fsdp"); multi-host runs feed each process's
-own rows through `host_local_batch_to_global`.
+Batches are split by rows over ("data", "fsdp") (`shard_micro_batches`); on a mesh that
+spans processes every process holds the whole batch and places its rows from the host value.
 """
 
 from __future__ import annotations
@@ -199,16 +199,6 @@ def _plan(state, mesh: Mesh, rules):
   return specs, fallbacks
 
 
-def param_specs(state, mesh: Mesh, rules=None):
-  """PartitionSpec tree mirroring `state` (an nnx State of Params, concrete or abstract)."""
-  return _plan(state, mesh, rules)[0]
-
-
-def sharding_fallbacks(state, mesh: Mesh, rules=None) -> list[Fallback]:
-  """Which param dimensions are replicated because they do not divide their mesh axes."""
-  return _plan(state, mesh, rules)[1]
-
-
 def param_shardings(state, mesh: Mesh, rules=None):
   """NamedSharding tree mirroring `state`, from each Param's logical axes.
 
@@ -279,35 +269,9 @@ def shard_opt_state(opt_state, params, shardings, mesh: Mesh):
 # ---------------------------------------------------------------------------------------
 
 
-def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """Rows over ("data", "fsdp"), other dims replicated; a 0-d value is replicated."""
-  if ndim == 0:
-    return NamedSharding(mesh, PartitionSpec())
-  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
-
-
-def _batch_ways(mesh: Mesh) -> int:
-  return math.prod(mesh.shape[a] for a in BATCH_AXES)
-
-
-def shard_batch(tree, mesh: Mesh):
-  """Places every array of `tree` with its leading (row) axis split over ("data", "fsdp")."""
-  ways = _batch_ways(mesh)
-
-  def put(path, x):
-    x = x if hasattr(x, "shape") else np.asarray(x)
-    if x.ndim and x.shape[0] % ways:
-      raise ValueError(f"batch array {jax.tree_util.keystr(path) or 'input'} has "
-                       f"{x.shape[0]} rows, not divisible by data x fsdp = "
-                       f"{mesh.shape['data']} x {mesh.shape['fsdp']} = {ways}")
-    return jax.device_put(x, batch_sharding(mesh, x.ndim))
-
-  return jax.tree_util.tree_map_with_path(put, tree)
-
-
 def batch_shards(mesh: Mesh) -> int:
   """Ways the row axis is split (data x fsdp): row counts must be multiples of it."""
-  return _batch_ways(mesh)
+  return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
 def shard_micro_batches(x, mesh: Mesh):
@@ -316,42 +280,11 @@ def shard_micro_batches(x, mesh: Mesh):
   Built from the full host value with make_array_from_callback, so it also works when the
   mesh spans processes (every process holds the same rollout batch)."""
   x = np.asarray(x)
-  if x.shape[1] % _batch_ways(mesh):
-    raise ValueError(f"micro-batches of {x.shape[1]} rows do not split over data x fsdp = {_batch_ways(mesh)}")
+  if x.shape[1] % batch_shards(mesh):
+    raise ValueError(f"micro-batches of {x.shape[1]} rows do not split over data x fsdp = "
+                     f"{mesh.shape['data']} x {mesh.shape['fsdp']} = {batch_shards(mesh)}")
   sharding = NamedSharding(mesh, PartitionSpec(None, BATCH_AXES, *([None] * (x.ndim - 2))))
   return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
-
-
-def _local_batch_shards(mesh: Mesh) -> int:
-  """How many distinct row blocks this process's devices hold."""
-  me = jax.process_index()
-  names = list(mesh.axis_names)
-  blocks = set()
-  for idx in np.ndindex(*mesh.devices.shape):
-    if mesh.devices[idx].process_index == me:
-      blocks.add(tuple(idx[names.index(a)] for a in BATCH_AXES))
-  return len(blocks)
-
-
-def host_local_batch_to_global(tree, mesh: Mesh):
-  """Global batch arrays from each process's own rows (multi-host input pipelines).
-
-  Each process passes only its own rows (global rows / number of processes when the
-  batch axes span all hosts); global row order follows the mesh's process order. With
-  one process this equals `shard_batch`.
-  """
-  local_blocks = _local_batch_shards(mesh)
-
-  def put(path, x):
-    x = np.asarray(x)
-    if x.ndim and x.shape[0] % local_blocks:
-      raise ValueError(f"host-local batch array {jax.tree_util.keystr(path) or 'input'} has "
-                       f"{x.shape[0]} rows, not divisible by the {local_blocks} row blocks "
-                       f"this process holds (data x fsdp = {_batch_ways(mesh)} over "
-                       f"{jax.process_count()} processes)")
-    return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim), x)
-
-  return jax.tree_util.tree_map_with_path(put, tree)
 
 
 # ---------------------------------------------------------------------------------------

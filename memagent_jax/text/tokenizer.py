@@ -19,6 +19,7 @@ class Tokenizer:
 
   @classmethod
   def from_dir(cls, path: str) -> "Tokenizer":
+    # lazy: transformers takes ~1-3 s to import, only needed to build the tokenizer
     from transformers import AutoTokenizer
     return cls(AutoTokenizer.from_pretrained(path))
 
