@@ -188,7 +188,7 @@ class RolloutCollector:
       traj = np.asarray([k * g + j for k in mine for j in range(g)])  # global trajectory index
       batch = ConversationBatch.from_results(flat, self.agent.pad_id, prompt_width=self.prompt_width,
                                              response_width=self.response_width)
-      part = rows_from_conversations(batch, row_advantages=traj_adv[traj[batch.trajectory]],
+      part = rows_from_conversations(batch, row_advantages=adv_lib.broadcast_to_rows(traj_adv, traj[batch.trajectory]),
                                      row_question=traj[batch.trajectory] // g,
                                      mask_truncated=self.cfg.mask_truncated)
     else:  # this process generated none of the kept groups: it still joins the gather
