@@ -110,8 +110,9 @@ def cmd_eval(args) -> int:
                                args.data_dir, chunk_tokens=agent_config(args).chunk_tokens)
   reader = _reader(args, policy)
   args.partial = evaluation.partial_path(out)  # named by the main thread if interrupted
-  summary = evaluation.run_eval(reader, args.task, samples, out, args.batch_size,
-                                args.temperature, args.top_p, args.seed, progress=not args.quiet)
+  summary = evaluation.run_eval(reader, args.task, samples, out, batch_size=args.batch_size,
+                                temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                                progress=not args.quiet)
   summary.update(method=args.method, length=args.length, model=args.model, predictions=out)
   print(json.dumps(summary))
   print(f"{args.task} @ {args.length} tokens, {args.method}: accuracy {summary['score']:.3f} "

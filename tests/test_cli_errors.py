@@ -24,6 +24,9 @@ HF_CONFIG = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_s
                  max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
 
 
+GREEDY_EVAL = dict(temperature=0.0, top_p=1.0, seed=0, progress=False)
+
+
 def fails(capsys, argv, code=2) -> str:
   """Runs the CLI in-process expecting exactly one error line on stderr; returns it."""
   with pytest.raises(SystemExit) as e:
@@ -183,20 +186,20 @@ def test_interrupted_eval_keeps_finished_batches(tmp_path, fail):
   out.write_text("earlier results\n")
   with pytest.raises(fail):
     evaluation.run_eval(StubReader(fail_at=2, fail=fail), "squad", samples(), str(out), batch_size=2,
-                        progress=False)
+                        **GREEDY_EVAL)
   assert out.read_text() == "earlier results\n"  # never truncated
   rows = [json.loads(line) for line in (tmp_path / "preds.jsonl.partial").read_text().splitlines()]
   assert [r["index"] for r in rows] == [0, 1] and all(r["score"] == 1.0 for r in rows)
-  summary = evaluation.run_eval(StubReader(), "squad", samples(), str(out), batch_size=2, progress=False)
+  summary = evaluation.run_eval(StubReader(), "squad", samples(), str(out), batch_size=2, **GREEDY_EVAL)
   assert summary["n"] == 5 and summary["score"] == 1.0
   assert len(out.read_text().splitlines()) == 5 and not (tmp_path / "preds.jsonl.partial").exists()
 
 
 def test_run_eval_rejects_empty_input(tmp_path):
   with pytest.raises(ValueError, match="no samples to evaluate: n must be >= 1"):
-    evaluation.run_eval(StubReader(), "squad", [], str(tmp_path / "o.jsonl"), progress=False)
+    evaluation.run_eval(StubReader(), "squad", [], str(tmp_path / "o.jsonl"), batch_size=2, **GREEDY_EVAL)
   with pytest.raises(ValueError, match="batch_size=0: must be >= 1"):
-    evaluation.run_eval(StubReader(), "squad", samples(), None, batch_size=0, progress=False)
+    evaluation.run_eval(StubReader(), "squad", samples(), None, batch_size=0, **GREEDY_EVAL)
   assert not os.listdir(tmp_path)
 
 

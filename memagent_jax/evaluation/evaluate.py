@@ -53,9 +53,8 @@ def _row(task: str, s: dict, r, scores: dict) -> str:
                      "final_memory": r.memories[-1] if r.memories else None}) + "\n"
 
 
-def run_eval(reader, task: str, samples: list[dict], out_path: str | None, batch_size: int = 4,
-             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-             progress: bool = True) -> dict:
+def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, batch_size: int,
+             temperature: float, top_p: float, seed: int, progress: bool = True) -> dict:
   """Runs `reader` (MemAgent or DirectReader) over samples; one JSON line per sample.
 
   Each finished batch is appended to `<out_path>.partial` (started afresh) as it completes, so

@@ -71,8 +71,8 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, s
                           temperature=temperature, top_p=top_p, seed=seed)  # compile these shapes
     out = os.path.join(out_dir, f"{name}_{length}.jsonl") if out_dir else None
     with PeakRSS() as mem:
-      summary = run_eval(reader, task, samples, out, batch_size, temperature, top_p,
-                                    seed=seed, progress=progress)
+      summary = run_eval(reader, task, samples, out, batch_size=batch_size, temperature=temperature,
+                         top_p=top_p, seed=seed, progress=progress)
     acc = summary["score"]
     lo, hi = wilson_interval(acc * n, n)
     rows.append({"method": name, "length": length, "n": n, "accuracy": acc, "ci_low": lo, "ci_high": hi,

@@ -126,8 +126,8 @@ class Evaluator:
 
   def __call__(self) -> dict[str, float]:
     e = self.eval_cfg
-    summary = run_eval(self.reader, self.task, self.samples, None, e.batch_size, e.temperature, e.top_p,
-                       seed=e.seed, progress=False)
+    summary = run_eval(self.reader, self.task, self.samples, None, batch_size=e.batch_size,
+                       temperature=e.temperature, top_p=e.top_p, seed=e.seed, progress=False)
     return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k != "n"}
 
 
