@@ -6,7 +6,7 @@ and later overrides of the asked key (the LAST fact about it is the answer) make
 in a memory of a few tokens" a real decision (DESIGN.md, "The toy world").
 
 Texts use canonical spacing: every token (word or punctuation mark) separated by one space, on
-one line, so `word_tokenizer.toy_tokenizer()` counts exactly one token per space-separated item
+one line, so `toy_tokenizer.toy_tokenizer()` counts exactly one token per space-separated item
 and decode(encode(text)) == text. Lengths are in these toy tokens, and exact.
 
 Values are chosen so that substring rewards are unambiguous: no value is inside another
