@@ -306,3 +306,17 @@ def test_relative_directory_is_accepted(tmp_path, monkeypatch):
   ckpt.wait()
   state, meta = Checkpointer("runs/rel/checkpoints").restore()
   assert meta["k"] == 1 and list(state["x"]) == [0, 1, 2]
+
+
+def test_unretrieved_read_errors_of_a_damaged_step_are_dropped():
+  """A failed read leaves tensorstore futures whose errors asyncio reports when they are collected
+  ("Task ..." or "Future exception was never retrieved", timing decides which): both are dropped,
+  anything else asyncio logs is kept."""
+  from memagent_jax.runtime import orbax_quiet
+  noise = 'future: <Future finished exception=ValueError(\'NOT_FOUND: ... [tensorstore_spec=...]\')>'
+  for head in ("Task exception was never retrieved", "Future exception was never retrieved"):
+    record = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, f"{head}\n{noise}", None, None)
+    assert not orbax_quiet._keep_record(record)
+  other = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Future exception was never retrieved\n"
+                            "future: <Future finished exception=ValueError('our own bug')>", None, None)
+  assert orbax_quiet._keep_record(other)

@@ -16,7 +16,8 @@ def _is_read_noise(exc=None, text: str = "") -> bool:
     return True
   if isinstance(getattr(exc, "__cause__", None), GeneratorExit) and "reading array index" in str(exc):
     return True
-  return text.startswith("Task exception was never retrieved") and ("tensorstore" in text or "orbax" in text)
+  unretrieved = text.startswith(("Task exception was never retrieved", "Future exception was never retrieved"))
+  return unretrieved and ("tensorstore" in text or "orbax" in text)
 
 
 def _keep_record(record) -> bool:
