@@ -49,7 +49,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       rollout_batch=256,  # trajectories per agent call (a multiple of group_size)
       temperature=1.0, top_p=1.0,
       reward="memagent_verifier",
-      advantage="mean_centred",  # released MemAgent: r - mean; "grpo": (r - mean) / (std + eps)
+      advantage="mean_centred",  # r - group mean (released MemAgent); "grpo": / group std; "batch_std": / step std
       eps=1e-6,
       loss="ppo_clip", agg="token-mean",
       clip_low=0.2, clip_high=0.2, clip_c=3.0,  # clip_c 0 disables the dual clip

@@ -4,10 +4,16 @@ asks about one key, and why the base model is pretrained on short texts first).
   python experiments/probe_recall.py --key=random --steps=800
   python experiments/probe_recall.py --key=fixed --steps=400
   python experiments/probe_recall.py --key=fixed --filler=30 --steps=300
+  python experiments/probe_recall.py --key=askable --facts=6 --questions=4 --steps=600
+  python experiments/probe_recall.py --key=askable --questions=4 --fixed_steps=300 --steps=600
+  python experiments/probe_recall.py --key=askable --facts=6 --questions=4 --shift=2 --steps=600
 
 Rows: `--facts` facts "the code of K is V ." (each followed by `--filler` random filler words),
-then "what is the latest code of K ? \\boxed{ V }"; the loss is the cross-entropy of V only
-(chance: ln 24 = 3.18 nats; picking one of the facts' values at random: ln facts).
+then `--questions` times "what is the latest code of K ? \\boxed{ V }" about distinct facts
+(several: multi-query associative recall, one signal per question); the loss is the cross-entropy
+of the V's only (chance: ln 24 = 3.18 nats; picking one of the facts' values at random: ln facts).
+Asked keys: `fixed` always oslo, `random` any of the 24, `askable` the toy world's toy.ASKED_KEYS;
+`--fixed_steps` asks about oslo for that many steps first (a curriculum).
 """
 
 from __future__ import annotations
@@ -18,13 +24,23 @@ import random
 import sys
 import time
 
+import tqdm
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--key", choices=["fixed", "random"], default="fixed", help="asked key: always oslo, or any")
+  p.add_argument("--key", choices=["fixed", "random", "askable"], default="fixed",
+                 help="asked key: always oslo, any key, or one of toy.ASKED_KEYS")
   p.add_argument("--facts", type=int, default=4)
+  p.add_argument("--questions", type=int, default=1, help="questions per row, about distinct facts")
+  p.add_argument("--fixed_steps", type=int, default=0, help="first ask about oslo for this many steps")
+  p.add_argument("--preset", default="toy-1m", help="random:<preset> model")
+  p.add_argument("--warmup", type=int, default=20)
+  p.add_argument("--shift", type=int, default=0,
+                 help="token shift: add learnt (zero-initialised) embeddings of the previous N tokens "
+                      "to each input embedding, so one attention layer can match a key 2 tokens back")
   p.add_argument("--filler", type=int, default=0, help="filler words after each fact")
   p.add_argument("--steps", type=int, default=400)
   p.add_argument("--lr", type=float, default=1e-3)
@@ -39,42 +55,80 @@ def main(argv=None):
   from memagent_jax.data import toy
   from memagent_jax.models import decoder as D
 
-  policy = mj.load_policy("random:toy-1m", seed=0)
+  if not 1 <= args.questions <= args.facts:
+    p.error(f"--questions={args.questions} must lie in [1, --facts={args.facts}]")
+  policy = mj.load_policy(f"random:{args.preset}", seed=0)
   tok = policy.tokenizer
   graphdef, params = nnx.split(nnx.merge(policy.graphdef, policy.state), nnx.Param)
   rng = random.Random(0)
 
-  def row():
-    keys = rng.sample(toy.KEYS, args.facts)
-    values = [rng.choice(toy.VALUES) for _ in keys]
-    q = rng.randrange(args.facts)
-    if args.key == "fixed":
-      keys[q] = "oslo" if "oslo" not in keys else keys[q]
-      q = keys.index("oslo")
+  def row(step: int) -> tuple[list[int], list[int]]:
+    """Token ids and a mask of the answer values."""
+    key = "fixed" if step < args.fixed_steps else args.key
+    if key == "askable":  # the asked keys first, so that every question asks an askable key
+      asked = rng.sample(toy.ASKED_KEYS, args.questions)
+      keys = asked + rng.sample([k for k in toy.KEYS if k not in asked], args.facts - args.questions)
+      rng.shuffle(keys)
+      values = [rng.choice(toy.VALUES) for _ in keys]
+      qs = [keys.index(k) for k in asked]
+    else:
+      keys = rng.sample(toy.KEYS, args.facts)
+      values = [rng.choice(toy.VALUES) for _ in keys]
+      qs = rng.sample(range(args.facts), args.questions)
+      if key == "fixed":
+        keys[qs[0]] = "oslo" if "oslo" not in keys else keys[qs[0]]
+        qs = [keys.index("oslo")] + [q for q in qs[1:] if keys[q] != "oslo"][:args.questions - 1]
     parts = [toy.fact(k, v) + "".join(" " + rng.choice(toy.FILLER_WORDS) for _ in range(args.filler))
              for k, v in zip(keys, values)]
-    return tok.encode(" ".join(parts) + f" {toy.question(keys[q])} \\boxed{{ {values[q]} }}")
+    ids = tok.encode(" ".join(parts))
+    mask = [0] * len(ids)
+    for q in qs:
+      asked_ids = tok.encode(f" {toy.question(keys[q])} \\boxed{{ {values[q]} }}")
+      ids += asked_ids
+      mask += [0] * (len(asked_ids) - 2) + [1, 0]  # the value, before the closing brace
+    return ids, mask
 
-  tx = optax.adamw(optax.linear_schedule(0.0, args.lr, 20), weight_decay=0.0)
+  tx = optax.adamw(optax.linear_schedule(0.0, args.lr, args.warmup), weight_decay=0.0)
+  cfg = nnx.merge(graphdef, params).config
+  params = {"model": params, "shift": [jnp.zeros((cfg.vocab_size, cfg.hidden_size)) for _ in range(args.shift)]}
   opt = tx.init(params)
 
+  def forward(p, x):  # x [B, T] -> logits [B, T, V]; rows are unpadded
+    model = nnx.merge(graphdef, p["model"])
+    if not p["shift"]:
+      return D.forward_logits(model, x)
+    h = jnp.take(model.embed[...], x, axis=0)  # [B, T, E]
+    for d, table in enumerate(p["shift"], start=1):  # + table[token d back], none before the row
+      prev = jnp.pad(x, ((0, 0), (d, 0)))[:, :-d]
+      h = h + jnp.take(table, prev, axis=0) * (jnp.arange(x.shape[1]) >= d)[None, :, None]
+    cos, sin = D.rope_tables(jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape), cfg.head_dim,
+                             cfg.rope_theta, h.dtype)
+    for layer in model.layers:
+      h, _ = layer(h, cos, sin, jnp.ones(x.shape, bool), None, 0, model.attention)
+    return model.logits(model.final_norm(h))
+
   @jax.jit
-  def step(params, opt, x):  # x [B, T]; the value is the second-to-last token
+  def step(params, opt, x, m):  # x [B, T] token ids; m [B, T] 1 on the answer values
     def value_loss(p):
-      logits = D.forward_logits(nnx.merge(graphdef, p), x[:, :-1])
-      lp = jax.nn.log_softmax(logits)
-      return -jnp.take_along_axis(lp, x[:, 1:, None], -1)[:, -2, 0].mean()
+      logits = forward(p, x[:, :-1])
+      nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), x[:, 1:, None], -1)[..., 0]  # [B, T-1]
+      return (nll * m[:, 1:]).sum() / m[:, 1:].sum()
     loss, g = jax.value_and_grad(value_loss)(params)
     updates, opt = tx.update(g, opt, params)
     return optax.apply_updates(params, updates), opt, loss
 
   t0 = time.perf_counter()
-  print("| step | value loss (nats) | seconds |\n|---|---|---|")
-  for s in range(args.steps):
-    x = jnp.asarray([row() for _ in range(args.batch)])
-    params, opt, loss = step(params, opt, x)
-    if s % 100 == 0 or s == args.steps - 1:
-      print(f"| {s} | {float(loss):.3f} | {time.perf_counter() - t0:.0f} |", flush=True)
+  losses = []
+  print("| step | value loss (nats, mean of the last 20 steps) | seconds |\n|---|---|---|")
+  for s in tqdm.trange(args.steps, desc="probe", leave=False):
+    rows = [row(s) for _ in range(args.batch)]
+    x = jnp.asarray([r[0] for r in rows])
+    m = jnp.asarray([r[1] for r in rows], jnp.float32)
+    params, opt, loss = step(params, opt, x, m)
+    losses.append(float(loss))
+    if (s + 1) % 100 == 0 or s == args.steps - 1:
+      tqdm.tqdm.write(f"| {s + 1} | {sum(losses[-20:]) / len(losses[-20:]):.3f} | "
+                      f"{time.perf_counter() - t0:.0f} |")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,12 @@ def _model_line() -> str:
           f"{c.num_params / 1e6:.2f}M parameters, trained from scratch")
 
 
+def _asked_keys() -> tuple[str, ...]:
+  """The keys the reproduction's questions ask about (its config's toy task)."""
+  from configs import toy_memagent
+  return toy.ONE_KEY if toy_memagent.get_config("rl").data.task == toy.ONE_KEY_TASK else toy.ASKED_KEYS
+
+
 def _acc(r) -> str:
   return f"{r['accuracy'] * 100:.1f} [{r['ci_low'] * 100:.0f}, {r['ci_high'] * 100:.0f}]"
 
@@ -122,7 +128,7 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
       f"{platform.processor() or platform.machine()}).", "",
       f"World: {toy.CHUNK_TOKENS}-token chunks, {toy.MEMORY_TOKENS}-token memory, training documents of "
       f"{toy.TRAIN_TOKENS} tokens (1x), {toy.DISTRACTOR_DENSITY:g} distractor facts per 1000 tokens, up to "
-      f"{toy.MAX_OVERRIDES} overrides of the asked key (questions ask about {', '.join(toy.ASKED_KEYS)}). "
+      f"{toy.MAX_OVERRIDES} overrides of the asked key (questions ask about {', '.join(_asked_keys())}). "
       f"Policy: toy-1m ({_model_line()}), the same for all three. Stages (`configs/toy_memagent.py`): "
       "pretrain (base model: find and copy a fact in short plain texts) -> warm_start (supervised on the "
       "imperfect memory teacher) -> rl (Multi-Conv DAPO, final-answer reward only); full_attention "

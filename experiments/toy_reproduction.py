@@ -96,7 +96,7 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int) -> lis
     direct = stage == "full_attention"
     print(f"\n== eval {label}: {n} documents at {len(lengths)} lengths", flush=True)
     # the same documents for every method: laid out in the MemAgent stages' chunk size
-    rows += sweep_lengths(reader, stage, toy.TASK, lengths, n=n, seed=seed,
+    rows += sweep_lengths(reader, stage, rl_cfg.data.task, lengths, n=n, seed=seed,
                           batch_size=DIRECT_BATCH if direct else SCALES[scale]["batch"], temperature=ev.temperature,
                           top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, out_dir=os.path.join(root, "eval"),
                           warmup_each_length=direct)

@@ -88,3 +88,18 @@ def test_broadcast_to_rows():
     advantages.broadcast_to_rows(traj, [0, 3])
   with pytest.raises(IndexError):
     advantages.broadcast_to_rows(traj, [-1])
+
+
+def test_batch_std_scales_group_centred_rewards_by_one_batch_std():
+  got = advantages.get_advantage("batch_std")(REWARDS, GIDS, eps=1e-6)
+  centred = _ref_group(REWARDS, GIDS, std=False)  # group-mean baseline, by the loop reference
+  mean = centred.mean()
+  batch_std = np.sqrt(sum((c - mean) ** 2 for c in centred) / (len(centred) - 1))  # by hand, ddof=1
+  np.testing.assert_allclose(got, centred / (batch_std + 1e-6), rtol=1e-6, atol=1e-7)
+  # Unlike grpo, a group whose rewards barely differ keeps small advantages.
+  r, g = [1.0, 0.9, 1.0, 0.0], [0, 0, 1, 1]
+  np.testing.assert_allclose(np.abs(advantages.get_advantage("grpo")(r, g, eps=1e-6)), 0.7071, rtol=1e-3)
+  small = advantages.get_advantage("batch_std")(r, g, eps=1e-6)
+  assert abs(small[0]) < abs(small[2]) / 5
+  with pytest.raises(ValueError, match=">= 2 trajectories"):
+    advantages.get_advantage("batch_std")([1.0], [0], eps=1e-6)

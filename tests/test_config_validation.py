@@ -125,3 +125,13 @@ def test_train_script_reports_a_bad_config_in_one_line(tmp_path):
 def test_unknown_attention_backend_is_a_config_error():
   with pytest.raises(ValueError, match=r"model.attention='flash'; choose one of \['auto', 'xla', 'cudnn', 'splash'\]"):
     validate_config(tiny(**{"model.attention": "flash"}))
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "batch_std"])
+def test_std_dividing_advantages_need_a_positive_eps(advantage):
+  cfg = tiny()
+  cfg.rl.update(advantage=advantage, eps=0.0, group_size=2, rollout_batch=2)
+  with pytest.raises(ValueError, match=rf"rl.eps=0.0 must be > 0 with rl.advantage='{advantage}'"):
+    validate_config(cfg)
+  cfg.rl.eps = 1e-6
+  validate_config(cfg)

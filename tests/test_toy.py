@@ -195,21 +195,41 @@ def test_registered_in_evaluation(tok):
 
 
 # sha256 of json.dumps(samples, sort_keys=True) for 4 samples of 128 tokens (seed 0) and 2 of 1024
-# (seed 3) at chunk 64, taken before the chunk size came from the config: the toy reproduction's data.
-TOY_DIGEST_CHUNK_64 = "92bf33784916f6f3b7dcd8c803fbcb581d752f2676ee10ae3eb3e382bac55e6f"
+# (seed 3) at chunk 64: the toy reproduction's data. The one-asked-key world of earlier results
+# (asked_keys=("oslo",)) keeps its digest from before the chunk size came from the config.
+TOY_DIGEST_CHUNK_64 = "e4723fb13dcfbc570f4713954537a0e11b97e55ffa0d5475b6aebcf33d1250ae"
+ONE_KEY_DIGEST_CHUNK_64 = "92bf33784916f6f3b7dcd8c803fbcb581d752f2676ee10ae3eb3e382bac55e6f"
+
+
+def _digest(samples) -> str:
+  return hashlib.sha256(json.dumps(samples, sort_keys=True).encode()).hexdigest()
 
 
 def test_chunk_size_shapes_the_documents_and_64_is_unchanged(tok):
   def digest(chunk_tokens):
-    samples = (tasks.make_samples(toy.TASK, 128, 4, 0, tok, chunk_tokens=chunk_tokens)
-               + tasks.make_samples(toy.TASK, 1024, 2, 3, tok, chunk_tokens=chunk_tokens))
-    return hashlib.sha256(json.dumps(samples, sort_keys=True).encode()).hexdigest()
+    return _digest(tasks.make_samples(toy.TASK, 128, 4, 0, tok, chunk_tokens=chunk_tokens)
+                   + tasks.make_samples(toy.TASK, 1024, 2, 3, tok, chunk_tokens=chunk_tokens))
   assert digest(64) == TOY_DIGEST_CHUNK_64
+  # toy.ONE_KEY_TASK: the same documents as the first reproduction's; only the task name is its own.
+  one_key = (tasks.make_samples(toy.ONE_KEY_TASK, 128, 4, 0, tok, chunk_tokens=64)
+             + tasks.make_samples(toy.ONE_KEY_TASK, 1024, 2, 3, tok, chunk_tokens=64))
+  assert {s["task"] for s in one_key} == {toy.ONE_KEY_TASK} and {s["key"] for s in one_key} == {"oslo"}
+  assert _digest([{**s, "task": toy.TASK} for s in one_key]) == ONE_KEY_DIGEST_CHUNK_64
   for chunk in (16, 32):  # other chunk sizes: other documents, every fact inside one of their chunks
     samples = tasks.make_samples(toy.TASK, 1024, 8, 3, tok, chunk_tokens=chunk)
     assert [s["context"] for s in samples] != [s["context"] for s in toy.generate(8, 1024, 3)]
     assert all(st // chunk == (st + toy.FACT_TOKENS - 1) // chunk for s in samples for st in s["fact_starts"])
   assert digest(32) != TOY_DIGEST_CHUNK_64
+
+
+def test_questions_ask_about_every_askable_key_and_documents_name_several():
+  samples = toy.generate(400, toy.TRAIN_TOKENS * 4, seed=5)
+  assert len(toy.ASKED_KEYS) >= 8
+  assert {s["key"] for s in samples} == set(toy.ASKED_KEYS)  # a random key per document, all eight drawn
+  askable_named = [len({k for k, _ in s["facts"]} & set(toy.ASKED_KEYS)) for s in samples]
+  assert sum(n >= 2 for n in askable_named) > len(samples) // 2  # most documents state several askable keys
+  # More facts than the memory holds (MEMORY_TOKENS fit two), so what it keeps must follow the question.
+  assert min(len(s["facts"]) for s in samples) * toy.FACT_TOKENS > toy.MEMORY_TOKENS
 
 
 def test_no_fact_crosses_a_chunk_boundary_and_distractors_scale_with_length():

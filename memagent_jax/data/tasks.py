@@ -17,7 +17,7 @@ QA_FILES = {"squad": ("dev-v1.1.json", "train-v1.1.json"),
 
 
 def task_names() -> list[str]:
-  return list(ruler.TASKS) + list(QA_TASKS) + [toy.TASK]
+  return list(ruler.TASKS) + list(QA_TASKS) + [toy.TASK, toy.ONE_KEY_TASK]
 
 
 def _qa_file(task: str, data_dir: str | None) -> str:
@@ -44,6 +44,9 @@ def make_samples(task: str, length: int, n: int, seed: int, tokenizer, data_dir:
     return ruler.generate(task, length, n, seed, tokenizer=tokenizer)
   if task == toy.TASK:  # lengths in toy (word) tokens, whatever the tokenizer
     return toy.generate(n, length, seed, chunk_tokens=chunk_tokens)
+  if task == toy.ONE_KEY_TASK:
+    return [{**s, "task": task} for s in toy.generate(n, length, seed, chunk_tokens=chunk_tokens,
+                                                      asked_keys=toy.ONE_KEY)]
   if task not in QA_TASKS:
     raise ValueError(f"unknown task {task!r}; known: {', '.join(task_names())}")
   path = _qa_file(task, data_dir)

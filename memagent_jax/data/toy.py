@@ -1,9 +1,10 @@
 """The toy memory world: seeded key-value documents for CPU-scale MemAgent RL experiments.
 
 A document is filler sentences with key-value facts ("the code of oslo is tiger .") scattered
-through it. The question asks for the latest code of one key; distractor facts about other keys
-and later overrides of the asked key (the LAST fact about it is the answer) make "what to keep
-in a memory of a few tokens" a real decision (DESIGN.md, "The toy world").
+through it. The question asks for the latest code of one key, drawn per document from
+`ASKED_KEYS`; distractor facts about other keys and later overrides of the asked key (the LAST
+fact about it is the answer) make "what to keep in a memory of a few tokens" a real decision
+(DESIGN.md, "The toy world").
 
 Texts use canonical spacing: every token (word or punctuation mark) separated by one space, on
 one line, so `toy_tokenizer.toy_tokenizer()` counts exactly one token per space-separated item
@@ -33,11 +34,16 @@ MEMORY_TOKENS = 16  # memory cap: about two facts in sentence form
 ANSWER_TOKENS = 8  # "\boxed{ tiger }" + <|im_end|> is 4
 TRAIN_TOKENS = 128  # training document length (1x): 2 chunks
 DISTRACTOR_DENSITY = 8.0  # distractor facts per 1000 tokens (about other keys), at least one
-# Keys a question may ask about (the others only appear in distractors). One key by default: a
-# 1M-parameter model trained from scratch on 2 CPU cores learns to find and copy that key's facts
-# in a few hundred steps, but matching a random question key to facts did not emerge in 800
-# (docs/results/probe_recall.md); pass asked_keys=None for a random key per document.
-ASKED_KEYS = ("oslo",)
+# Keys a question may ask about, one drawn at random per document; distractors are facts about the
+# other keys (these eight included), so a document states codes of several askable keys and the
+# memory (two facts) cannot keep them all: what it keeps must depend on the question. A base model
+# learns this content lookup in pretraining (configs/toy_memagent.py; docs/results/probe_recall.md).
+ASKED_KEYS = ("berlin", "cairo", "delhi", "lima", "oslo", "paris", "rome", "tokyo")
+# The world of the first reproduction (docs/results/toy_reproduction.md), kept under its own task name
+# until a base model that can look facts up exists: every question asks about oslo, so the memory
+# never has to depend on the question. Same documents as before the eight asked keys (same RNG).
+ONE_KEY_TASK = "toy_kv_one_key"
+ONE_KEY = ("oslo",)
 OVERRIDE_PROB = 0.5  # chance of each further override of the asked key, up to MAX_OVERRIDES
 MAX_OVERRIDES = 2
 

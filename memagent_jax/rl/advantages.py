@@ -5,9 +5,14 @@ conversation; G rollouts of one question form a group. The reward of the final a
 gives ONE scalar advantage per trajectory, computed relative to its group, and that
 scalar is applied to every response token of every conversation (row) of the trajectory.
 
-Two estimators, both reachable from config by name (`get_advantage(cfg.rl.advantage)`):
-  * "grpo" (paper, GRPO): (r - mean_g) / (std_g + eps), Bessel std (ddof=1).
-  * "mean_centred" (released MemAgent code): r - mean_g, no std division.
+Three estimators, reachable from config by name (`get_advantage(cfg.rl.advantage)`); they differ in
+the scale each trajectory's advantage is normalised by:
+  * "grpo" (paper, GRPO): (r - mean_g) / (std_g + eps), Bessel std (ddof=1) of the GROUP, so a
+    group whose rewards barely differ gets advantages as large as one that splits evenly.
+  * "mean_centred" (released MemAgent code; Dr. GRPO): r - mean_g, no std division.
+  * "batch_std" (REINFORCE++-baseline, "Lite PPO"): (r - mean_g) / (std_batch + eps), the group
+    mean as baseline but one Bessel std over every trajectory of the step, so each trajectory's
+    advantage keeps its size relative to the whole batch rather than to its own group.
 
 Everything here is host-side numpy (rollouts live on the host); outputs are float32.
 """
@@ -76,6 +81,15 @@ def mean_centred(rewards, group_ids, *, eps: float) -> np.ndarray:
   """Released MemAgent estimator: r - group mean (eps unused, kept for a uniform signature)."""
   del eps
   return group_advantages(rewards, group_ids, std_normalize=False)
+
+
+@register_advantage("batch_std")
+def batch_std(rewards, group_ids, *, eps: float) -> np.ndarray:
+  """Group-mean baseline, batch-std scale: (r - mean_g) / (std of all centred rewards + eps)."""
+  centred = group_advantages(rewards, group_ids, std_normalize=False).astype(np.float64)  # [N]
+  if centred.size < 2:
+    raise ValueError(f"batch_std needs >= 2 trajectories in the step, got {centred.size}")
+  return (centred / (np.std(centred, ddof=1) + eps)).astype(np.float32)
 
 
 def broadcast_to_rows(trajectory_advantages, row_trajectory) -> np.ndarray:

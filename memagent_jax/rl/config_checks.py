@@ -173,8 +173,8 @@ def validate_config(cfg):
   if rl.temperature != 1.0 and not rl.recompute_old_logprobs:
     _fail(f"rl.temperature={rl.temperature} needs rl.recompute_old_logprobs=True: the sampler reports "
           "temperature-1 log-probs, not those of the distribution that sampled")
-  if rl.advantage == "grpo" and rl.eps <= 0:
-    _fail(f"rl.eps={rl.eps} must be > 0 with rl.advantage='grpo' (it guards the division by the std)")
+  if rl.advantage in ("grpo", "batch_std") and rl.eps <= 0:
+    _fail(f"rl.eps={rl.eps} must be > 0 with rl.advantage={rl.advantage!r} (it guards the division by the std)")
   if rl.reward not in rollout.REWARD_FNS:
     _fail(f"rl.reward={rl.reward!r}; known: {sorted(rollout.REWARD_FNS)}")
   if rl.on_insufficient not in ("fail", "proceed"):
