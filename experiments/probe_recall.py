@@ -6,7 +6,7 @@ asks about one key, and why the base model is pretrained on short texts first).
   python experiments/probe_recall.py --key=fixed --filler=30 --steps=300
   python experiments/probe_recall.py --key=askable --facts=6 --questions=4 --steps=600
   python experiments/probe_recall.py --key=askable --questions=4 --fixed_steps=300 --steps=600
-  python experiments/probe_recall.py --key=askable --facts=6 --questions=4 --shift=2 --steps=600
+  python experiments/probe_recall.py --key=askable --facts=6 --questions=4 --preset=toy-1m-shift2 --steps=600
 
 Rows: `--facts` facts "the code of K is V ." (each followed by `--filler` random filler words),
 then `--questions` times "what is the latest code of K ? \\boxed{ V }" about distinct facts
@@ -38,9 +38,6 @@ def main(argv=None):
   p.add_argument("--fixed_steps", type=int, default=0, help="first ask about oslo for this many steps")
   p.add_argument("--preset", default="toy-1m", help="random:<preset> model")
   p.add_argument("--warmup", type=int, default=20)
-  p.add_argument("--shift", type=int, default=0,
-                 help="token shift: add learnt (zero-initialised) embeddings of the previous N tokens "
-                      "to each input embedding, so one attention layer can match a key 2 tokens back")
   p.add_argument("--filler", type=int, default=0, help="filler words after each fact")
   p.add_argument("--steps", type=int, default=400)
   p.add_argument("--lr", type=float, default=1e-3)
@@ -89,28 +86,12 @@ def main(argv=None):
     return ids, mask
 
   tx = optax.adamw(optax.linear_schedule(0.0, args.lr, args.warmup), weight_decay=0.0)
-  cfg = nnx.merge(graphdef, params).config
-  params = {"model": params, "shift": [jnp.zeros((cfg.vocab_size, cfg.hidden_size)) for _ in range(args.shift)]}
   opt = tx.init(params)
-
-  def forward(p, x):  # x [B, T] -> logits [B, T, V]; rows are unpadded
-    model = nnx.merge(graphdef, p["model"])
-    if not p["shift"]:
-      return D.forward_logits(model, x)
-    h = jnp.take(model.embed[...], x, axis=0)  # [B, T, E]
-    for d, table in enumerate(p["shift"], start=1):  # + table[token d back], none before the row
-      prev = jnp.pad(x, ((0, 0), (d, 0)))[:, :-d]
-      h = h + jnp.take(table, prev, axis=0) * (jnp.arange(x.shape[1]) >= d)[None, :, None]
-    cos, sin = D.rope_tables(jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape), cfg.head_dim,
-                             cfg.rope_theta, h.dtype)
-    for layer in model.layers:
-      h, _ = layer(h, cos, sin, jnp.ones(x.shape, bool), None, 0, model.attention)
-    return model.logits(model.final_norm(h))
 
   @jax.jit
   def step(params, opt, x, m):  # x [B, T] token ids; m [B, T] 1 on the answer values
     def value_loss(p):
-      logits = forward(p, x[:, :-1])
+      logits = D.forward_logits(nnx.merge(graphdef, p), x[:, :-1])
       nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), x[:, 1:, None], -1)[..., 0]  # [B, T-1]
       return (nll * m[:, 1:]).sum() / m[:, 1:].sum()
     loss, g = jax.value_and_grad(value_loss)(params)

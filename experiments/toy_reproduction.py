@@ -108,7 +108,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  from experiments import toy_report
+  from experiments import memory_errors, toy_report
   scale = _SCALE.value
   root = _WORKDIR.value or f"runs/toy_{scale}"
   results_dir = _RESULTS.value or ("docs/results" if scale == "full" else os.path.join(root, "results"))
@@ -131,7 +131,12 @@ def main(argv):
   command = "python experiments/toy_reproduction.py " + " ".join(sys.argv[1:])
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
                                   command=command.strip(), seconds=time.perf_counter() - t0)
-  print(f"\nTable:       {paths['table']}\nPlot:        {paths['plot']}\nJSON:        {paths['json']}\n"
+  errors = os.path.join(results_dir, "memory_errors.md")  # where the MemAgent memories went wrong
+  with atomic_write(errors) as f:
+    f.write("\n".join(memory_errors.markdown(memory_errors.error_rows(root, stage, _EVAL_SEED.value), stage)
+                      for stage in ("rl", "warm_start")))
+  print(f"\nTable:       {paths['table']}\nErrors:      {errors}\nPlot:        {paths['plot']}\n"
+        f"JSON:        {paths['json']}\n"
         f"TensorBoard: .venv/bin/tensorboard --logdir {root}  (train/ and eval/ scalars of every stage)\n"
         f"Checkpoints: {root}/<stage>/checkpoints (orbax), exports: {root}/<stage>/export (HF format)\n"
         f"Per-document answers: {root}/eval/<stage>_<length>.jsonl")

@@ -17,7 +17,7 @@ QA_FILES = {"squad": ("dev-v1.1.json", "train-v1.1.json"),
 
 
 def task_names() -> list[str]:
-  return list(ruler.TASKS) + list(QA_TASKS) + [toy.TASK, toy.ONE_KEY_TASK]
+  return list(ruler.TASKS) + list(QA_TASKS) + list(toy.TASKS)
 
 
 def _qa_file(task: str, data_dir: str | None) -> str:

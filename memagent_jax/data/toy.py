@@ -44,6 +44,7 @@ ASKED_KEYS = ("berlin", "cairo", "delhi", "lima", "oslo", "paris", "rome", "toky
 # never has to depend on the question. Same documents as before the eight asked keys (same RNG).
 ONE_KEY_TASK = "toy_kv_one_key"
 ONE_KEY = ("oslo",)
+TASKS = (TASK, ONE_KEY_TASK)  # both worlds: toy-word lengths, one-word answers scored by exact match
 OVERRIDE_PROB = 0.5  # chance of each further override of the asked key, up to MAX_OVERRIDES
 MAX_OVERRIDES = 2
 

@@ -22,7 +22,7 @@ from memagent_jax.rl import rewards
 def score(task: str, result, answers: list[str]) -> dict[str, float]:
   """Scores an AgentResult against the reference answers."""
   prediction = result.prediction
-  if task == toy.TASK:  # one-word answers: exact match of the extracted answer
+  if task in toy.TASKS:  # one-word answers: exact match of the extracted answer
     return {"score": rewards.exact_match(prediction, answers), "sub_em": rewards.sub_em(prediction, answers)}
   if task in ruler.TASKS:
     return {"score": rewards.string_match_all(result.answer if prediction is None else prediction, answers)}
@@ -50,7 +50,8 @@ def _row(task: str, s: dict, r, scores: dict) -> str:
                      "answers": list(s["answers"]), "prediction": r.prediction, "answer": r.answer,
                      "boxed": r.boxed, **scores, "num_chunks": r.num_chunks,
                      "document_tokens": r.document_tokens,
-                     "final_memory": r.memories[-1] if r.memories else None}) + "\n"
+                     "final_memory": r.memories[-1] if r.memories else None,
+                     "memories": list(r.memories)}) + "\n"  # every chunk's: where a memory went wrong
 
 
 def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, batch_size: int,

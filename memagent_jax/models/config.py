@@ -44,6 +44,11 @@ class ModelConfig:
   max_position_embeddings: int = 8192
   tie_word_embeddings: bool = True
   attention_bias: bool = False  # q/k/v projection biases (Qwen2: True)
+  # Token shift: learnt embeddings of the previous N tokens added to each token's input embedding,
+  # so one attention layer can match a key a few tokens back. Not in transformers (its config key
+  # is memagent_token_shift); toy models use it to learn content lookup in minutes
+  # (docs/results/probe_recall.md).
+  token_shift: int = 0
 
   def __post_init__(self):
     if self.arch not in ARCHITECTURES:
@@ -57,6 +62,8 @@ class ModelConfig:
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"ModelConfig: num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+    if not (isinstance(self.token_shift, int) and self.token_shift >= 0):
+      raise ValueError(f"ModelConfig.token_shift={self.token_shift!r} must be an integer >= 0")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig: head_dim={self.head_dim} must be even for RoPE")
 
@@ -68,7 +75,7 @@ class ModelConfig:
       attn += d * (self.num_heads + 2 * self.num_kv_heads)
     layer = attn + 3 * e * f + 2 * e
     embed = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
-    return self.num_layers * layer + embed + e
+    return self.num_layers * layer + embed + e + self.token_shift * self.vocab_size * e
 
   def replace(self, **kw) -> "ModelConfig":
     return dataclasses.replace(self, **kw)
@@ -120,7 +127,8 @@ class ModelConfig:
         rms_norm_eps=float(get("rms_norm_eps", _positive_float, "a positive finite number", 1e-6)),
         max_position_embeddings=num("max_position_embeddings", 8192),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")))
+        attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
+        token_shift=get("memagent_token_shift", lambda x: type(x) is int and x >= 0, "an integer >= 0", 0))
     try:
       return cls(**kw)
     except ValueError as e:  # a cross-field check of __post_init__
@@ -149,6 +157,8 @@ class ModelConfig:
       d.update(attention_bias=self.attention_bias, mlp_bias=False)
     elif not self.attention_bias:
       raise ValueError("qwen2 in transformers always has q/k/v biases; set attention_bias=True")
+    if self.token_shift:  # ours only: transformers ignores the key, so such weights run only here
+      d["memagent_token_shift"] = self.token_shift
     return d
 
 
@@ -201,6 +211,12 @@ PRESETS: dict[str, ModelConfig] = {
         arch="llama", vocab_size=TOY_VOCAB_SIZE, hidden_size=128, intermediate_size=512, num_layers=4,
         num_heads=4, num_kv_heads=4, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5,
         max_position_embeddings=4096, tie_word_embeddings=True, attention_bias=False),
+    # toy-1m with a token shift of 2: learns to look a fact up by a random key (the value sits 2
+    # tokens after its key) in a few hundred steps, where toy-1m stays at chance.
+    "toy-1m-shift2": ModelConfig(
+        arch="llama", vocab_size=TOY_VOCAB_SIZE, hidden_size=128, intermediate_size=512, num_layers=4,
+        num_heads=4, num_kv_heads=4, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5,
+        max_position_embeddings=4096, tie_word_embeddings=True, attention_bias=False, token_shift=2),
     "toy-tiny": ModelConfig(
         arch="llama", vocab_size=TOY_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_layers=2,
         num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,

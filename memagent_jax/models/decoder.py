@@ -21,9 +21,11 @@ from memagent_jax.models.config import ModelConfig
 
 
 class LayerCache(NamedTuple):
-  """Static-shape key/value cache of one layer: k, v [B, K, S, D] (K = kv heads, S = slots)."""
+  """Static-shape key/value cache of one layer: k, v [B, K, S, D] (K = kv heads, S = slots).
+  tokens [B, S]: the token id in each slot, kept by layer 0 of a token-shift model (else None)."""
   k: jax.Array
   v: jax.Array
+  tokens: jax.Array | None = None
 
 
 def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal") -> nnx.Param:
@@ -102,8 +104,8 @@ class Attention(nnx.Module):
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
     if cache is not None:
       idx = (0, 0, write_index, 0)
-      cache = LayerCache(jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
-                         jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
+      cache = cache._replace(k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
+                             v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
       s = key_valid.shape[-1]
       k, v = cache.k[:, :, :s].astype(x.dtype), cache.v[:, :, :s].astype(x.dtype)
     out = attend(q, k, v, key_valid, q_offset=write_index, backend=backend,
@@ -155,6 +157,9 @@ class Decoder(nnx.Module):
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
     self.lm_head = (None if cfg.tie_word_embeddings else
                     _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
+    # [N, V, E] embeddings of the token d = 1..N slots back, zero at init (the plain model).
+    self.token_shift = (_param(None, (cfg.token_shift, cfg.vocab_size, cfg.hidden_size),
+                               (None, "vocab", "embed"), dtype, init="zeros") if cfg.token_shift else None)
 
   def set_attention(self, backend: str):
     """Switches the attention backend (after loading weights into a model built with the default)."""
@@ -176,6 +181,9 @@ class Decoder(nnx.Module):
                        f"{cache[0].k.shape[2]} (the cache slots)")
     backend = self.attention
     x = jnp.take(self.embed[...], tokens, axis=0)
+    if self.token_shift is not None:
+      shifted, cache = self._shifted_embeddings(tokens, key_valid, cache, write_index)
+      x = x + shifted
     cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
     new_cache = [] if cache is not None else None
     for i, layer in enumerate(self.layers):
@@ -187,6 +195,27 @@ class Decoder(nnx.Module):
       if cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache
+
+  def _shifted_embeddings(self, tokens, key_valid, cache, write_index):
+    """Sum over d = 1..N of token_shift[d-1][token d slots back] for each of the T tokens, where
+    that slot holds a real token (key_valid), else nothing. Slots are contiguous per row (left
+    padding, then generation), so d slots back is d tokens back. With a cache, the T tokens are
+    written at `write_index` into layer 0's token history first. -> ([B, T, E], cache)."""
+    n, t = self.config.token_shift, tokens.shape[1]
+    if cache is None:
+      history, start = tokens, 0  # [B, T]
+    else:
+      history = jax.lax.dynamic_update_slice(cache[0].tokens, tokens.astype(jnp.int32), (0, write_index))
+      cache = [cache[0]._replace(tokens=history), *cache[1:]]
+      history, start = history[:, :key_valid.shape[1]], write_index  # [B, S]
+    padded = jnp.pad(history, ((0, 0), (n, 0)))  # slot s at s + n
+    real = jnp.pad(key_valid, ((0, 0), (n, 0)))
+    out = 0.0
+    for d in range(1, n + 1):
+      prev = jax.lax.dynamic_slice_in_dim(padded, start + n - d, t, axis=1)  # [B, T]
+      ok = jax.lax.dynamic_slice_in_dim(real, start + n - d, t, axis=1)
+      out = out + jnp.take(self.token_shift[...][d - 1], prev, axis=0) * ok[..., None].astype(self.dtype)
+    return out, cache
 
   def logits(self, hidden):
     """hidden [..., E] -> float32 logits [..., V]."""
@@ -200,7 +229,9 @@ class Decoder(nnx.Module):
 def init_cache(cfg: ModelConfig, batch: int, size: int, dtype) -> list[LayerCache]:
   """Zeroed cache of `size` slots per row for every layer."""
   shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
-  return [LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
+  history = jnp.zeros((batch, size), jnp.int32) if cfg.token_shift else None
+  return [LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), history if i == 0 else None)
+          for i in range(cfg.num_layers)]
 
 
 def positions_from_mask(valid):

@@ -29,6 +29,8 @@ def hf_layout(cfg: ModelConfig) -> list[TensorSpec]:
            TensorSpec(("final_norm", "scale"), "model.norm.weight", (e,), same, same)]
   if not cfg.tie_word_embeddings:
     specs.append(TensorSpec(("lm_head",), "lm_head.weight", (v, e), transpose, transpose))
+  if cfg.token_shift:  # ours only (config key memagent_token_shift): [N, V, E] both ways
+    specs.append(TensorSpec(("token_shift",), "model.token_shift.weight", (cfg.token_shift, v, e), same, same))
 
   def proj_in(heads):  # HF [heads*D, E] <-> ours [E, heads, D]
     return (lambda a: a.T.reshape(e, heads, d), lambda a: a.reshape(e, heads * d).T)

@@ -31,7 +31,7 @@ HUB_IDS = {
 TOY_TOKENIZER = "toy-words"
 # Random-weight presets sharing a known vocabulary get that tokenizer (a load_tokenizer source).
 RANDOM_WITH_TOKENIZER = {"smollm2-135m-instruct": EMBEDDED_DEFAULT, "tiny-smollm2": EMBEDDED_DEFAULT,
-                         "toy-1m": TOY_TOKENIZER, "toy-tiny": TOY_TOKENIZER}
+                         "toy-1m": TOY_TOKENIZER, "toy-1m-shift2": TOY_TOKENIZER, "toy-tiny": TOY_TOKENIZER}
 
 
 def tokenizer_source_for_preset(preset: str) -> str | None:

@@ -127,5 +127,6 @@ class Policy:
     return [tok.decode_response(row[:n]) for row, n in zip(out.tokens, out.lengths)]
 
   def export(self, out_dir: str, dtype: str = "float32"):
-    """Writes an HF safetensors directory that transformers loads with equal logits."""
+    """Writes an HF safetensors directory that transformers loads with equal logits (a token-shift
+    model, `ModelConfig.token_shift`, reloads with equal logits only through `load_policy`)."""
     export_hf(self.model, out_dir, self.tokenizer.hf if self.tokenizer else None, dtype)

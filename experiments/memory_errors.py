@@ -1,0 +1,71 @@
+"""Where the toy reproduction's memories go wrong, per length: the first chunk after which a
+memory lost the asked key's latest code, by what that chunk held (evaluation/memory_errors.py).
+
+  python experiments/memory_errors.py --workdir=runs/toy_full --stage=rl
+
+Reads the per-document evaluation lines (<workdir>/eval/<stage>_<length>.jsonl, written by
+experiments/toy_reproduction.py) and regenerates their documents from the same task and seeds.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from configs import toy_memagent  # noqa: E402
+from memagent_jax.data import tasks, toy  # noqa: E402
+from memagent_jax.evaluation.memory_errors import KINDS, error_table  # noqa: E402
+
+_WORKDIR = flags.DEFINE_string("workdir", "runs/toy_full", "the reproduction's run directory")
+_STAGE = flags.DEFINE_string("stage", "rl", "which evaluated policy (rl, warm_start)")
+_SEED = flags.DEFINE_integer("eval_seed", 1000, "the reproduction's --eval_seed")
+_OUT = flags.DEFINE_string("out", None, "also write the table to this markdown file")
+
+
+def error_rows(workdir: str, stage: str, eval_seed: int) -> list[dict]:
+  """One row per evaluated length of `stage`: counts of first-error kinds."""
+  cfg = toy_memagent.get_config("rl")
+  out = []
+  paths = glob.glob(os.path.join(workdir, "eval", f"{stage}_*.jsonl"))
+  for length in sorted(int(m.group(1)) for p in paths if (m := re.search(rf"{stage}_(\d+)\.jsonl$", p))):
+    with open(os.path.join(workdir, "eval", f"{stage}_{length}.jsonl")) as f:
+      rows = [json.loads(line) for line in f]
+    samples = tasks.make_samples(cfg.data.task, length, len(rows), eval_seed + length, None,
+                                 chunk_tokens=cfg.agent.chunk_tokens)
+    out.append({"length": length, **error_table(samples, rows, chunk_tokens=cfg.agent.chunk_tokens)})
+  if not out:
+    raise FileNotFoundError(f"no {stage}_<length>.jsonl under {workdir}/eval: run experiments/toy_reproduction.py first")
+  return out
+
+
+def markdown(rows: list[dict], stage: str) -> str:
+  head = ["length (tokens)", "x training", "documents", "wrong", *KINDS, "right despite a wrong memory",
+          "mean position of the first error (0 = first chunk, 1 = last)"]
+  lines = [f"First memory error of each wrong document, {stage} (experiments/memory_errors.py)", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in rows:
+    pos = "-" if r["mean_relative_chunk"] is None else f"{r['mean_relative_chunk']:.2f}"
+    lines.append(f"| {r['length']} | {r['length'] // toy.TRAIN_TOKENS}x | {r['documents']} | {r['wrong']} | "
+                 + " | ".join(str(r[k]) for k in KINDS) + f" | {r['right_despite_wrong_memory']} | {pos} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  text = markdown(error_rows(_WORKDIR.value, _STAGE.value, _SEED.value), _STAGE.value)
+  print(text)
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      f.write(text)
+
+
+if __name__ == "__main__":
+  app.run(main)

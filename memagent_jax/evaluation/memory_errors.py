@@ -1,0 +1,85 @@
+"""Where a toy-world memory goes wrong: the first chunk after which it no longer holds the asked
+key's latest code, and what that chunk held (issue 16: measure where long-document errors come from).
+
+A memory is right after chunk i when its last fact about the asked key states the latest value the
+document has given so far (before the first fact about the key, any memory is right: nothing is
+known yet). The first wrong chunk is classified by what it held:
+  missed_update         a fact about the asked key, which the memory did not take
+  distractor_overwrite  only other keys' facts, and the asked key's fact was lost or changed
+  copy_corruption       no fact at all: the memory changed while it only had to be copied
+A document whose memories were all right but whose answer was wrong is an `answer` error.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from memagent_jax.data import toy
+from memagent_jax.rl.toy_teacher import facts_in
+
+KINDS = ("missed_update", "distractor_overwrite", "copy_corruption", "answer")
+
+
+def chunk_facts(sample: dict, chunk_tokens: int) -> list[list[tuple[str, str]]]:
+  """(key, value) facts of each chunk of a toy sample, from its generator's fact offsets."""
+  num_chunks = -(-sample["num_tokens"] // chunk_tokens)
+  out: list[list[tuple[str, str]]] = [[] for _ in range(num_chunks)]
+  for (key, value), start in zip(sample["facts"], sample["fact_starts"]):
+    if start // chunk_tokens != (start + toy.FACT_TOKENS - 1) // chunk_tokens:
+      raise ValueError(f"a fact at token {start} crosses a chunk boundary of {chunk_tokens}: the sample "
+                       "was generated for another chunk size")
+    out[start // chunk_tokens].append((key, value))
+  return out
+
+
+def remembered(memory: str, key: str) -> str | None:
+  """The value the memory's last fact about `key` states, or None."""
+  told = [v for k, v in facts_in(memory) if k == key]
+  return told[-1] if told else None
+
+
+def first_error(sample: dict, memories: list[str], *, correct: bool, chunk_tokens: int) -> dict | None:
+  """The first chunk after which the memory is wrong, with its kind; None for a right document.
+
+  Args:
+    sample: a toy sample (facts, fact_starts, key, num_tokens).
+    memories: the memory after each chunk, one per chunk.
+    correct: whether the final answer was scored right.
+    chunk_tokens: the reader's chunk size (the one the sample was generated for).
+  """
+  per_chunk = chunk_facts(sample, chunk_tokens)
+  if len(memories) != len(per_chunk):
+    raise ValueError(f"{len(memories)} memories for a document of {len(per_chunk)} chunks of {chunk_tokens}")
+  key, latest = sample["key"], None
+  for i, (facts, memory) in enumerate(zip(per_chunk, memories)):
+    asked = [v for k, v in facts if k == key]
+    latest = asked[-1] if asked else latest
+    if latest is not None and remembered(memory, key) != latest:
+      kind = "missed_update" if asked else "distractor_overwrite" if facts else "copy_corruption"
+      return {"chunk": i, "num_chunks": len(per_chunk), "kind": kind, "memory": memory, "expected": latest}
+  if correct:
+    return None
+  return {"chunk": len(per_chunk), "num_chunks": len(per_chunk), "kind": "answer", "memory": memories[-1] if memories else "",
+          "expected": latest}
+
+
+def error_table(samples: list[dict], rows: list[dict], *, chunk_tokens: int) -> dict:
+  """Counts of first-error kinds over evaluated documents (`rows`: run_eval's JSON lines, matched
+  to `samples` by index; "score" is exact match for the toy tasks), and how many wrong memories were still followed by a right answer."""
+  by_index = {s["index"]: s for s in samples}
+  kinds, lucky, chunks_at = Counter(), 0, []
+  for row in rows:
+    if row.get("memories") is None:
+      raise ValueError("evaluation rows without 'memories' (written before every chunk's memory was kept)")
+    err = first_error(by_index[row["index"]], row["memories"], correct=bool(row["score"]),
+                      chunk_tokens=chunk_tokens)
+    if err is None:
+      continue
+    if row["score"]:
+      lucky += 1  # wrong memory, right answer (a later fact or a guess repaired it)
+      continue
+    kinds[err["kind"]] += 1
+    chunks_at.append(err["chunk"] / max(1, err["num_chunks"]))
+  return {"documents": len(rows), "wrong": sum(kinds.values()), **{k: kinds[k] for k in KINDS},
+          "right_despite_wrong_memory": lucky,
+          "mean_relative_chunk": sum(chunks_at) / len(chunks_at) if chunks_at else None}

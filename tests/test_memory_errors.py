@@ -1,0 +1,80 @@
+"""Where a toy memory goes wrong (evaluation/memory_errors.py), checked on trajectories whose
+errors are known by construction: the imperfect memory teacher, and hand-made memories."""
+
+import random
+
+import pytest
+
+import memagent_jax as mj
+from memagent_jax.data import toy
+from memagent_jax.evaluation import memory_errors as me
+from memagent_jax.evaluation.evaluate import score
+from memagent_jax.rl.toy_teacher import TEACHERS
+
+
+@pytest.fixture(scope="module")
+def agent():
+  policy = mj.load_policy("random:toy-tiny", seed=0)
+  return mj.MemAgent(policy, chunk_tokens=toy.CHUNK_TOKENS, memory_tokens=toy.MEMORY_TOKENS,
+                     answer_tokens=toy.ANSWER_TOKENS, question_tokens=16, block_chunks=4)
+
+
+def _sample():
+  """A hand-laid document: chunk 0 states oslo=tiger, chunk 1 rome=crab, chunk 2 nothing,
+  chunk 3 oslo=zebra (an override)."""
+  c = toy.CHUNK_TOKENS
+  return {"key": "oslo", "num_tokens": 4 * c, "facts": [["oslo", "tiger"], ["rome", "crab"], ["oslo", "zebra"]],
+          "fact_starts": [3, c + 5, 3 * c + 10]}
+
+
+@pytest.mark.parametrize("memories, correct, kind, chunk", [
+    (["the code of oslo is tiger ."] * 3 + ["the code of oslo is zebra ."], True, None, None),
+    (["No previous memory", "the code of oslo is tiger .", "the code of oslo is tiger .",
+      "the code of oslo is zebra ."], True, "missed_update", 0),  # right answer, wrong memory: 'lucky'
+    (["the code of oslo is tiger .", "the code of rome is crab .", "the code of rome is crab .",
+      "the code of oslo is zebra ."], True, "distractor_overwrite", 1),
+    (["the code of oslo is tiger .", "the code of oslo is tiger .", "the code of oslo is crab .",
+      "the code of oslo is crab ."], False, "copy_corruption", 2),
+    (["the code of oslo is tiger ."] * 4, False, "missed_update", 3),
+    (["the code of oslo is tiger ."] * 3 + ["the code of oslo is zebra ."], False, "answer", 4),
+])
+def test_first_error_by_hand(memories, correct, kind, chunk):
+  err = me.first_error(_sample(), memories, correct=correct, chunk_tokens=toy.CHUNK_TOKENS)
+  if kind is None:
+    assert err is None
+  else:
+    assert (err["kind"], err["chunk"]) == (kind, chunk)
+
+
+def test_bad_inputs_are_named():
+  with pytest.raises(ValueError, match="3 memories for a document of 4 chunks"):
+    me.first_error(_sample(), ["x"] * 3, correct=True, chunk_tokens=toy.CHUNK_TOKENS)
+  with pytest.raises(ValueError, match="crosses a chunk boundary of 8"):
+    me.chunk_facts(_sample(), 8)
+  with pytest.raises(ValueError, match="without 'memories'"):
+    me.error_table([{**_sample(), "index": 0}], [{"index": 0, "score": 0.0}], chunk_tokens=toy.CHUNK_TOKENS)
+
+
+def test_teacher_errors_are_distractor_overwrites_and_counted(agent):
+  """The memory teacher always takes the asked key's facts and never corrupts a copy; its only
+  errors are overwrites by other keys' facts (probability 0.5 per such chunk)."""
+  samples = toy.generate(60, 4 * toy.TRAIN_TOKENS, seed=2)
+  rows = []
+  for s in samples:
+    r = TEACHERS.get("toy_memory")(agent, s["question"], s["context"], rng=random.Random(s["index"]),
+                                   overwrite_prob=0.5)
+    rows.append({"index": s["index"], "memories": r.memories,
+                 "score": score(toy.TASK, r, s["answers"])["score"]})
+  table = me.error_table(samples, rows, chunk_tokens=toy.CHUNK_TOKENS)
+  wrong = sum(1 - r["score"] for r in rows)
+  assert table["documents"] == 60 and table["wrong"] == wrong > 5
+  assert table["missed_update"] == table["copy_corruption"] == 0
+  # A wrong answer after right memories cannot happen: the teacher answers from its memory.
+  assert table["answer"] == 0 and table["distractor_overwrite"] == wrong
+  assert 0 < table["mean_relative_chunk"] <= 1
+
+
+def test_both_toy_worlds_are_scored_by_exact_match():
+  r = type("R", (), {"prediction": "tigers", "answer": "\\boxed{ tigers }"})()
+  for task in toy.TASKS:
+    assert score(task, r, ["tiger"])["score"] == 0.0  # substring match would give 1
