@@ -12,8 +12,11 @@ SCRIPT = os.path.join(REPO, "experiments", "toy_reproduction.py")
 TINY = ["--scale=demo", "--steps=pretrain=2,warm_start=3,rl=2,full_attention=3", "--n=6", "--max_multiple=2"]
 
 
-def _run(args, cwd):
-  env = {**os.environ, "PYTHONPATH": REPO}
+def _run(args, cwd, xla_cache):
+  # every run of this module shares one persistent compile cache: the reruns below compile
+  # (almost) nothing, and the compiled programs are the same with or without it
+  env = {**os.environ, "PYTHONPATH": REPO, "JAX_COMPILATION_CACHE_DIR": str(xla_cache),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
   out = subprocess.run([sys.executable, SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True,
                        timeout=900)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -23,7 +26,7 @@ def _run(args, cwd):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   root = tmp_path_factory.mktemp("toy")
-  stdout = _run([*TINY, f"--workdir={root}/run"], cwd=root)
+  stdout = _run([*TINY, f"--workdir={root}/run"], cwd=root, xla_cache=root / "xla_cache")
   return root, stdout
 
 
@@ -55,7 +58,7 @@ def test_rerunning_the_evaluation_gives_the_same_accuracies(run):
   root, _ = run
   res = root / "run" / "results" / "toy_reproduction_demo.json"
   before = {(r["method"], r["length"]): r["accuracy"] for r in json.load(open(res))["rows"]}
-  _run([*TINY, f"--workdir={root}/run", "--stages=eval"], cwd=root)
+  _run([*TINY, f"--workdir={root}/run", "--stages=eval"], cwd=root, xla_cache=root / "xla_cache")
   after = {(r["method"], r["length"]): r["accuracy"] for r in json.load(open(res))["rows"]}
   assert after == before
 
@@ -65,7 +68,7 @@ def test_a_fresh_rerun_trains_and_scores_identically(run, tmp_path):
   """Same seeds, new workdir: every stage retrained from scratch gives the same losses and table."""
   from memagent_jax.rl.metrics import read_jsonl
   root, _ = run
-  _run([*TINY, f"--workdir={tmp_path}/again", "--fresh"], cwd=tmp_path)
+  _run([*TINY, f"--workdir={tmp_path}/again", "--fresh"], cwd=tmp_path, xla_cache=root / "xla_cache")
   acc = lambda d: {(r["method"], r["length"]): r["accuracy"]
                    for r in json.load(open(f"{d}/results/toy_reproduction_demo.json"))["rows"]}
   assert acc(tmp_path / "again") == acc(root / "run")

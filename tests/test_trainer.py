@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,27 @@ def _leaves(tree):
   return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
 
 
+def _trained(workdir, steps: int) -> dict:
+  """The tiny config trained `steps` steps in `workdir`: its history, initial and final params."""
+  t = assembly.build_trainer(tiny(**{"train.steps": steps}), workdir=str(workdir))
+  init = _leaves(t.state.params)
+  history = t.train()["history"]
+  return {"workdir": workdir, "history": history, "init": init, "params": _leaves(t.state.params),
+          "ref_params": t.state.ref_params}
+
+
+# The plain tiny runs several tests compare against, trained once per module (each run ~10 s);
+# tests that change a run's workdir work on a copy of it.
+@pytest.fixture(scope="module")
+def base1(tmp_path_factory):
+  return _trained(tmp_path_factory.mktemp("base1"), steps=1)
+
+
+@pytest.fixture(scope="module")
+def base2(tmp_path_factory):
+  return _trained(tmp_path_factory.mktemp("base2"), steps=2)
+
+
 def test_tiny_run_logs_every_metric_and_saves(tmp_path):
   t = assembly.build_trainer(tiny(**{"train.steps": 2, "eval.every": 2}), workdir=str(tmp_path))
   out = t.train()
@@ -64,8 +86,8 @@ def test_bad_configs_fail_before_any_work(tmp_path):
     assembly.build_trainer(tiny(**{"rl.ppo_mini_batch": 3}), workdir=str(tmp_path / "d"))
 
 
-def test_resume_from_another_model_shape_is_refused(tmp_path):
-  assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path)).train()
+def test_resume_from_another_model_shape_is_refused(tmp_path, base1):
+  shutil.copytree(base1["workdir"], tmp_path, dirs_exist_ok=True)  # a 1-step tiny run
   with pytest.raises(checkpointing.CheckpointMismatchError):
     assembly.build_trainer(tiny(**{"model.source": "random:toy-1m"}), workdir=str(tmp_path))
 
@@ -104,8 +126,8 @@ def test_non_finite_params_stop_the_run_before_their_checkpoint(tmp_path, monkey
     trainer_lib.save_state(t.checkpointer, t.state, mesh=t.mesh, meta=t.checkpoint_meta())
 
 
-def test_resume_skips_an_unreadable_newest_checkpoint(tmp_path, caplog):
-  assembly.build_trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path)).train()
+def test_resume_skips_an_unreadable_newest_checkpoint(tmp_path, caplog, base2):
+  shutil.copytree(base2["workdir"], tmp_path, dirs_exist_ok=True)  # a 2-step tiny run
   ckpt_dir = tmp_path / "checkpoints"
   one, _ = checkpointing.Checkpointer(str(ckpt_dir)).restore(step=1)
   for root, _, files in os.walk(ckpt_dir / "2" / "state"):  # a half-written copy of step 2
@@ -140,15 +162,13 @@ def test_recompute_old_logprobs_knob(tmp_path, monkeypatch):
   assert on == 2 and len(calls) == on  # one pass per mini-batch when on, none when off
 
 
-def test_kl_pulls_towards_a_frozen_reference(tmp_path):
-  base = assembly.build_trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path / "base"))
-  init = _leaves(base.state.params)
-  base.train()
+def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2):
+  init = base2["init"]
   kl = assembly.build_trainer(tiny(**{"train.steps": 2, "rl.kl_coef": 5.0}), workdir=str(tmp_path / "kl"))
   kl.train()
   assert all(np.array_equal(a, b) for a, b in zip(init, _leaves(kl.state.ref_params)))  # frozen
-  diff = max(float(np.max(np.abs(x - y))) for x, y in zip(_leaves(base.state.params), _leaves(kl.state.params)))
-  assert diff > 1e-6 and base.state.ref_params is None
+  diff = max(float(np.max(np.abs(x - y))) for x, y in zip(base2["params"], _leaves(kl.state.params)))
+  assert diff > 1e-6 and base2["ref_params"] is None
 
 
 def test_max_chunks_truncates_training_documents_only(tmp_path):
@@ -162,8 +182,8 @@ def test_max_chunks_truncates_training_documents_only(tmp_path):
 
 
 @pytest.mark.parametrize("knob", ["train.seed", "data.seed", "model.seed"])
-def test_seeds_change_the_run(tmp_path, knob):
-  a = assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "a")).train()["history"][0]
+def test_seeds_change_the_run(tmp_path, knob, base1):
+  a = base1["history"][0]
   b = assembly.build_trainer(tiny(**{"train.steps": 1, knob: 7}), workdir=str(tmp_path / "b")).train()["history"][0]
   keys = ("rollout_tokens", "memory_tokens", "answer_tokens", "entropy", "loss")
   assert any(a[k] != b[k] for k in keys)
@@ -171,14 +191,12 @@ def test_seeds_change_the_run(tmp_path, knob):
 
 @pytest.mark.parametrize("knob,value", [
                                         ("model.remat", True), ("rl.micro_batches", 2)])
-def test_trainer_knobs_reach_the_update(tmp_path, knob, value):
+def test_trainer_knobs_reach_the_update(tmp_path, knob, value, base1):
   """Each knob changes the params after one step, except remat and micro-batching, which must
   not change them beyond float rounding (they change how, not what, is computed)."""
-  base = assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "base"))
-  base.train()
   other = assembly.build_trainer(tiny(**{"train.steps": 1, knob: value}), workdir=str(tmp_path / "other"))
   other.train()
-  a, b = _leaves(base.state.params), _leaves(other.state.params)
+  a, b = base1["params"], _leaves(other.state.params)
   diff = max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
   if knob in ("model.remat", "rl.micro_batches"):
     assert diff <= 1e-5
@@ -192,10 +210,22 @@ def _train_cmd(workdir, steps):
           "--config.rl.clip_high=0.31"]
 
 
+def _committed_step(ckpt_dir: str) -> int:
+  """The newest committed step of a running trainer's checkpoints, 0 if none yet (or if the trainer
+  deleted an old step while orbax was listing it: the next poll reads again)."""
+  try:
+    return checkpointing.Checkpointer(ckpt_dir).latest_step() or 0
+  except FileNotFoundError:
+    return 0
+
+
 @pytest.mark.slow
 def test_sigkill_mid_run_resumes_bit_exact(tmp_path):
   steps = 6
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  # the three processes share a persistent compile cache: the killed run and its restart skip
+  # most compiles (the same programs; the resume under test is the state's, not the compiler's)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
   subprocess.run(_train_cmd(ref_dir, steps), cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
   proc = subprocess.Popen(_train_cmd(run_dir, steps), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
@@ -203,7 +233,7 @@ def test_sigkill_mid_run_resumes_bit_exact(tmp_path):
   ckpt_dir = str(run_dir / "checkpoints")
   deadline = time.time() + 300
   while time.time() < deadline:  # kill once step 3 is committed, while later steps run
-    if os.path.isdir(ckpt_dir) and (checkpointing.Checkpointer(ckpt_dir).latest_step() or 0) >= 3:
+    if os.path.isdir(ckpt_dir) and _committed_step(ckpt_dir) >= 3:
       break
     time.sleep(0.2)
   proc.send_signal(signal.SIGKILL)
