@@ -23,10 +23,6 @@ from configs import toy_memagent  # noqa: E402
 from memagent_jax.data import tasks, toy  # noqa: E402
 from memagent_jax.evaluation.memory_errors import KINDS, error_table  # noqa: E402
 
-_WORKDIR = flags.DEFINE_string("workdir", "runs/toy_full", "the reproduction's run directory")
-_STAGE = flags.DEFINE_string("stage", "rl", "which evaluated policy (rl, warm_start)")
-_SEED = flags.DEFINE_integer("eval_seed", 1000, "the reproduction's --eval_seed")
-_OUT = flags.DEFINE_string("out", None, "also write the table to this markdown file")
 
 
 def error_rows(workdir: str, stage: str, eval_seed: int) -> list[dict]:
@@ -60,12 +56,17 @@ def markdown(rows: list[dict], stage: str) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  text = markdown(error_rows(_WORKDIR.value, _STAGE.value, _SEED.value), _STAGE.value)
+  f = flags.FLAGS
+  text = markdown(error_rows(f.workdir, f.stage, f.eval_seed), f.stage)
   print(text)
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      f.write(text)
+  if f.out:
+    with open(f.out, "w") as out:
+      out.write(text)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # flags only when run as a script: toy_reproduction.py imports this module
+  flags.DEFINE_string("workdir", "runs/toy_full", "the reproduction's run directory")
+  flags.DEFINE_string("stage", "rl", "which evaluated policy (rl, warm_start)")
+  flags.DEFINE_integer("eval_seed", 1000, "the reproduction's --eval_seed")
+  flags.DEFINE_string("out", None, "also write the table to this markdown file")
   app.run(main)
