@@ -59,13 +59,14 @@ def first_error(sample: dict, memories: list[str], *, correct: bool, chunk_token
       return {"chunk": i, "num_chunks": len(per_chunk), "kind": kind, "memory": memory, "expected": latest}
   if correct:
     return None
-  return {"chunk": len(per_chunk), "num_chunks": len(per_chunk), "kind": "answer", "memory": memories[-1] if memories else "",
-          "expected": latest}
+  return {"chunk": len(per_chunk), "num_chunks": len(per_chunk), "kind": "answer",
+          "memory": memories[-1] if memories else "", "expected": latest}
 
 
 def error_table(samples: list[dict], rows: list[dict], *, chunk_tokens: int) -> dict:
   """Counts of first-error kinds over evaluated documents (`rows`: run_eval's JSON lines, matched
-  to `samples` by index; "score" is exact match for the toy tasks), and how many wrong memories were still followed by a right answer."""
+  to `samples` by index; "score" is exact match for the toy tasks), and how many wrong memories
+  were still followed by a right answer."""
   by_index = {s["index"]: s for s in samples}
   kinds, lucky, chunks_at = Counter(), 0, []
   for row in rows:
