@@ -4,7 +4,10 @@
   --config=configs/toy_memagent.py:warm_start       supervised warm start from the imperfect teacher
   --config=configs/toy_memagent.py:rl               Multi-Conv DAPO from the warm start (final reward only)
   --config=configs/toy_memagent.py:full_attention   same-size model, supervised on whole documents
-Append ",demo" for the short version `make demo` runs (fewer steps). The stages are chained by
+Append ",demo" for the short version `make demo` runs (fewer steps), and ",lookup" for the
+question-conditioned world (eight askable keys, task toy_kv) with the toy-1m-shift2 policy, whose
+token shift lets it learn lookup by key in pretraining (docs/results/probe_recall.md); the default
+world ",one_key" asks every question about oslo. The stages are chained by
 experiments/toy_reproduction.py, which starts warm_start and full_attention from the exported
 pretrained base (as the paper's runs all start from one instruct model) and rl from the warm start.
 World: chunk 64, memory 16, answer 8 toy tokens; training documents of 128 tokens (1x, 2 chunks);
@@ -19,24 +22,31 @@ from memagent_jax.data import toy
 STAGES = ("pretrain", "warm_start", "rl", "full_attention")
 PRETRAIN_TOKENS = 48  # pretraining documents: short, so attention finds the fact among few tokens
 SCALES = ("full", "demo")
+# world -> (toy task, policy preset): the one-key world of the first reproduction, and the
+# question-conditioned one, which needs the token shift to learn lookup on 2 cores
+WORLDS = {"one_key": (toy.ONE_KEY_TASK, "toy-1m"), "lookup": (toy.TASK, "toy-1m-shift2")}
+
+
+def parse_variant(variant: str) -> tuple[str, str, str]:
+  """"<stage>[,<scale>][,<world>]" -> (stage, scale, world), defaults full and one_key."""
+  stage, *rest = variant.split(",")
+  scales, worlds = [r for r in rest if r in SCALES], [r for r in rest if r in WORLDS]
+  if stage not in STAGES or len(scales) > 1 or len(worlds) > 1 or len(scales) + len(worlds) != len(rest):
+    raise ValueError(f"unknown variant {variant!r} of toy_memagent; choose <stage>[,<scale>][,<world>] with "
+                     f"stage in {STAGES}, scale in {SCALES}, world in {tuple(WORLDS)}")
+  return stage, (scales or ["full"])[0], (worlds or ["one_key"])[0]
 
 
 def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
-  stage, _, scale = variant.partition(",")
-  scale = scale or "full"
-  if stage not in STAGES or scale not in SCALES:
-    raise ValueError(f"unknown variant {variant!r} of toy_memagent; choose <stage>[,demo] with "
-                     f"stage in {STAGES}")
+  stage, scale, world = parse_variant(variant)
+  task, preset = WORLDS[world]
   demo = scale == "demo"
   c = base.get_config()
-  c.model.update(source="random:toy-1m", dtype="float32", seed=0, remat=False)
+  c.model.update(source=f"random:{preset}", dtype="float32", seed=0, remat=False)
   c.agent.update(chunk_tokens=toy.CHUNK_TOKENS, memory_tokens=toy.MEMORY_TOKENS,
                  answer_tokens=toy.ANSWER_TOKENS, question_tokens=16, final_template="boxed",
                  block_chunks=4, max_chunks=0)
-  # The one-asked-key world (toy.ONE_KEY_TASK): toy-1m has not learnt to look a random key up in
-  # pretraining on 2 cores (docs/results/probe_recall.md), so the question-conditioned world
-  # (toy.TASK, eight asked keys) waits for a base model that can.
-  c.data.update(task=toy.ONE_KEY_TASK, length=toy.TRAIN_TOKENS, train_size=8192, seed=0)
+  c.data.update(task=task, length=toy.TRAIN_TOKENS, train_size=8192, seed=0)
   c.eval.update(every=0, size=128, seed=12345, temperature=0.7, top_p=0.95, batch_size=128)
   c.mesh.update(data=-1, fsdp=1, tensor=1)
   c.train.update(seed=0, save_every=50, keep_checkpoints=2, log_every=1)

@@ -24,10 +24,9 @@ from memagent_jax.data import tasks, toy  # noqa: E402
 from memagent_jax.evaluation.memory_errors import KINDS, error_table  # noqa: E402
 
 
-
-def error_rows(workdir: str, stage: str, eval_seed: int) -> list[dict]:
+def error_rows(workdir: str, stage: str, eval_seed: int, world: str = "one_key") -> list[dict]:
   """One row per evaluated length of `stage`: counts of first-error kinds."""
-  cfg = toy_memagent.get_config("rl")
+  cfg = toy_memagent.get_config(f"rl,{world}")
   out = []
   paths = glob.glob(os.path.join(workdir, "eval", f"{stage}_*.jsonl"))
   for length in sorted(int(m.group(1)) for p in paths if (m := re.search(rf"{stage}_(\d+)\.jsonl$", p))):
@@ -57,7 +56,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
-  text = markdown(error_rows(f.workdir, f.stage, f.eval_seed), f.stage)
+  text = markdown(error_rows(f.workdir, f.stage, f.eval_seed, f.world), f.stage)
   print(text)
   if f.out:
     with open(f.out, "w") as out:
@@ -68,5 +67,6 @@ if __name__ == "__main__":  # flags only when run as a script: toy_reproduction.
   flags.DEFINE_string("workdir", "runs/toy_full", "the reproduction's run directory")
   flags.DEFINE_string("stage", "rl", "which evaluated policy (rl, warm_start)")
   flags.DEFINE_integer("eval_seed", 1000, "the reproduction's --eval_seed")
+  flags.DEFINE_enum("world", "one_key", list(toy_memagent.WORLDS), "the reproduction's --world")
   flags.DEFINE_string("out", None, "also write the table to this markdown file")
   app.run(main)

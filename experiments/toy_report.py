@@ -82,17 +82,23 @@ def plot(rows, root: str, path: str):
   plt.close(fig)
 
 
-def _model_line() -> str:
+def _model_line(preset: str) -> str:
   from memagent_jax.models.config import get_preset
-  c = get_preset("toy-1m")
-  return (f"{c.num_layers} layers, width {c.hidden_size}, {c.num_heads} heads, "
-          f"{c.num_params / 1e6:.2f}M parameters, trained from scratch")
+  c = get_preset(preset)
+  shift = f", token shift {c.token_shift}" if c.token_shift else ""
+  return (f"{preset} ({c.num_layers} layers, width {c.hidden_size}, {c.num_heads} heads{shift}, "
+          f"{c.num_params / 1e6:.2f}M parameters, trained from scratch)")
 
 
-def _asked_keys() -> tuple[str, ...]:
-  """The keys the reproduction's questions ask about (its config's toy task)."""
+def _asked_keys(world: str) -> tuple[str, ...]:
+  """The keys the world's questions ask about (its toy task)."""
   from configs import toy_memagent
-  return toy.ONE_KEY if toy_memagent.get_config("rl").data.task == toy.ONE_KEY_TASK else toy.ASKED_KEYS
+  return toy.ONE_KEY if toy_memagent.WORLDS[world][0] == toy.ONE_KEY_TASK else toy.ASKED_KEYS
+
+
+def report_name(scale: str, world: str) -> str:
+  """Results file stem: toy_reproduction[_<world>][_<scale>] (the default world and full scale bare)."""
+  return "toy_reproduction" + ("" if world == "one_key" else f"_{world}") + ("" if scale == "full" else f"_{scale}")
 
 
 def _acc(r) -> str:
@@ -100,12 +106,13 @@ def _acc(r) -> str:
 
 
 def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: int, eval_seed: int,
-                 command: str, seconds: float) -> dict:
+                 command: str, seconds: float, world: str = "one_key") -> dict:
+  from configs import toy_memagent
   os.makedirs(results_dir, exist_ok=True)
-  base = os.path.join(results_dir, "toy_reproduction" if scale == "full" else f"toy_reproduction_{scale}")
+  base = os.path.join(results_dir, report_name(scale, world))
   paths = {"table": base + ".md", "plot": base + ".png", "json": base + ".json"}
   with atomic_write(paths["json"]) as f:
-    json.dump({"scale": scale, "n": n, "eval_seed": eval_seed, "rows": rows,
+    json.dump({"scale": scale, "world": world, "n": n, "eval_seed": eval_seed, "rows": rows,
                "stages": {k: {"steps": v["steps"]} for k, v in stages.items()}}, f, indent=1)
   plot(rows, root, paths["plot"])
   lengths = sorted({r["length"] for r in rows})
@@ -123,13 +130,13 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
     mem = [f"{get[(m, length)]['peak_rss_mib']:.0f}" if (m, length) in get else "-" for m in methods]
     cost.append(f"| {length} | " + " | ".join(t) + " | " + " | ".join(mem) + " |")
   text = [
-      f"# Toy-world reproduction of MemAgent's extrapolation curve ({scale})", "",
+      f"# Toy-world reproduction of MemAgent's extrapolation curve ({scale}, world {world})", "",
       f"Command: `{command}` ({seconds / 60:.1f} min in all on {os.cpu_count()} CPU cores, "
       f"{platform.processor() or platform.machine()}).", "",
       f"World: {toy.CHUNK_TOKENS}-token chunks, {toy.MEMORY_TOKENS}-token memory, training documents of "
       f"{toy.TRAIN_TOKENS} tokens (1x), {toy.DISTRACTOR_DENSITY:g} distractor facts per 1000 tokens, up to "
-      f"{toy.MAX_OVERRIDES} overrides of the asked key (questions ask about {', '.join(_asked_keys())}). "
-      f"Policy: toy-1m ({_model_line()}), the same for all three. Stages (`configs/toy_memagent.py`): "
+      f"{toy.MAX_OVERRIDES} overrides of the asked key (questions ask about {', '.join(_asked_keys(world))}). "
+      f"Policy: {_model_line(toy_memagent.WORLDS[world][1])}, the same for all three. Stages (`configs/toy_memagent.py`): "
       "pretrain (base model: find and copy a fact in short plain texts) -> warm_start (supervised on the "
       "imperfect memory teacher) -> rl (Multi-Conv DAPO, final-answer reward only); full_attention "
       "(supervised on whole training documents) from the same base.", "",

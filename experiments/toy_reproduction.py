@@ -40,7 +40,10 @@ METHODS = (("rl", "RL-MemAgent"), ("warm_start", "warm-start only"), ("full_atte
 DIRECT_BATCH = 8  # documents per full-attention call (its memory grows with the square of the length)
 
 _SCALE = flags.DEFINE_enum("scale", "full", list(SCALES), "full (make reproduce) or demo (make demo)")
-_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default runs/toy_<scale>)")
+_WORLD = flags.DEFINE_enum("world", "one_key", list(toy_memagent.WORLDS),
+                           "one_key (every question asks about oslo, toy-1m) or lookup (eight askable keys, "
+                           "toy-1m-shift2)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default runs/toy_<scale>[_<world>])")
 _RESULTS = flags.DEFINE_string("results_dir", None, "table + plot directory (default: docs/results for "
                                "full, <workdir>/results for demo)")
 _FRESH = flags.DEFINE_bool("fresh", False, "delete the workdir first (a full, deterministic re-run)")
@@ -52,8 +55,8 @@ _EVAL_SEED = flags.DEFINE_integer("eval_seed", 1000, "seed of the evaluation doc
 _STEPS = flags.DEFINE_string("steps", "", "override training steps, e.g. 'pretrain=3,warm_start=3,rl=2'")
 
 
-def stage_config(stage: str, scale: str, root: str):
-  cfg = toy_memagent.get_config(f"{stage},{scale}")
+def stage_config(stage: str, scale: str, root: str, world: str = "one_key"):
+  cfg = toy_memagent.get_config(f"{stage},{scale},{world}")
   cfg.train.workdir = os.path.join(root, stage)
   if stage == "rl":
     cfg.model.source = os.path.join(root, "warm_start", "export")
@@ -65,9 +68,9 @@ def stage_config(stage: str, scale: str, root: str):
   return cfg
 
 
-def train_stage(stage: str, scale: str, root: str) -> dict:
+def train_stage(stage: str, scale: str, root: str, world: str) -> dict:
   """Trains (or resumes) one stage and exports its final params as an HF directory."""
-  cfg = stage_config(stage, scale, root)
+  cfg = stage_config(stage, scale, root, world)
   t0 = time.perf_counter()
   print(f"\n== {stage}: {cfg.train.steps} steps, logs in {cfg.train.workdir}/logs", flush=True)
   out = build_trainer(cfg).train()
@@ -77,14 +80,14 @@ def train_stage(stage: str, scale: str, root: str) -> dict:
           "export": export}
 
 
-def make_reader(stage: str, scale: str, root: str):
+def make_reader(stage: str, scale: str, root: str, world: str):
   """The stage's exported policy as its config's evaluation reader (full attention centre-truncates
   documents beyond its context window, as the paper's baselines)."""
-  return load_reader(stage_config(stage, scale, root), os.path.join(root, stage, "export"), training=False)
+  return load_reader(stage_config(stage, scale, root, world), os.path.join(root, stage, "export"), training=False)
 
 
-def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int) -> list[dict]:
-  rl_cfg = toy_memagent.get_config(f"rl,{scale}")
+def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str) -> list[dict]:
+  rl_cfg = toy_memagent.get_config(f"rl,{scale},{world}")
   ev, agent = rl_cfg.eval, rl_cfg.agent
   lengths, m = [], 1
   while m <= max_multiple:
@@ -92,7 +95,7 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int) -> lis
     m *= 2
   rows = []
   for stage, label in METHODS:
-    reader = make_reader(stage, scale, root)
+    reader = make_reader(stage, scale, root, world)
     direct = stage == "full_attention"
     print(f"\n== eval {label}: {n} documents at {len(lengths)} lengths", flush=True)
     # the same documents for every method: laid out in the MemAgent stages' chunk size
@@ -109,8 +112,8 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   from experiments import memory_errors, toy_report
-  scale = _SCALE.value
-  root = _WORKDIR.value or f"runs/toy_{scale}"
+  scale, world = _SCALE.value, _WORLD.value
+  root = _WORKDIR.value or f"runs/toy_{scale}" + ("" if world == "one_key" else f"_{world}")
   results_dir = _RESULTS.value or ("docs/results" if scale == "full" else os.path.join(root, "results"))
   n = _N.value or SCALES[scale]["n"]
   max_multiple = _MAX_MULTIPLE.value or SCALES[scale]["max_multiple"]
@@ -122,18 +125,19 @@ def main(argv):
   stages = json.load(open(stages_path)) if os.path.exists(stages_path) else {}
   for stage in TRAIN_STAGES:
     if stage in _STAGES.value:
-      stages[stage] = train_stage(stage, scale, root)
+      stages[stage] = train_stage(stage, scale, root, world)
       with atomic_write(stages_path) as f:
         json.dump(stages, f, indent=1)
   if "eval" not in _STAGES.value:
     return
-  rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value)
+  rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world)
   command = "python experiments/toy_reproduction.py " + " ".join(sys.argv[1:])
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
-                                  command=command.strip(), seconds=time.perf_counter() - t0)
-  errors = os.path.join(results_dir, "memory_errors.md")  # where the MemAgent memories went wrong
+                                  command=command.strip(), seconds=time.perf_counter() - t0, world=world)
+  errors = os.path.join(results_dir, toy_report.report_name(scale, world).replace("toy_reproduction", "memory_errors")
+                        + ".md")  # where the MemAgent memories went wrong
   with atomic_write(errors) as f:
-    f.write("\n".join(memory_errors.markdown(memory_errors.error_rows(root, stage, _EVAL_SEED.value), stage)
+    f.write("\n".join(memory_errors.markdown(memory_errors.error_rows(root, stage, _EVAL_SEED.value, world), stage)
                       for stage in ("rl", "warm_start")))
   print(f"\nTable:       {paths['table']}\nErrors:      {errors}\nPlot:        {paths['plot']}\n"
         f"JSON:        {paths['json']}\n"

@@ -78,3 +78,13 @@ def test_both_toy_worlds_are_scored_by_exact_match():
   r = type("R", (), {"prediction": "tigers", "answer": "\\boxed{ tigers }"})()
   for task in toy.TASKS:
     assert score(task, r, ["tiger"])["score"] == 0.0  # substring match would give 1
+
+
+def test_every_known_task_has_a_metric_and_an_unknown_one_is_an_error():
+  from memagent_jax.data import tasks
+  from memagent_jax.evaluation.evaluate import SCORERS
+  assert set(tasks.task_names()) <= set(SCORERS)
+  r = type("R", (), {"prediction": "tigers", "answer": "\\boxed{ tigers }"})()
+  assert score("squad", r, ["tiger"])["score"] == 1.0  # QA: substring match of a normalised answer
+  with pytest.raises(ValueError, match="no metric for task 'toy_kv_v2'"):
+    score("toy_kv_v2", r, ["tigers"])

@@ -51,8 +51,8 @@ def test_pipeline_writes_table_plot_logs_and_checkpoints(run):
     assert r["seconds_per_doc"] > 0 and r["peak_rss_mib"] > 50
   md = open(res / "toy_reproduction_demo.md").read()
   assert "| 256 | 2x |" in md and "RL-MemAgent" in md and "peak RSS" in md
-  errors = open(res / "memory_errors.md").read()  # first wrong chunk of each wrong document, by kind
-  assert str(res / "memory_errors.md") in stdout
+  errors = open(res / "memory_errors_demo.md").read()  # first wrong chunk of each wrong document, by kind
+  assert str(res / "memory_errors_demo.md") in stdout
   for stage in ("rl", "warm_start"):
     rows = [line for line in errors.split(f", {stage} (")[1].splitlines() if line.startswith("| 128 |")
             or line.startswith("| 256 |")][:2]

@@ -16,18 +16,38 @@ from typing import Iterable
 
 from tqdm.auto import tqdm
 
-from memagent_jax.data import ruler, toy
+from memagent_jax.data import ruler, tasks, toy
 from memagent_jax.rl import rewards
 
+def _toy_scores(result, answers):  # one-word answers: exact match of the extracted answer
+  return {"score": rewards.exact_match(result.prediction, answers),
+          "sub_em": rewards.sub_em(result.prediction, answers)}
+
+
+def _ruler_scores(result, answers):
+  return {"score": rewards.string_match_all(result.answer if result.prediction is None else result.prediction,
+                                            answers)}
+
+
+def _qa_scores(result, answers):
+  p = result.prediction
+  return {"score": rewards.sub_em(p, answers), "em": rewards.exact_match(p, answers), "f1": rewards.f1(p, answers)}
+
+
+# task name -> its metrics; a task missing here is an error, never silently scored by another metric
+SCORERS = {**{t: _toy_scores for t in toy.TASKS}, **{t: _ruler_scores for t in ruler.TASKS},
+           **{t: _qa_scores for t in tasks.QA_TASKS}}
+
+
 def score(task: str, result, answers: list[str]) -> dict[str, float]:
-  """Scores an AgentResult against the reference answers."""
-  prediction = result.prediction
-  if task in toy.TASKS:  # one-word answers: exact match of the extracted answer
-    return {"score": rewards.exact_match(prediction, answers), "sub_em": rewards.sub_em(prediction, answers)}
-  if task in ruler.TASKS:
-    return {"score": rewards.string_match_all(result.answer if prediction is None else prediction, answers)}
-  return {"score": rewards.sub_em(prediction, answers), "em": rewards.exact_match(prediction, answers),
-          "f1": rewards.f1(prediction, answers)}
+  """Scores an AgentResult against the reference answers with its task's metrics ("score" first)."""
+  return scorer(task)(result, answers)
+
+
+def scorer(task: str):
+  if task not in SCORERS:
+    raise ValueError(f"no metric for task {task!r}; known tasks: {', '.join(SCORERS)}")
+  return SCORERS[task]
 
 
 def _batches(items: list, size: int) -> Iterable[list]:
@@ -62,6 +82,7 @@ def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, ba
   a failed or interrupted run keeps what it computed; out_path is replaced by rename on success."""
   if not samples:
     raise ValueError("no samples to evaluate: n must be >= 1")
+  scorer(task)  # an unknown task fails before any document is read
   if batch_size < 1:
     raise ValueError(f"batch_size={batch_size}: must be >= 1")
   if out_path and os.path.isdir(out_path):
