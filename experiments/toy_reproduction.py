@@ -4,7 +4,7 @@ baselines, accuracy / time / memory against document length, a table and a plot.
   python experiments/toy_reproduction.py --scale=full     # make reproduce (~45 min, 2 cores)
   python experiments/toy_reproduction.py --scale=demo     # make demo (<= 10 min)
 
-Stages (each resumes from its checkpoints; --fresh starts over):
+Stages (each resumes from its checkpoints, eval from its finished lengths; --fresh starts over):
   pretrain        the base model: find and copy a fact in short plain texts (toy_recall teacher)
   warm_start      from the base, supervised on the imperfect memory teacher's conversations
   rl              Multi-Conv DAPO from the exported warm start, final-answer reward only
@@ -15,6 +15,7 @@ Everything is seeded: the same flags give the same table.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -80,6 +81,16 @@ def train_stage(stage: str, scale: str, root: str, world: str) -> dict:
           "export": export}
 
 
+def reader_digest(stage: str, scale: str, root: str, world: str) -> str:
+  """sha256 of the stage's exported weights and its agent settings: evaluated lengths are reused
+  only for the very same reader."""
+  h = hashlib.sha256(json.dumps(stage_config(stage, scale, root, world).agent.to_dict(), sort_keys=True).encode())
+  with open(os.path.join(root, stage, "export", "model.safetensors"), "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
 def make_reader(stage: str, scale: str, root: str, world: str):
   """The stage's exported policy as its config's evaluation reader (full attention centre-truncates
   documents beyond its context window, as the paper's baselines)."""
@@ -102,7 +113,7 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
     rows += sweep_lengths(reader, stage, rl_cfg.data.task, lengths, n=n, seed=seed,
                           batch_size=DIRECT_BATCH if direct else SCALES[scale]["batch"], temperature=ev.temperature,
                           top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, out_dir=os.path.join(root, "eval"),
-                          warmup_each_length=direct)
+                          warmup_each_length=direct, reader_id=reader_digest(stage, scale, root, world))
   return rows
 
 

@@ -56,3 +56,20 @@ def test_sweep_rows_follow_the_reader(each):
   assert [r["doc_tokens"] for r in rows] == [128, 256, 512]
   assert all(r["n"] == 8 and r["seconds_per_doc"] >= 0 and r["peak_rss_mib"] > 10 for r in rows)
   assert reader.calls == 3 * 2 + (3 if each else 1)  # 2 batches per length + warm-ups
+
+
+def test_finished_lengths_are_reused_only_for_the_same_reader_and_settings(tmp_path):
+  reader = _Oracle(limit=200)
+  sweep = lambda **kw: sweep_lengths(reader, "oracle", "toy_kv", [128, 256], n=4, seed=3, batch_size=4,
+                                     temperature=0.0, top_p=1.0, chunk_tokens=64, warmup_each_length=False,
+                                     progress=False, out_dir=str(tmp_path), **kw)
+  first = sweep(reader_id="weights-a")
+  assert reader.calls == 1 + 2  # one warm-up, one batch per length
+  assert sweep(reader_id="weights-a") == first and reader.calls == 3  # read back, nothing run
+  sweep(reader_id="weights-b")  # other weights: every length runs again
+  assert reader.calls == 3 + 3
+  sweep()  # no reader identity: nothing is reused
+  assert reader.calls == 6 + 3
+  (tmp_path / "oracle_256.row.json").write_text("{not json")  # a torn row is run again, not trusted
+  sweep(reader_id="weights-b")
+  assert reader.calls == 9 + 2  # the warm-up and length 256 only

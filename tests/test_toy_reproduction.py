@@ -63,8 +63,17 @@ def test_pipeline_writes_table_plot_logs_and_checkpoints(run):
 def test_rerunning_the_evaluation_gives_the_same_accuracies(run):
   root, _ = run
   res = root / "run" / "results" / "toy_reproduction_demo.json"
-  before = {(r["method"], r["length"]): r["accuracy"] for r in json.load(open(res))["rows"]}
+  rows_before = json.load(open(res))["rows"]
+  before = {(r["method"], r["length"]): r["accuracy"] for r in rows_before}
+  kept = sorted((root / "run" / "eval").glob("*.row.json"))  # one per finished (method, length)
+  assert len(kept) == 6
+  # a rerun resumes after every finished length: the very same rows, measured times included
   _run([*TINY, f"--workdir={root}/run", "--stages=eval"], cwd=root, xla_cache=root / "xla_cache")
+  assert json.load(open(res))["rows"] == rows_before
+  for path in kept:  # evaluate again for real: the same seeds give the same accuracies
+    path.unlink()
+  _run([*TINY, f"--workdir={root}/run", "--stages=eval"], cwd=root, xla_cache=root / "xla_cache")
+  assert len(list((root / "run" / "eval").glob("*.row.json"))) == 6
   after = {(r["method"], r["length"]): r["accuracy"] for r in json.load(open(res))["rows"]}
   assert after == before
 

@@ -2,11 +2,13 @@
 
 Each length is evaluated on its own seeded samples (the same documents for every reader), after
 one warm-up batch of the same shapes, so the time per document excludes compilation. Peak memory
-is the process's resident set, sampled every 5 ms while that length runs.
+is the process's resident set, sampled every 5 ms while that length runs. Given an output folder
+and the reader's identity, each finished length is kept and a rerun resumes after it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -14,6 +16,7 @@ import time
 
 from memagent_jax.data import tasks
 from memagent_jax.evaluation.evaluate import run_eval
+from memagent_jax.runtime.atomic_io import atomic_write
 
 
 def _rss_bytes() -> int:
@@ -55,20 +58,39 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
   return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def _finished_row(path: str, key: dict) -> dict | None:
+  """The row a previous sweep wrote for the same reader and settings, else None."""
+  try:
+    with open(path) as f:
+      kept = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return kept["row"] if kept.get("key") == key else None
+
+
 def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, seed: int, batch_size: int,
                   temperature: float, top_p: float, chunk_tokens: int, out_dir: str | None = None,
-                  warmup_each_length: bool = True, progress: bool = True) -> list[dict]:
+                  warmup_each_length: bool = True, progress: bool = True, reader_id: str | None = None) -> list[dict]:
   """One row per length: accuracy (+ Wilson 95% interval), seconds per document, peak RSS.
 
   warmup_each_length=False warms up at the first length only: for readers whose compiled shapes
-  do not depend on the length (MemAgent), so no long document is read twice."""
-  rows = []
-  for i, length in enumerate(lengths):
+  do not depend on the length (MemAgent), so no long document is read twice. reader_id (e.g. a
+  digest of the weights) with out_dir: a length already swept with the same reader and settings
+  is read back from <out_dir>/<name>_<length>.row.json instead of run again."""
+  rows, warmed = [], False
+  for length in lengths:
+    key = {"reader": reader_id, "task": task, "length": length, "n": n, "seed": seed, "batch_size": batch_size,
+           "temperature": temperature, "top_p": top_p, "chunk_tokens": chunk_tokens}
+    kept_path = os.path.join(out_dir, f"{name}_{length}.row.json") if out_dir and reader_id else None
+    if kept_path and (row := _finished_row(kept_path, key)) is not None:
+      rows.append(row)
+      continue
     samples = tasks.make_samples(task, length, n, seed + length, reader.tokenizer, chunk_tokens=chunk_tokens)
-    if i == 0 or warmup_each_length:
+    if not warmed or warmup_each_length:
       warm = samples[:batch_size]
       reader.answer_batch([s["question"] for s in warm], [s["context"] for s in warm],
                           temperature=temperature, top_p=top_p, seed=seed)  # compile these shapes
+      warmed = True
     out = os.path.join(out_dir, f"{name}_{length}.jsonl") if out_dir else None
     with PeakRSS() as mem:
       summary = run_eval(reader, task, samples, out, batch_size=batch_size, temperature=temperature,
@@ -78,4 +100,7 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, s
     rows.append({"method": name, "length": length, "n": n, "accuracy": acc, "ci_low": lo, "ci_high": hi,
                  "seconds_per_doc": summary["seconds"] / n, "peak_rss_mib": mem.peak / 2 ** 20,
                  "doc_tokens": summary["mean_document_tokens"]})
+    if kept_path:
+      with atomic_write(kept_path) as f:
+        json.dump({"key": key, "row": rows[-1]}, f)
   return rows
