@@ -37,6 +37,10 @@ def _sample():
       "the code of oslo is crab ."], False, "copy_corruption", 2),
     (["the code of oslo is tiger ."] * 4, False, "missed_update", 3),
     (["the code of oslo is tiger ."] * 3 + ["the code of oslo is zebra ."], False, "answer", 4),
+    # any wording that keeps the value is right (RL drifts from the teacher's), a key name too
+    (["code code of oslo is tiger .", "the code of rome is crab . the code of oslo is tiger .", "tiger",
+      "zebra"], True, None, None),
+    (["the code of oslo is tigers ."] * 3 + ["the code of oslo is zebra ."], False, "missed_update", 0),
 ])
 def test_first_error_by_hand(memories, correct, kind, chunk):
   err = me.first_error(_sample(), memories, correct=correct, chunk_tokens=toy.CHUNK_TOKENS)

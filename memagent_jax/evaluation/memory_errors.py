@@ -1,9 +1,12 @@
 """Where a toy-world memory goes wrong: the first chunk after which it no longer holds the asked
 key's latest code, and what that chunk held (issue 16: measure where long-document errors come from).
 
-A memory is right after chunk i when its last fact about the asked key states the latest value the
-document has given so far (before the first fact about the key, any memory is right: nothing is
-known yet). The first wrong chunk is classified by what it held:
+A memory is right after chunk i when it holds the latest value the document has given the asked
+key so far, as a word, in whatever wording (before the first fact about the key, any memory is
+right: nothing is known yet). The test is on the value, not on "the code of <key> is <value> .":
+RL drifts from the teacher's wording (measured: "code code of berlin is crab ."), and the answer
+step reads the value, so a memory that files it under a garbled key still answers right. The first
+wrong chunk is classified by what it held:
   missed_update         a fact about the asked key, which the memory did not take
   distractor_overwrite  only other keys' facts, and the asked key's fact was lost or changed
   copy_corruption       no fact at all: the memory changed while it only had to be copied
@@ -15,7 +18,6 @@ from __future__ import annotations
 from collections import Counter
 
 from memagent_jax.data import toy
-from memagent_jax.rl.toy_teacher import facts_in
 
 KINDS = ("missed_update", "distractor_overwrite", "copy_corruption", "answer")
 
@@ -32,10 +34,9 @@ def chunk_facts(sample: dict, chunk_tokens: int) -> list[list[tuple[str, str]]]:
   return out
 
 
-def remembered(memory: str, key: str) -> str | None:
-  """The value the memory's last fact about `key` states, or None."""
-  told = [v for k, v in facts_in(memory) if k == key]
-  return told[-1] if told else None
+def holds(memory: str, value: str) -> bool:
+  """Whether the memory text has `value` as one of its words."""
+  return value in memory.replace("{", " ").replace("}", " ").split()
 
 
 def first_error(sample: dict, memories: list[str], *, correct: bool, chunk_tokens: int) -> dict | None:
@@ -54,7 +55,7 @@ def first_error(sample: dict, memories: list[str], *, correct: bool, chunk_token
   for i, (facts, memory) in enumerate(zip(per_chunk, memories)):
     asked = [v for k, v in facts if k == key]
     latest = asked[-1] if asked else latest
-    if latest is not None and remembered(memory, key) != latest:
+    if latest is not None and not holds(memory, latest):
       kind = "missed_update" if asked else "distractor_overwrite" if facts else "copy_corruption"
       return {"chunk": i, "num_chunks": len(per_chunk), "kind": kind, "memory": memory, "expected": latest}
   if correct:
