@@ -76,6 +76,24 @@ def test_teacher_errors_are_distractor_overwrites_and_counted(agent):
   # A wrong answer after right memories cannot happen: the teacher answers from its memory.
   assert table["answer"] == 0 and table["distractor_overwrite"] == wrong
   assert 0 < table["mean_relative_chunk"] <= 1
+  # per-chunk hazards: the teacher overwrites on a distractor-only chunk with probability 0.5
+  (missed, took), (lost, read), (corrupted, copied) = (table["per_chunk"][k] for k in me.CHUNK_KINDS)
+  assert missed == corrupted == 0 and took > 60 and copied > 20
+  assert lost >= table["distractor_overwrite"] and 0.3 < lost / read < 0.7, (lost, read)
+
+
+def test_exposures_count_the_chunks_read_while_the_memory_was_right():
+  right = ["the code of oslo is tiger ."] * 3 + ["the code of oslo is zebra ."]
+  assert me.exposures(_sample(), right, chunk_tokens=toy.CHUNK_TOKENS) == {
+      "missed_update": 2, "distractor_overwrite": 1, "copy_corruption": 1}  # chunks 0 and 3, 1, 2
+  lost = ["the code of oslo is tiger .", "the code of rome is crab .", "x", "the code of oslo is zebra ."]
+  assert me.exposures(_sample(), lost, chunk_tokens=toy.CHUNK_TOKENS) == {
+      "missed_update": 1, "distractor_overwrite": 1}  # up to the first wrong chunk, included
+  table = me.error_table([{**_sample(), "index": 0}, {**_sample(), "index": 1}],
+                         [{"index": 0, "memories": right, "score": 1.0}, {"index": 1, "memories": lost, "score": 1.0}],
+                         chunk_tokens=toy.CHUNK_TOKENS)
+  assert table["per_chunk"] == {"missed_update": (0, 3), "distractor_overwrite": (1, 2), "copy_corruption": (0, 1)}
+  assert table["wrong"] == 0 and table["right_despite_wrong_memory"] == 1
 
 
 def test_both_toy_worlds_are_scored_by_exact_match():

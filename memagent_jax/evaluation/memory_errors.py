@@ -19,7 +19,8 @@ from collections import Counter
 
 from memagent_jax.data import toy
 
-KINDS = ("missed_update", "distractor_overwrite", "copy_corruption", "answer")
+CHUNK_KINDS = ("missed_update", "distractor_overwrite", "copy_corruption")  # named by what the chunk held
+KINDS = (*CHUNK_KINDS, "answer")
 
 
 def chunk_facts(sample: dict, chunk_tokens: int) -> list[list[tuple[str, str]]]:
@@ -39,6 +40,25 @@ def holds(memory: str, value: str) -> bool:
   return value in memory.replace("{", " ").replace("}", " ").split()
 
 
+def _walk(sample: dict, memories: list[str], chunk_tokens: int):
+  """(chunk index, kind, memory, expected, right) for every chunk that could have gone wrong, up to
+  and including the first that did. kind: what the chunk held (the three chunk kinds of KINDS)."""
+  per_chunk = chunk_facts(sample, chunk_tokens)
+  if len(memories) != len(per_chunk):
+    raise ValueError(f"{len(memories)} memories for a document of {len(per_chunk)} chunks of {chunk_tokens}")
+  key, latest = sample["key"], None
+  for i, (facts, memory) in enumerate(zip(per_chunk, memories)):
+    asked = [v for k, v in facts if k == key]
+    latest = asked[-1] if asked else latest
+    if latest is None:
+      continue  # nothing known about the asked key yet: no memory can be wrong
+    kind = "missed_update" if asked else "distractor_overwrite" if facts else "copy_corruption"
+    right = holds(memory, latest)
+    yield i, kind, memory, latest, right
+    if not right:
+      return
+
+
 def first_error(sample: dict, memories: list[str], *, correct: bool, chunk_tokens: int) -> dict | None:
   """The first chunk after which the memory is wrong, with its kind; None for a right document.
 
@@ -48,33 +68,38 @@ def first_error(sample: dict, memories: list[str], *, correct: bool, chunk_token
     correct: whether the final answer was scored right.
     chunk_tokens: the reader's chunk size (the one the sample was generated for).
   """
-  per_chunk = chunk_facts(sample, chunk_tokens)
-  if len(memories) != len(per_chunk):
-    raise ValueError(f"{len(memories)} memories for a document of {len(per_chunk)} chunks of {chunk_tokens}")
-  key, latest = sample["key"], None
-  for i, (facts, memory) in enumerate(zip(per_chunk, memories)):
-    asked = [v for k, v in facts if k == key]
-    latest = asked[-1] if asked else latest
-    if latest is not None and not holds(memory, latest):
-      kind = "missed_update" if asked else "distractor_overwrite" if facts else "copy_corruption"
-      return {"chunk": i, "num_chunks": len(per_chunk), "kind": kind, "memory": memory, "expected": latest}
+  num_chunks, latest = len(chunk_facts(sample, chunk_tokens)), None
+  for i, kind, memory, latest, right in _walk(sample, memories, chunk_tokens):
+    if not right:
+      return {"chunk": i, "num_chunks": num_chunks, "kind": kind, "memory": memory, "expected": latest}
   if correct:
     return None
-  return {"chunk": len(per_chunk), "num_chunks": len(per_chunk), "kind": "answer",
+  return {"chunk": num_chunks, "num_chunks": num_chunks, "kind": "answer",
           "memory": memories[-1] if memories else "", "expected": latest}
+
+
+def exposures(sample: dict, memories: list[str], *, chunk_tokens: int) -> Counter:
+  """Chunks of each kind read while the memory was still right (the first wrong one included):
+  the denominators of per-chunk error rates."""
+  return Counter(kind for _, kind, *_ in _walk(sample, memories, chunk_tokens))
 
 
 def error_table(samples: list[dict], rows: list[dict], *, chunk_tokens: int) -> dict:
   """Counts of first-error kinds over evaluated documents (`rows`: run_eval's JSON lines, matched
   to `samples` by index; "score" is exact match for the toy tasks), and how many wrong memories
-  were still followed by a right answer."""
+  were still followed by a right answer. "per_chunk": for each chunk kind, (first errors, chunks
+  of that kind read while the memory was right), over every document: the per-chunk hazard."""
   by_index = {s["index"]: s for s in samples}
   kinds, lucky, chunks_at = Counter(), 0, []
+  exposed, failed = Counter(), Counter()
   for row in rows:
     if row.get("memories") is None:
       raise ValueError("evaluation rows without 'memories' (written before every chunk's memory was kept)")
-    err = first_error(by_index[row["index"]], row["memories"], correct=bool(row["score"]),
-                      chunk_tokens=chunk_tokens)
+    sample = by_index[row["index"]]
+    err = first_error(sample, row["memories"], correct=bool(row["score"]), chunk_tokens=chunk_tokens)
+    exposed.update(exposures(sample, row["memories"], chunk_tokens=chunk_tokens))
+    if err is not None and err["kind"] != "answer":
+      failed[err["kind"]] += 1
     if err is None:
       continue
     if row["score"]:
@@ -84,4 +109,5 @@ def error_table(samples: list[dict], rows: list[dict], *, chunk_tokens: int) -> 
     chunks_at.append(err["chunk"] / max(1, err["num_chunks"]))
   return {"documents": len(rows), "wrong": sum(kinds.values()), **{k: kinds[k] for k in KINDS},
           "right_despite_wrong_memory": lucky,
-          "mean_relative_chunk": sum(chunks_at) / len(chunks_at) if chunks_at else None}
+          "mean_relative_chunk": sum(chunks_at) / len(chunks_at) if chunks_at else None,
+          "per_chunk": {k: (failed[k], exposed[k]) for k in CHUNK_KINDS}}
