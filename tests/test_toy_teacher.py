@@ -164,10 +164,11 @@ def test_bad_stage_combinations_fail_up_front(tmp_path):
 
 
 def test_toy_memagent_worlds_pick_task_and_policy():
-  one_key, lookup = toy_memagent.get_config("rl,demo"), toy_memagent.get_config("rl,lookup,demo")
+  one_key, lookup = toy_memagent.get_config("pretrain,demo"), toy_memagent.get_config("pretrain,lookup,demo")
   assert (one_key.data.task, one_key.model.source) == (toy.ONE_KEY_TASK, "random:toy-1m")
   assert (lookup.data.task, lookup.model.source) == (toy.TASK, "random:toy-1m-shift2")
-  assert toy_memagent.get_config("pretrain,lookup").to_dict() == toy_memagent.get_config("pretrain,full,lookup").to_dict()
+  assert toy_memagent.get_config("rl,lookup").data.task == toy.TASK  # every stage of the world
+  assert toy_memagent.get_config("rl,lookup").to_dict() == toy_memagent.get_config("rl,full,lookup").to_dict()
 
 
 def test_prompt_loss_trains_through_the_trainer(tmp_path):
