@@ -55,6 +55,10 @@ def test_bad_inputs_are_named():
     me.first_error(_sample(), ["x"] * 3, correct=True, chunk_tokens=toy.CHUNK_TOKENS)
   with pytest.raises(ValueError, match="crosses a chunk boundary of 8"):
     me.chunk_facts(_sample(), 8)
+  with pytest.raises(ValueError, match="another task, length or seed"):
+    me.error_table([{**_sample(), "index": 0, "question": toy.question("oslo")}],
+                   [{"index": 0, "score": 0.0, "memories": ["x"] * 4, "question": toy.question("rome")}],
+                   chunk_tokens=toy.CHUNK_TOKENS)
   with pytest.raises(ValueError, match="without 'memories'"):
     me.error_table([{**_sample(), "index": 0}], [{"index": 0, "score": 0.0}], chunk_tokens=toy.CHUNK_TOKENS)
 

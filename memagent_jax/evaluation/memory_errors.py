@@ -96,6 +96,9 @@ def error_table(samples: list[dict], rows: list[dict], *, chunk_tokens: int) -> 
     if row.get("memories") is None:
       raise ValueError("evaluation rows without 'memories' (written before every chunk's memory was kept)")
     sample = by_index[row["index"]]
+    if "question" in row and row["question"] != sample["question"]:
+      raise ValueError(f"document {row['index']}: evaluated question {row['question']!r} but the regenerated "
+                       f"sample asks {sample['question']!r}: another task, length or seed than the evaluation's")
     err = first_error(sample, row["memories"], correct=bool(row["score"]), chunk_tokens=chunk_tokens)
     exposed.update(exposures(sample, row["memories"], chunk_tokens=chunk_tokens))
     if err is not None and err["kind"] != "answer":
