@@ -234,11 +234,15 @@ def test_ctrl_c_stops_answer_at_once(tmp_path):
   cmd = [sys.executable, "-m", "memagent_jax.cli", "answer", "--doc", str(tmp_path / "d.txt"),
          "--question", s["question"], "--model", "random:toy-tiny", "--chunk-tokens", "32",
          "--memory-tokens", "8", "--answer-tokens", "8", "--block-chunks", "64", "--quiet"]
-  # as from a terminal: SIGINT at its default even when this suite runs as a background job, whose
-  # children inherit SIGINT ignored (then Python installs no KeyboardInterrupt handler at all)
-  p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": REPO},
-                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  # as from a terminal: SIGINT handled even when this suite runs as a background job, whose children
+  # inherit SIGINT ignored (then Python installs no KeyboardInterrupt handler at all). A handled
+  # signal is reset to its default in an exec'd child; no preexec_fn (fork in a threaded process).
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": REPO})
+  finally:
+    signal.signal(signal.SIGINT, previous)
   try:
     line = p.stderr.readline()
     assert line.startswith("[memagent] loaded"), line + p.stderr.read()
