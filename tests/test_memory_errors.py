@@ -112,5 +112,5 @@ def test_every_known_task_has_a_metric_and_an_unknown_one_is_an_error():
   assert set(tasks.task_names()) <= set(SCORERS)
   r = type("R", (), {"prediction": "tigers", "answer": "\\boxed{ tigers }"})()
   assert score("squad", r, ["tiger"])["score"] == 1.0  # QA: substring match of a normalised answer
-  with pytest.raises(ValueError, match="no metric for task 'toy_kv_v2'"):
+  with pytest.raises(KeyError, match="unknown task metric 'toy_kv_v2'"):
     score("toy_kv_v2", r, ["tigers"])

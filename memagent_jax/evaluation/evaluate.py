@@ -18,6 +18,8 @@ from tqdm.auto import tqdm
 
 from memagent_jax.data import ruler, tasks, toy
 from memagent_jax.rl import rewards
+from memagent_jax.runtime.registry import Registry
+
 
 def _toy_scores(result, answers):  # one-word answers: exact match of the extracted answer
   return {"score": rewards.exact_match(result.prediction, answers),
@@ -35,8 +37,10 @@ def _qa_scores(result, answers):
 
 
 # task name -> its metrics; a task missing here is an error, never silently scored by another metric
-SCORERS = {**{t: _toy_scores for t in toy.TASKS}, **{t: _ruler_scores for t in ruler.TASKS},
-           **{t: _qa_scores for t in tasks.QA_TASKS}}
+SCORERS: Registry = Registry("task metric")
+for _names, _fn in ((toy.TASKS, _toy_scores), (ruler.TASKS, _ruler_scores), (tasks.QA_TASKS, _qa_scores)):
+  for _name in _names:
+    SCORERS.register(_name, _fn)
 
 
 def score(task: str, result, answers: list[str]) -> dict[str, float]:
@@ -45,9 +49,7 @@ def score(task: str, result, answers: list[str]) -> dict[str, float]:
 
 
 def scorer(task: str):
-  if task not in SCORERS:
-    raise ValueError(f"no metric for task {task!r}; known tasks: {', '.join(SCORERS)}")
-  return SCORERS[task]
+  return SCORERS.get(task)
 
 
 def _batches(items: list, size: int) -> Iterable[list]:
