@@ -40,6 +40,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       tfds_split="train",  # its split ("test" for the synthetic builders)
       tfds_dir="",  # where it is prepared ("" = runs/tfds); QA corpora come from data.data_dir
       seed=0,
+      # generator options of the task (tasks.TOY_OPTIONS for the toy world, e.g. distractor_density);
+      # training pool and held-out split only: length sweeps evaluate the task as it is
+      options=ml_collections.ConfigDict(),
   ))
   c.rl = ml_collections.ConfigDict(dict(
       group_size=16,  # G trajectories per question

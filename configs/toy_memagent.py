@@ -22,6 +22,7 @@ from memagent_jax.data import toy
 STAGES = ("pretrain", "warm_start", "rl", "full_attention")
 PRETRAIN_TOKENS = 48  # pretraining documents: short, so attention finds the fact among few tokens
 SCALES = ("full", "demo")
+RL_DISTRACTOR_DENSITY = 32.0  # lookup world, RL stage: 4 distractors per 128-token document (evaluated: 1)
 # world -> (toy task, policy preset): the one-key world of the first reproduction, and the
 # question-conditioned one, which needs the token shift to learn lookup on 2 cores
 WORLDS = {"one_key": (toy.ONE_KEY_TASK, "toy-1m"), "lookup": (toy.TASK, "toy-1m-shift2")}
@@ -88,4 +89,8 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
     c.rl.overlong.update(enable=True, max_tokens=toy.ANSWER_TOKENS, cache_tokens=4)
     c.optim.update(lr=2e-4, schedule="constant", warmup_steps=5, weight_decay=0.0, grad_clip=1.0)
     c.train.update(steps=8 if demo else 80, workdir="runs/toy_memagent/rl")
+    if world == "lookup":
+      # RL documents of the training length but dense in distractors: at the evaluated density a 1x
+      # document holds one, so the reward rarely punishes an overwrite (docs/results/toy_lookup_world.md)
+      c.data.options = ml_collections.ConfigDict(dict(distractor_density=RL_DISTRACTOR_DENSITY))
   return c

@@ -54,6 +54,9 @@ _N = flags.DEFINE_integer("n", None, "evaluation documents per point (default pe
 _MAX_MULTIPLE = flags.DEFINE_integer("max_multiple", None, "largest length / training length (power of 2)")
 _EVAL_SEED = flags.DEFINE_integer("eval_seed", 1000, "seed of the evaluation documents and sampling")
 _STEPS = flags.DEFINE_string("steps", "", "override training steps, e.g. 'pretrain=3,warm_start=3,rl=2'")
+_BASE = flags.DEFINE_string("base", None, "an exported base model of this world (a pretrain stage's export, "
+                            "e.g. experiments/data/toy_base_lookup): used instead of training the pretrain stage")
+BASE_META = "base.json"  # written into every pretrain export: the world and steps it was trained for
 
 
 def stage_config(stage: str, scale: str, root: str, world: str = "one_key"):
@@ -77,8 +80,29 @@ def train_stage(stage: str, scale: str, root: str, world: str) -> dict:
   out = build_trainer(cfg).train()
   export = os.path.join(root, stage, "export")
   export_checkpoint(os.path.join(root, stage, "checkpoints"), export)
+  if stage == "pretrain":  # what --base checks before a later run starts from this export
+    with atomic_write(os.path.join(export, BASE_META)) as f:
+      json.dump({"world": world, "steps": out["step"], "model": cfg.model.source}, f, indent=1)
   return {"stage": stage, "steps": out["step"], "seconds": round(time.perf_counter() - t0, 1),
           "export": export}
+
+
+def use_base(base: str, root: str, world: str) -> dict:
+  """Copies a committed/earlier pretrain export in as this run's pretrain stage (no training), after
+  checking it is a complete export made for this world."""
+  meta_path = os.path.join(base, BASE_META)
+  missing = [n for n in ("config.json", "model.safetensors", BASE_META) if not os.path.isfile(os.path.join(base, n))]
+  if missing:
+    raise FileNotFoundError(f"--base={base} is not a pretrain export of toy_reproduction.py: no {', '.join(missing)}")
+  meta = json.load(open(meta_path))
+  if meta.get("world") != world:
+    raise ValueError(f"--base={base} was pretrained for world {meta.get('world')!r}, this run is --world={world}")
+  export = os.path.join(root, "pretrain", "export")
+  if os.path.abspath(base) != os.path.abspath(export):
+    shutil.rmtree(export, ignore_errors=True)
+    shutil.copytree(base, export)
+  print(f"\n== pretrain: from {base} ({meta['steps']} steps, not retrained)", flush=True)
+  return {"stage": "pretrain", "steps": meta["steps"], "seconds": 0.0, "export": export, "base": base}
 
 
 def reader_digest(stage: str, scale: str, root: str, world: str) -> str:
@@ -135,7 +159,11 @@ def main(argv):
   stages_path = os.path.join(root, "stages.json")
   stages = json.load(open(stages_path)) if os.path.exists(stages_path) else {}
   for stage in TRAIN_STAGES:
-    if stage in _STAGES.value:
+    if stage == "pretrain" and _BASE.value:
+      stages[stage] = use_base(_BASE.value, root, world)
+      with atomic_write(stages_path) as f:
+        json.dump(stages, f, indent=1)
+    elif stage in _STAGES.value:
       stages[stage] = train_stage(stage, scale, root, world)
       with atomic_write(stages_path) as f:
         json.dump(stages, f, indent=1)

@@ -194,6 +194,21 @@ def test_registered_in_evaluation(tok):
   assert samples == toy.generate(2, 128, 0)
 
 
+def test_data_options_reach_the_toy_generator_and_other_tasks_refuse_them(tok):
+  """data.options (a config's toy document makeup) changes the documents as toy.generate's keyword
+  would; an option a task does not take is an error naming it, never silently ignored."""
+  dense = tasks.make_samples(toy.TASK, 128, 3, 0, tok, chunk_tokens=64, options={"distractor_density": 32.0})
+  assert dense == toy.generate(3, 128, 0, distractor_density=32.0)
+  assert {s["num_distractors"] for s in dense} == {4}  # round(32 * 128 / 1000); the default world: 1
+  assert {s["num_distractors"] for s in tasks.make_samples(toy.TASK, 128, 3, 0, tok, chunk_tokens=64)} == {1}
+  never = tasks.make_samples(toy.ONE_KEY_TASK, 128, 8, 0, tok, chunk_tokens=64, options={"override_prob": 0.0})
+  assert {s["num_overrides"] for s in never} == {0} and {s["key"] for s in never} == {"oslo"}
+  with pytest.raises(ValueError, match="takes no data option 'density'.*distractor_density"):
+    tasks.make_samples(toy.TASK, 128, 1, 0, tok, chunk_tokens=64, options={"density": 1.0})
+  with pytest.raises(ValueError, match="'niah_single_1' takes no data option 'distractor_density'.*none"):
+    tasks.make_samples("niah_single_1", 128, 1, 0, tok, chunk_tokens=64, options={"distractor_density": 1.0})
+
+
 # sha256 of json.dumps(samples, sort_keys=True) for 4 samples of 128 tokens (seed 0) and 2 of 1024
 # (seed 3) at chunk 64: the toy reproduction's data. The one-asked-key world of earlier results
 # (asked_keys=("oslo",)) keeps its digest from before the chunk size came from the config.

@@ -108,3 +108,47 @@ def test_quickstart_notebook_runs_top_to_bottom(run):
   text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
   assert "memory:" in text and "final answer:" in text
   assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
+BASE = os.path.join(REPO, "experiments", "data", "toy_base_lookup")
+
+
+def test_committed_lookup_base_looks_facts_up_by_key():
+  """The base `make demo` starts from answers held-out questions about short documents with several
+  facts (content lookup, what pretraining is for): a broken or wrong-world checkpoint fails here."""
+  from configs import toy_memagent
+  from memagent_jax.evaluation.evaluate import run_eval
+  from memagent_jax.experiment.assembly import load_reader, sample_pool
+  assert json.load(open(os.path.join(BASE, "base.json")))["world"] == "lookup"
+  cfg = toy_memagent.get_config("pretrain,lookup")
+  reader = load_reader(cfg, BASE)
+  samples = sample_pool(cfg.data, chunk_tokens=cfg.agent.chunk_tokens, size=64, seed=777, length=cfg.data.length,
+                        tokenizer=reader.tokenizer)
+  assert len({s["key"] for s in samples}) == 8  # all eight askable keys asked
+  out = run_eval(reader, cfg.data.task, samples, None, batch_size=64, temperature=0.7, top_p=0.95, seed=0,
+                 progress=False)
+  assert out["score"] >= 0.6, out  # 82.8% at n = 128 when it was made; chance is about 1 in 24
+
+
+@pytest.mark.slow
+def test_base_flag_starts_from_the_committed_base_and_refuses_another_world(run, tmp_path):
+  root, _ = run
+  _run(["--scale=demo", "--world=lookup", f"--base={BASE}", f"--workdir={tmp_path}/b",
+        "--stages=pretrain,warm_start", "--steps=warm_start=2"], cwd=tmp_path, xla_cache=root / "xla_cache")
+  stages = json.load(open(tmp_path / "b" / "stages.json"))
+  assert stages["pretrain"]["base"] == BASE and stages["pretrain"]["steps"] == 800
+  assert stages["warm_start"]["steps"] == 2 and (tmp_path / "b" / "warm_start" / "export" / "model.safetensors").is_file()
+  assert not (tmp_path / "b" / "pretrain" / "checkpoints").exists()  # not retrained
+  with open(tmp_path / "b" / "pretrain" / "export" / "model.safetensors", "rb") as a, \
+       open(os.path.join(BASE, "model.safetensors"), "rb") as b:
+    assert a.read() == b.read()
+  # the tiny run's own pretrain export is of the one-key world: refused for --world=lookup, naming both
+  env = {**os.environ, "PYTHONPATH": REPO}
+  bad = subprocess.run([sys.executable, SCRIPT, "--scale=demo", "--world=lookup", f"--base={root}/run/pretrain/export",
+                        f"--workdir={tmp_path}/c", "--stages=pretrain"], env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert bad.returncode != 0 and "pretrained for world 'one_key', this run is --world=lookup" in bad.stderr
+  bad = subprocess.run([sys.executable, SCRIPT, "--scale=demo", f"--base={tmp_path}/nothing",
+                        f"--workdir={tmp_path}/d", "--stages=pretrain"], env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert bad.returncode != 0 and "is not a pretrain export" in bad.stderr and "base.json" in bad.stderr

@@ -1,13 +1,14 @@
 """Tasks by name -> samples: RULER tasks fitted to a token length, long-document QA, the toy world.
 
-Training pools and evaluation sets are both drawn here, so a task name means the same data
-everywhere.
+Training pools and evaluation sets are both drawn here, so a task name (with its options) means
+the same data everywhere.
 """
 
 from __future__ import annotations
 
 import os
 import random
+from typing import Mapping
 
 from memagent_jax.data import longqa, ruler, toy
 
@@ -33,20 +34,33 @@ def _qa_file(task: str, data_dir: str | None) -> str:
   raise FileNotFoundError(f"no {task} file in {data_dir} (looked for {', '.join(QA_FILES[task])})")
 
 
+# Generator options a task takes from a config's data.options (the toy world's document makeup, e.g.
+# RL documents denser in distractors than the evaluated world); any other task takes none.
+TOY_OPTIONS = ("distractor_density", "num_distractors", "override_prob", "max_overrides")
+
+
 def make_samples(task: str, length: int, n: int, seed: int, tokenizer, data_dir: str | None = None, *,
-                 chunk_tokens: int) -> list[dict]:
+                 chunk_tokens: int, options: Mapping | None = None) -> list[dict]:
   """n samples whose contexts have about `length` tokens (RULER: fitted; QA: padded documents).
 
   chunk_tokens: the reader's chunk size. The toy world places no fact across a boundary of it
   (so a config's agent.chunk_tokens shapes its documents; None: facts anywhere); other tasks
-  ignore it."""
+  ignore it.
+  options: generator keyword arguments (toy tasks: TOY_OPTIONS); an option a task does not take is
+  an error, never ignored."""
+  options = dict(options or {})
+  allowed = TOY_OPTIONS if task in toy.TASKS else ()
+  unknown = sorted(set(options) - set(allowed))
+  if unknown:
+    raise ValueError(f"task {task!r} takes no data option {unknown[0]!r} (given {sorted(options)}; "
+                     f"it takes {list(allowed) or 'none'})")
   if task in ruler.TASKS:
     return ruler.generate(task, length, n, seed, tokenizer=tokenizer)
   if task == toy.TASK:  # lengths in toy (word) tokens, whatever the tokenizer
-    return toy.generate(n, length, seed, chunk_tokens=chunk_tokens)
+    return toy.generate(n, length, seed, chunk_tokens=chunk_tokens, **options)
   if task == toy.ONE_KEY_TASK:
     return [{**s, "task": task} for s in toy.generate(n, length, seed, chunk_tokens=chunk_tokens,
-                                                      asked_keys=toy.ONE_KEY)]
+                                                      asked_keys=toy.ONE_KEY, **options)]
   if task not in QA_TASKS:
     raise ValueError(f"unknown task {task!r}; known: {', '.join(task_names())}")
   path = _qa_file(task, data_dir)

@@ -62,7 +62,7 @@ def sample_pool(data_cfg, *, chunk_tokens: int, size: int, seed: int, length: in
   """`size` samples of the config's task at `length` tokens; toy documents keep every fact inside
   one chunk of `chunk_tokens` (the config's agent.chunk_tokens: the chunks the agent reads)."""
   return tasks.make_samples(data_cfg.task, length, size, seed, tokenizer, data_dir or data_cfg.data_dir or None,
-                            chunk_tokens=chunk_tokens)
+                            chunk_tokens=chunk_tokens, options=data_cfg.get("options") or {})
 
 
 def training_source(data_cfg, *, chunk_tokens: int, tokenizer):
