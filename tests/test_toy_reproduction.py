@@ -131,7 +131,7 @@ def test_committed_lookup_base_looks_facts_up_by_key():
 
 
 @pytest.mark.slow
-def test_base_flag_starts_from_the_committed_base_and_refuses_another_world(run, tmp_path):
+def test_base_flag_starts_the_warm_start_from_the_committed_base(run, tmp_path):
   root, _ = run
   _run(["--scale=demo", "--world=lookup", f"--base={BASE}", f"--workdir={tmp_path}/b",
         "--stages=pretrain,warm_start", "--steps=warm_start=2"], cwd=tmp_path, xla_cache=root / "xla_cache")
@@ -142,13 +142,14 @@ def test_base_flag_starts_from_the_committed_base_and_refuses_another_world(run,
   with open(tmp_path / "b" / "pretrain" / "export" / "model.safetensors", "rb") as a, \
        open(os.path.join(BASE, "model.safetensors"), "rb") as b:
     assert a.read() == b.read()
-  # the tiny run's own pretrain export is of the one-key world: refused for --world=lookup, naming both
-  env = {**os.environ, "PYTHONPATH": REPO}
-  bad = subprocess.run([sys.executable, SCRIPT, "--scale=demo", "--world=lookup", f"--base={root}/run/pretrain/export",
-                        f"--workdir={tmp_path}/c", "--stages=pretrain"], env=env, capture_output=True, text=True,
-                       timeout=300)
-  assert bad.returncode != 0 and "pretrained for world 'one_key', this run is --world=lookup" in bad.stderr
-  bad = subprocess.run([sys.executable, SCRIPT, "--scale=demo", f"--base={tmp_path}/nothing",
-                        f"--workdir={tmp_path}/d", "--stages=pretrain"], env=env, capture_output=True, text=True,
-                       timeout=300)
-  assert bad.returncode != 0 and "is not a pretrain export" in bad.stderr and "base.json" in bad.stderr
+
+
+def test_base_of_another_world_or_an_incomplete_one_is_refused(tmp_path):
+  from experiments import toy_reproduction
+  with pytest.raises(ValueError, match="pretrained for world 'lookup', this run is --world=one_key"):
+    toy_reproduction.use_base(BASE, str(tmp_path / "run"), "one_key")
+  (tmp_path / "partial").mkdir()
+  (tmp_path / "partial" / "config.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match="is not a pretrain export.*model.safetensors, base.json"):
+    toy_reproduction.use_base(str(tmp_path / "partial"), str(tmp_path / "run"), "lookup")
+  assert not (tmp_path / "run").exists()  # nothing copied before the checks pass

@@ -86,6 +86,27 @@ def test_teacher_overwrites_at_its_rate(agent):
   assert abs(1 - kept / events - 0.3) < 0.1, (kept, events)
 
 
+def test_askable_overwrite_prob_sets_the_rate_on_chunks_naming_other_askable_keys(agent):
+  """overwrite_prob 1 with askable_overwrite_prob 0: every chunk of only non-askable keys' facts
+  replaces the memory, every chunk with another askable key's fact leaves it (counted from the texts)."""
+  samples = toy.generate(200, 4 * toy.TRAIN_TOKENS, seed=7)
+  counts = {True: [0, 0], False: [0, 0]}  # has another askable key -> [replaced, chunks]
+  for i, s in enumerate(samples):
+    r = TEACHERS.get("toy_memory")(agent, s["question"], s["context"], rng=random.Random(i), overwrite_prob=1.0,
+                                   askable_overwrite_prob=0.0)
+    for k in range(1, len(r.memories)):
+      found = facts_in(agent.tokenizer.decode(r.conversations[k].prompt_ids).split("<section>")[1])
+      if found and not any(kk == s["key"] for kk, _ in found):
+        askable = any(kk in toy.ASKED_KEYS for kk, _ in found)
+        counts[askable][1] += 1
+        counts[askable][0] += r.memories[k] == memory_text(found[-2:]) != r.memories[k - 1]
+  assert counts[True][1] > 50 and counts[False][1] > 50, counts
+  assert counts[True][0] == 0 and counts[False][0] == counts[False][1], counts
+  with pytest.raises(ValueError, match="askable_overwrite_prob=1.5 must lie in"):
+    TEACHERS.get("toy_memory")(agent, samples[0]["question"], samples[0]["context"], rng=random.Random(0),
+                               overwrite_prob=0.5, askable_overwrite_prob=1.5)
+
+
 def test_direct_teacher_answers_from_the_whole_document():
   policy = mj.load_policy("random:toy-tiny", seed=0)
   reader = mj.DirectReader(policy, answer_tokens=8, question_tokens=16, context_tokens=600)

@@ -81,10 +81,17 @@ def latest_value(context: str, key: str) -> str:
 
 @TEACHERS.register("toy_memory")
 def memory_teacher(agent, question: str, context: str, *, rng: random.Random,
-                   overwrite_prob: float) -> AgentResult:
-  """One trajectory of the imperfect memory policy through `agent`'s chunking and templates."""
-  if not 0.0 <= overwrite_prob <= 1.0:
-    raise ValueError(f"overwrite_prob={overwrite_prob} must lie in [0, 1]")
+                   overwrite_prob: float, askable_overwrite_prob: float | None = None) -> AgentResult:
+  """One trajectory of the imperfect memory policy through `agent`'s chunking and templates.
+
+  askable_overwrite_prob: the overwrite probability instead on chunks holding a fact about another
+  askable key (toy.ASKED_KEYS); None: overwrite_prob. At 0 the teacher's memory tells the asked key
+  from the other askable ones, which a student can only copy by matching fact and question keys (at
+  0.5 a fitted model took the shortcut "keep any askable key": docs/results/toy_lookup_world.md)."""
+  askable_p = overwrite_prob if askable_overwrite_prob is None else askable_overwrite_prob
+  for name, p in (("overwrite_prob", overwrite_prob), ("askable_overwrite_prob", askable_p)):
+    if not 0.0 <= p <= 1.0:
+      raise ValueError(f"{name}={p} must lie in [0, 1]")
   tok, key = agent.tokenizer, asked_key(question)
   q = encode_question(tok, question, index=0, budget=agent.question_tokens)
   memory: list[tuple[str, str]] = []
@@ -95,7 +102,7 @@ def memory_teacher(agent, question: str, context: str, *, rng: random.Random,
     asked = [f for f in found if f[0] == key]
     if asked:
       memory = [asked[-1]]
-    elif found and rng.random() < overwrite_prob:
+    elif found and rng.random() < (askable_p if any(k in toy.ASKED_KEYS for k, _ in found) else overwrite_prob):
       memory = found[-2:]  # the chunk's facts replace the memory (two fit in 16 tokens)
     conversations.append(_conversation(prompt, memory_text(memory), tokenizer=tok, cap=agent.memory_tokens,
                                        is_final=False))
