@@ -21,7 +21,7 @@ from absl import app, flags  # noqa: E402
 
 from configs import toy_memagent  # noqa: E402
 from memagent_jax.data import tasks, toy  # noqa: E402
-from memagent_jax.evaluation.memory_errors import CHUNK_KINDS, KINDS, error_table  # noqa: E402
+from memagent_jax.evaluation.memory_errors import CHUNK_KINDS, DISTRACTOR_SPLIT, KINDS, error_table  # noqa: E402
 
 
 def error_rows(workdir: str, stage: str, eval_seed: int, world: str = "one_key") -> list[dict]:
@@ -47,13 +47,15 @@ def _rate(failed: int, exposed: int) -> str:
 def markdown(rows: list[dict], stage: str) -> str:
   head = ["length (tokens)", "x training", "documents", "wrong", *KINDS, "right despite a wrong memory",
           "mean position of the first error (0 = first chunk, 1 = last)",
-          *(f"per-chunk {k} rate" for k in CHUNK_KINDS)]
+          *(f"per-chunk {k} rate" for k in CHUNK_KINDS),
+          *(f"distractor overwrite rate, {k.replace('_', ' ')} keys" for k in DISTRACTOR_SPLIT)]
   lines = [f"First memory error of each wrong document, {stage} (experiments/memory_errors.py). Per-chunk "
            "rate: first errors at chunks of that kind / such chunks read while the memory was still right.", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in rows:
     pos = "-" if r["mean_relative_chunk"] is None else f"{r['mean_relative_chunk']:.2f}"
-    rates = [_rate(*r["per_chunk"][k]) for k in CHUNK_KINDS]
+    rates = [_rate(*r["per_chunk"][k]) for k in CHUNK_KINDS] + [_rate(*r["distractor_split"][k])
+                                                                 for k in DISTRACTOR_SPLIT]
     lines.append(f"| {r['length']} | {r['length'] // toy.TRAIN_TOKENS}x | {r['documents']} | {r['wrong']} | "
                  + " | ".join(str(r[k]) for k in KINDS) + f" | {r['right_despite_wrong_memory']} | {pos} | "
                  + " | ".join(rates) + " |")

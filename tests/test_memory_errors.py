@@ -98,6 +98,15 @@ def test_exposures_count_the_chunks_read_while_the_memory_was_right():
                          chunk_tokens=toy.CHUNK_TOKENS)
   assert table["per_chunk"] == {"missed_update": (0, 3), "distractor_overwrite": (1, 2), "copy_corruption": (0, 1)}
   assert table["wrong"] == 0 and table["right_despite_wrong_memory"] == 1
+  # chunk 1 (rome, a key questions ask about) read twice, lost once; no chunk of unaskable keys only
+  assert table["distractor_split"] == {"other_askable": (1, 2), "unaskable": (0, 0)}
+  kyiv = {**_sample(), "facts": [["oslo", "tiger"], ["kyiv", "crab"], ["oslo", "zebra"]]}  # never asked
+  rows = [{"index": 0, "memories": right, "score": 1.0}, {"index": 1, "memories": lost, "score": 1.0}]
+  table = me.error_table([{**kyiv, "index": 0}, {**kyiv, "index": 1}], rows, chunk_tokens=toy.CHUNK_TOKENS)
+  assert table["distractor_split"] == {"other_askable": (0, 0), "unaskable": (1, 2)}
+  one_key = [{**_sample(), "index": i, "task": toy.ONE_KEY_TASK} for i in (0, 1)]  # there rome is never asked
+  table = me.error_table(one_key, rows, chunk_tokens=toy.CHUNK_TOKENS)
+  assert table["distractor_split"] == {"other_askable": (0, 0), "unaskable": (1, 2)}
 
 
 def test_both_toy_worlds_are_scored_by_exact_match():

@@ -21,6 +21,14 @@ from memagent_jax.data import toy
 
 CHUNK_KINDS = ("missed_update", "distractor_overwrite", "copy_corruption")  # named by what the chunk held
 KINDS = (*CHUNK_KINDS, "answer")
+# distractor-only chunks by what tempts the memory: a fact about another key some question asks about,
+# or only facts no question asks about (a memory that keeps "any askable key" fails only the first)
+DISTRACTOR_SPLIT = ("other_askable", "unaskable")
+
+
+def askable_keys(sample: dict) -> tuple[str, ...]:
+  """The keys a question of the sample's world may ask about."""
+  return toy.ONE_KEY if sample.get("task") == toy.ONE_KEY_TASK else toy.ASKED_KEYS
 
 
 def chunk_facts(sample: dict, chunk_tokens: int) -> list[list[tuple[str, str]]]:
@@ -88,10 +96,11 @@ def error_table(samples: list[dict], rows: list[dict], *, chunk_tokens: int) -> 
   """Counts of first-error kinds over evaluated documents (`rows`: run_eval's JSON lines, matched
   to `samples` by index; "score" is exact match for the toy tasks), and how many wrong memories
   were still followed by a right answer. "per_chunk": for each chunk kind, (first errors, chunks
-  of that kind read while the memory was right), over every document: the per-chunk hazard."""
+  of that kind read while the memory was right), over every document: the per-chunk hazard.
+  "distractor_split": the same for distractor-only chunks, split by DISTRACTOR_SPLIT."""
   by_index = {s["index"]: s for s in samples}
   kinds, lucky, chunks_at = Counter(), 0, []
-  exposed, failed = Counter(), Counter()
+  exposed, failed, split_read, split_lost = Counter(), Counter(), Counter(), Counter()
   for row in rows:
     if row.get("memories") is None:
       raise ValueError("evaluation rows without 'memories' (written before every chunk's memory was kept)")
@@ -100,7 +109,13 @@ def error_table(samples: list[dict], rows: list[dict], *, chunk_tokens: int) -> 
       raise ValueError(f"document {row['index']}: evaluated question {row['question']!r} but the regenerated "
                        f"sample asks {sample['question']!r}: another task, length or seed than the evaluation's")
     err = first_error(sample, row["memories"], correct=bool(row["score"]), chunk_tokens=chunk_tokens)
-    exposed.update(exposures(sample, row["memories"], chunk_tokens=chunk_tokens))
+    facts, others = chunk_facts(sample, chunk_tokens), set(askable_keys(sample)) - {sample["key"]}
+    for i, kind, _, _, right in _walk(sample, row["memories"], chunk_tokens):
+      exposed[kind] += 1
+      if kind == "distractor_overwrite":  # which facts tempted it: another key a question may ask about?
+        split = "other_askable" if any(k in others for k, _ in facts[i]) else "unaskable"
+        split_read[split] += 1
+        split_lost[split] += not right
     if err is not None and err["kind"] != "answer":
       failed[err["kind"]] += 1
     if err is None:
@@ -113,4 +128,5 @@ def error_table(samples: list[dict], rows: list[dict], *, chunk_tokens: int) -> 
   return {"documents": len(rows), "wrong": sum(kinds.values()), **{k: kinds[k] for k in KINDS},
           "right_despite_wrong_memory": lucky,
           "mean_relative_chunk": sum(chunks_at) / len(chunks_at) if chunks_at else None,
-          "per_chunk": {k: (failed[k], exposed[k]) for k in CHUNK_KINDS}}
+          "per_chunk": {k: (failed[k], exposed[k]) for k in CHUNK_KINDS},
+          "distractor_split": {k: (split_lost[k], split_read[k]) for k in DISTRACTOR_SPLIT}}
