@@ -209,6 +209,23 @@ def test_data_options_reach_the_toy_generator_and_other_tasks_refuse_them(tok):
     tasks.make_samples("niah_single_1", 128, 1, 0, tok, chunk_tokens=64, options={"distractor_density": 1.0})
 
 
+def test_askable_distractors_defeat_the_latest_askable_fact_shortcut():
+  """distractor_keys="askable": every distractor names another askable key, so "answer the latest
+  askable key's fact" (what a base pretrained on the default rows learnt) is mostly wrong."""
+  samples = toy.generate(400, 72, 0, num_distractors=3, distractor_keys="askable")
+  for s in samples:
+    others = [k for k, _ in s["facts"] if k != s["key"]]
+    assert len(others) == 3 and set(others) <= set(toy.ASKED_KEYS) - {s["key"]}
+  shortcut = sum([v for k, v in s["facts"] if k in toy.ASKED_KEYS][-1] == s["answers"][0] for s in samples)
+  assert shortcut / len(samples) < 0.5
+  default = toy.generate(400, 72, 0, num_distractors=3)
+  assert sum(k not in toy.ASKED_KEYS for s in default for k, _ in s["facts"]) > 500  # mostly unaskable keys
+  with pytest.raises(ValueError, match="distractor_keys='some'"):
+    toy.generate(1, 72, 0, distractor_keys="some")
+  with pytest.raises(ValueError, match="no askable key other than 'oslo'"):
+    toy.generate(1, 72, 0, asked_keys=toy.ONE_KEY, distractor_keys="askable")
+
+
 # sha256 of json.dumps(samples, sort_keys=True) for 4 samples of 128 tokens (seed 0) and 2 of 1024
 # (seed 3) at chunk 64: the toy reproduction's data. The one-asked-key world of earlier results
 # (asked_keys=("oslo",)) keeps its digest from before the chunk size came from the config.

@@ -47,6 +47,7 @@ ONE_KEY = ("oslo",)
 TASKS = (TASK, ONE_KEY_TASK)  # both worlds: toy-word lengths, one-word answers scored by exact match
 OVERRIDE_PROB = 0.5  # chance of each further override of the asked key, up to MAX_OVERRIDES
 MAX_OVERRIDES = 2
+DISTRACTOR_KEYS = ("any", "askable")  # which keys distractor facts are about (make_sample)
 
 KEYS = ("accra", "austin", "berlin", "boston", "cairo", "dakar", "delhi", "denver", "dublin",
         "hanoi", "kyiv", "lima", "madrid", "miami", "oslo", "paris", "quito", "riga", "rome",
@@ -123,8 +124,15 @@ def _fact_starts(rng: random.Random, num_tokens: int, num_facts: int, chunk_toke
 
 def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
                 override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
-                chunk_tokens: int | None = CHUNK_TOKENS, asked_keys: tuple[str, ...] | None = ASKED_KEYS) -> dict:
-  """One document of exactly `num_tokens` toy tokens, its question and answer."""
+                chunk_tokens: int | None = CHUNK_TOKENS, asked_keys: tuple[str, ...] | None = ASKED_KEYS,
+                distractor_keys: str = "any") -> dict:
+  """One document of exactly `num_tokens` toy tokens, its question and answer.
+
+  distractor_keys: "any" (distractors about any other key), or "askable" (only about the other
+  askable keys: rows where "keep the latest askable fact" fails and only matching the question's key
+  to the fact's key answers right, what a lookup pretraining needs)."""
+  if distractor_keys not in DISTRACTOR_KEYS:
+    raise ValueError(f"distractor_keys={distractor_keys!r}: choose one of {DISTRACTOR_KEYS}")
   if not 0.0 <= override_prob <= 1.0:
     raise ValueError(f"override_prob={override_prob} must lie in [0, 1]")
   if num_distractors < 0 or max_overrides < 0:
@@ -140,7 +148,9 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
     overrides += 1
   asked = rng.sample(VALUES, 1 + overrides)  # distinct: only the last fact holds the answer
   answer = asked[-1]
-  other_keys = [k for k in KEYS if k != key]
+  other_keys = [k for k in (KEYS if distractor_keys == "any" or not asked_keys else asked_keys) if k != key]
+  if not other_keys:
+    raise ValueError(f"distractor_keys='askable' but no askable key other than {key!r}")
   other_values = [v for v in VALUES if v != answer]
   distractors = [(rng.choice(other_keys), rng.choice(other_values)) for _ in range(num_distractors)]
   num_facts = len(asked) + num_distractors
@@ -175,7 +185,7 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
              num_distractors: int | None = None, distractor_density: float | None = None,
              override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
              chunk_tokens: int | None = CHUNK_TOKENS,
-             asked_keys: tuple[str, ...] | None = ASKED_KEYS) -> list[dict]:
+             asked_keys: tuple[str, ...] | None = ASKED_KEYS, distractor_keys: str = "any") -> list[dict]:
   """n toy samples with documents of exactly `num_tokens` toy tokens.
 
   Args:
@@ -188,6 +198,7 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
     override_prob: chance of each further override of the asked key (0: never, 1: always
       max_overrides).
     max_overrides: cap on overrides of the asked key.
+    distractor_keys: "any" or "askable" (make_sample).
 
   Returns:
     dicts with question, context, answers ([value of the last fact about key]), key, facts,
@@ -205,6 +216,6 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
   out = []
   for i in range(n):
     s = make_sample(sample_rng(num_tokens, seed, i), num_tokens, num_distractors, override_prob,
-                    max_overrides, chunk_tokens, asked_keys)
+                    max_overrides, chunk_tokens, asked_keys, distractor_keys)
     out.append({**s, "task": TASK, "length": num_tokens, "seed": seed, "index": i})
   return out
