@@ -22,13 +22,16 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" tests
 
-# The toy-world pipeline, short (<= 10 min on 2 cores): warm start, RL, baselines, curve.
+# What RL buys, short (<= 10 min on 2 cores): from the committed base of the question-conditioned
+# world, warm start on the imperfect teacher, Multi-Conv DAPO, then accuracy against length for both.
+TOY_BASE := --world=lookup --base=experiments/data/toy_base_lookup
 demo: setup
-	$(PY) experiments/toy_reproduction.py --scale=demo --fresh
+	$(PY) experiments/toy_reproduction.py --scale=demo $(TOY_BASE) --stages=warm_start,rl,eval --fresh
 
-# The full toy reproduction (~45 min on 2 cores): writes docs/results/toy_reproduction.{md,png,json}.
+# The full toy reproduction from the same base: warm start, RL, full attention, 1x..256x, n = 200
+# (docs/results/toy_reproduction_lookup.{md,png,json}). Resumes where it stopped; rm -rf runs/toy_full_lookup to start over.
 reproduce: setup
-	$(PY) experiments/toy_reproduction.py --scale=full --fresh
+	$(PY) experiments/toy_reproduction.py --scale=full $(TOY_BASE)
 
 # The embedded SmolLM2 reading a real document with MemAgent, memory shown after each chunk.
 demo-smollm2: setup

@@ -161,3 +161,30 @@ def test_base_of_another_world_or_an_incomplete_one_is_refused(tmp_path):
   with pytest.raises(FileNotFoundError, match="is not a pretrain export.*model.safetensors, base.json"):
     toy_reproduction.use_base(str(tmp_path / "partial"), str(tmp_path / "run"), "lookup")
   assert not (tmp_path / "run").exists()  # nothing copied before the checks pass
+
+
+def test_eval_sweeps_only_the_trained_stages(monkeypatch, tmp_path):
+  """make demo trains no full-attention baseline: the sweep skips it instead of failing on a missing export."""
+  from experiments import toy_reproduction
+  swept = []
+  monkeypatch.setattr(toy_reproduction, "make_reader", lambda stage, *a: stage)
+  monkeypatch.setattr(toy_reproduction, "reader_digest", lambda stage, *a: stage)
+  monkeypatch.setattr(toy_reproduction, "sweep_lengths",
+                      lambda reader, stage, task, lengths, **kw: swept.append((stage, lengths)) or [])
+  toy_reproduction.evaluate("demo", str(tmp_path), 4, 2, 1000, "lookup", trained=["pretrain", "warm_start", "rl"])
+  assert swept == [("rl", [128, 256]), ("warm_start", [128, 256])]
+
+
+def test_toy_sweep_reports_accuracy_and_per_chunk_rates(tmp_path):
+  """experiments/toy_sweep.py on the committed base: one line per length with the Wilson interval and
+  the per-chunk rates, and the per-document answers with every memory."""
+  env = {**os.environ, "PYTHONPATH": REPO}
+  out = subprocess.run([sys.executable, os.path.join(REPO, "experiments", "toy_sweep.py"), f"--export={BASE}",
+                        "--name=base", "--multiples=1,2", "--n=4", f"--out_dir={tmp_path}"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = [line for line in out.stdout.splitlines() if line.startswith("base ")]
+  assert [line.split(":")[0] for line in lines] == ["base 1x", "base 2x"]
+  assert all("% [" in line and "missed_update" in line and "overwrite by other_askable" in line for line in lines)
+  answers = [json.loads(line) for line in open(tmp_path / "base_256.jsonl")]
+  assert len(answers) == 4 and all(len(a["memories"]) == 4 for a in answers)  # 256 tokens = 4 chunks

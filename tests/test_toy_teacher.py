@@ -8,7 +8,7 @@ import pytest
 import memagent_jax as mj
 from configs import toy_memagent
 from memagent_jax.agent import ConversationBatch
-from memagent_jax.data import toy
+from memagent_jax.data import tasks, toy
 from memagent_jax.rl.toy_teacher import TEACHERS, asked_key, facts_in, memory_text
 from memagent_jax.rl import rewards
 from memagent_jax.rl.batching import rows_from_conversations
@@ -190,6 +190,22 @@ def test_toy_memagent_worlds_pick_task_and_policy():
   assert (lookup.data.task, lookup.model.source) == (toy.TASK, "random:toy-1m-shift2")
   assert toy_memagent.get_config("rl,lookup").data.task == toy.TASK  # every stage of the world
   assert toy_memagent.get_config("rl,lookup").to_dict() == toy_memagent.get_config("rl,full,lookup").to_dict()
+
+
+def test_lookup_world_trains_on_distractor_dense_documents_with_a_flawed_teacher():
+  """Run 3 of toy_lookup_world.md: warm start and RL read documents with LOOKUP_DISTRACTORS distractors,
+  and the teacher overwrites on any distractor chunk, askable or not, so RL has a length-compounding
+  flaw to remove; the one-key world keeps its documents."""
+  for stage in ("warm_start", "rl"):
+    for scale in ("", ",demo"):
+      c = toy_memagent.get_config(f"{stage},lookup{scale}")
+      assert c.data.options.to_dict() == {"num_distractors": toy_memagent.LOOKUP_DISTRACTORS}
+      pool = tasks.make_samples(c.data.task, c.data.length, 4, 0, None, chunk_tokens=c.agent.chunk_tokens,
+                                options=c.data.options)
+      assert {s["num_distractors"] for s in pool} == {toy_memagent.LOOKUP_DISTRACTORS}
+    assert not toy_memagent.get_config(f"{stage},one_key").data.options
+  warm = toy_memagent.get_config("warm_start,lookup").teacher.options.to_dict()
+  assert warm == {"overwrite_prob": 0.5}  # askable_overwrite_prob unset: the same 0.5 on askable chunks
 
 
 def test_prompt_loss_trains_through_the_trainer(tmp_path):
