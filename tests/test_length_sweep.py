@@ -38,6 +38,7 @@ class _Oracle:
     from memagent_jax.agent.results import AgentResult
     from memagent_jax.rl.toy_teacher import asked_key, facts_in
     self.calls += 1
+    self.lengths = getattr(self, "lengths", []) + [max(len(d.split(" ")) for d in documents)]
     out = []
     for q, d in zip(questions, documents):
       told = [v for k, v in facts_in(d) if k == asked_key(q)]
@@ -73,3 +74,4 @@ def test_finished_lengths_are_reused_only_for_the_same_reader_and_settings(tmp_p
   (tmp_path / "oracle_256.row.json").write_text("{not json")  # a torn row is run again, not trusted
   sweep(reader_id="weights-b")
   assert reader.calls == 9 + 2  # the warm-up and length 256 only
+  assert reader.lengths[-2:] == [128, 256]  # the warm-up read the shortest documents, not a 256 batch twice

@@ -73,8 +73,8 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, s
                   warmup_each_length: bool = True, progress: bool = True, reader_id: str | None = None) -> list[dict]:
   """One row per length: accuracy (+ Wilson 95% interval), seconds per document, peak RSS.
 
-  warmup_each_length=False warms up at the first length only: for readers whose compiled shapes
-  do not depend on the length (MemAgent), so no long document is read twice. reader_id (e.g. a
+  warmup_each_length=False warms up once, on documents of the shortest length: for readers whose
+  compiled shapes do not depend on the length (MemAgent), so no long document is read twice. reader_id (e.g. a
   digest of the weights) with out_dir: a length already swept with the same reader and settings
   is read back from <out_dir>/<name>_<length>.row.json instead of run again."""
   rows, warmed = [], False
@@ -87,7 +87,10 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, s
       continue
     samples = tasks.make_samples(task, length, n, seed + length, reader.tokenizer, chunk_tokens=chunk_tokens)
     if not warmed or warmup_each_length:
-      warm = samples[:batch_size]
+      # a reader whose shapes do not depend on the length warms up on the shortest documents: a resumed
+      # sweep would otherwise read one batch of its first unfinished (longest so far) length twice
+      warm = samples[:batch_size] if warmup_each_length else tasks.make_samples(
+          task, min(lengths), min(n, batch_size), seed + min(lengths), reader.tokenizer, chunk_tokens=chunk_tokens)
       reader.answer_batch([s["question"] for s in warm], [s["context"] for s in warm],
                           temperature=temperature, top_p=top_p, seed=seed)  # compile these shapes
       warmed = True
