@@ -148,7 +148,7 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
       f"World: {toy.CHUNK_TOKENS}-token chunks, {toy.MEMORY_TOKENS}-token memory, training documents of "
       f"{toy.TRAIN_TOKENS} tokens (1x), {toy.DISTRACTOR_DENSITY:g} distractor facts per 1000 tokens, up to "
       f"{toy.MAX_OVERRIDES} overrides of the asked key (questions ask about {', '.join(_asked_keys(world))}). "
-      f"Policy: {_model_line(toy_memagent.WORLDS[world][1])}, the same for all three. Stages (`configs/toy_memagent.py`): "
+      f"Policy: {_model_line(toy_memagent.WORLDS[world][1])}, the same for every method. Stages (`configs/toy_memagent.py`): "
       "pretrain (base model: find and copy a fact in short plain texts) -> warm_start (supervised on the "
       "imperfect memory teacher) -> rl (Multi-Conv DAPO, final-answer reward only); full_attention "
       "(supervised on whole training documents) from the same base." + _training_documents(world), "",

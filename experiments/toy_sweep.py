@@ -43,11 +43,12 @@ def main(argv):
   out_dir = _OUT.value or os.path.join("runs", "toy_sweep", _NAME.value)
   os.makedirs(out_dir, exist_ok=True)
   reader = load_reader(cfg, _EXPORT.value, training=False)
-  for multiple in (int(m) for m in _MULTIPLES.value):
-    length = toy.TRAIN_TOKENS * multiple
-    row, = sweep_lengths(reader, _NAME.value, cfg.data.task, [length], n=n, seed=seed, batch_size=n,
-                         temperature=_TEMPERATURE.value, top_p=cfg.eval.top_p, chunk_tokens=chunk,
-                         out_dir=out_dir, warmup_each_length=False, progress=False)
+  lengths = [toy.TRAIN_TOKENS * int(m) for m in _MULTIPLES.value]
+  rows = sweep_lengths(reader, _NAME.value, cfg.data.task, lengths, n=n, seed=seed, batch_size=n,
+                       temperature=_TEMPERATURE.value, top_p=cfg.eval.top_p, chunk_tokens=chunk,
+                       out_dir=out_dir, warmup_each_length=False)  # one warm-up, on the shortest length
+  for length, row in zip(lengths, rows):
+    multiple = length // toy.TRAIN_TOKENS
     with open(os.path.join(out_dir, f"{_NAME.value}_{length}.jsonl")) as f:
       answers = [json.loads(line) for line in f]
     samples = tasks.make_samples(cfg.data.task, length, n, seed + length, None, chunk_tokens=chunk)

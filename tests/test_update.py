@@ -128,7 +128,7 @@ def test_gradient_accumulation_1_vs_4_micro_batches(agg):
   _, a4, _ = _step(model, rows, spec, micro=4)
   # AdamW's updates: its first step divides each gradient element by its own size, so elements at
   # rounding-noise level (|g| << 1e-6 of the norm) differ fully between the two summation orders. Measured
-  # 3e-5..7e-5 of the update's norm on a 2-core EPYC, where the params differed by 1.06e-6 of their norm,
+  # 3e-5..7e-5 of the update's norm on a 2-core Xeon, where the params differed by 1.06e-6 of their norm,
   # over the old bound of 1e-6 (earlier machines passed it); the gradients themselves agree to 1e-6 above.
   update1 = jax.tree_util.tree_map(jnp.subtract, a1, p0)
   update4 = jax.tree_util.tree_map(jnp.subtract, a4, p0)

@@ -89,8 +89,9 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, s
     if not warmed or warmup_each_length:
       # a reader whose shapes do not depend on the length warms up on the shortest documents: a resumed
       # sweep would otherwise read one batch of its first unfinished (longest so far) length twice
-      warm = samples[:batch_size] if warmup_each_length else tasks.make_samples(
-          task, min(lengths), min(n, batch_size), seed + min(lengths), reader.tokenizer, chunk_tokens=chunk_tokens)
+      warm_length = length if warmup_each_length else min(lengths)
+      warm = samples[:batch_size] if warm_length == length else tasks.make_samples(
+          task, warm_length, min(n, batch_size), seed + warm_length, reader.tokenizer, chunk_tokens=chunk_tokens)
       reader.answer_batch([s["question"] for s in warm], [s["context"] for s in warm],
                           temperature=temperature, top_p=top_p, seed=seed)  # compile these shapes
       warmed = True
