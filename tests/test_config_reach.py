@@ -190,6 +190,10 @@ def reader_kind(run):
   return type(run.exp.agent).__name__, widths(run)
 
 
+def prefix_reuse(run):  # whether the compiled recurrence copies the template's first piece's keys in
+  return run.exp.agent.reuse_prefix
+
+
 def final_prompt(run):  # the fixed token pieces of the final-answer prompt the compiled answer block gets
   return [np.asarray(p).tolist() for p in run.exp.agent.final_segments.pieces]
 
@@ -223,6 +227,7 @@ KNOBS = [
     ("agent.question_tokens", 32, {}, widths),
     ("agent.final_template", "eval", {}, final_prompt),
     ("agent.block_chunks", 2, {}, probe("blocks", "chunks")),
+    ("agent.template_prefix_cache", "off", {}, prefix_reuse),
     ("agent.max_chunks", 1, {}, probe("blocks", "tokens_read")),
     ("agent.kind", "direct", {**DIRECT, "agent.kind": "memagent"}, reader_kind),
     ("agent.context_tokens", 1024, DIRECT, direct_budget),

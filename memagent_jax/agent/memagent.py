@@ -20,12 +20,24 @@ from memagent_jax.agent import chunking
 from memagent_jax.agent.placement import RowPlacement
 from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_block
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
+from memagent_jax.models.attention import resolve_backend
 from memagent_jax.text.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
                                           TemplateSegments, answer_text_to_prediction)
 from memagent_jax.text import answers
 from memagent_jax.policy.sampling import SamplingParams, round_up, row_keys
 
-QUESTION_BUCKET = 32  # question widths are padded to a multiple of this to bound recompiles
+
+
+def question_bucket(longest: int) -> int:
+  """The padded question width: a power of two from 8 to 128, then a multiple of 128. Few widths
+  (12 up to 1024 tokens) bound recompiles; short questions (a toy world's 7) waste few slots."""
+  if longest <= 128:
+    return max(8, 1 << max(0, longest - 1).bit_length())
+  return round_up(longest, 128)
+
+
+PREFIX_CACHE_CHOICES = ("auto", "on", "off")
+PREFIX_CACHE_SHARE = 0.1  # "auto" reuses the template's opening piece from this share of the prompt
 
 
 class ContextBudgetError(ValueError):
@@ -55,7 +67,7 @@ class MemAgent:
   # three budgets; the rest default to the released reader (trainer: configs/base.py agent section).
   def __init__(self, policy, *, chunk_tokens: int, memory_tokens: int, answer_tokens: int,
                question_tokens: int = 1024, final_template: str = "boxed", block_chunks: int = 8,
-               max_chunks: int | None = None, mesh=None):
+               max_chunks: int | None = None, mesh=None, template_prefix_cache: str = "auto"):
     for name, v in dict(chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
                         answer_tokens=answer_tokens, question_tokens=question_tokens,
                         block_chunks=block_chunks).items():
@@ -63,6 +75,8 @@ class MemAgent:
         raise ValueError(f"{name}={v!r} must be a positive integer")
     if final_template not in FINAL_TEMPLATES:
       raise ValueError(f"final_template={final_template!r}; choose one of {sorted(FINAL_TEMPLATES)}")
+    if template_prefix_cache not in PREFIX_CACHE_CHOICES:
+      raise ValueError(f"template_prefix_cache={template_prefix_cache!r}; choose one of {PREFIX_CACHE_CHOICES}")
     if max_chunks is not None and max_chunks < 1:
       raise ValueError(f"max_chunks={max_chunks!r} must be None (no truncation) or >= 1")
     self.policy = policy
@@ -81,6 +95,17 @@ class MemAgent:
     self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     self.context = policy.config.max_position_embeddings
     self.check_budget(question_len=1)
+    self.reuse_prefix = self._reuse_prefix(template_prefix_cache)
+
+  def _reuse_prefix(self, choice: str) -> bool:
+    """"auto": reuse the template's opening piece when it is at least PREFIX_CACHE_SHARE of a memory
+    update's prompt and attention runs on xla (a fused kernel takes whole rows only, so there it
+    would trade a kernel for a few % fewer tokens)."""
+    if choice != "auto":
+      return choice == "on"
+    prefix = len(self.memory_segments.pieces[0])
+    backend = resolve_backend(self.policy.model.attention, self.policy.dtype)
+    return backend == "xla" and prefix >= PREFIX_CACHE_SHARE * self.prompt_tokens(question_bucket(1))["memory update"]
 
   # ----- budgets -------------------------------------------------------------------------------
   def prompt_tokens(self, question_width: int) -> dict[str, int]:
@@ -113,7 +138,7 @@ class MemAgent:
            for i, q in enumerate(questions)]
     longest = placement.agree_max(max(len(q) for q in ids))  # one static width on every process
     self.check_budget(longest)
-    width = round_up(longest, QUESTION_BUCKET)
+    width = question_bucket(longest)
     if max(self.prompt_budget(width).values()) > self.context:
       width = longest
     q = np.full((len(ids), width), self.pad_id, np.int32)
@@ -135,7 +160,8 @@ class MemAgent:
   def _spec(self, params: SamplingParams, keep_prompts: bool) -> RecurrenceSpec:
     return RecurrenceSpec(memory_tokens=self.memory_tokens, answer_tokens=self.answer_tokens,
                           stop_tokens=self.stop_tokens, pad_id=self.pad_id, greedy=params.temperature == 0.0,
-                          top_k=params.top_k, use_top_p=params.top_p < 1.0, keep_prompts=keep_prompts)
+                          top_k=params.top_k, use_top_p=params.top_p < 1.0, keep_prompts=keep_prompts,
+                          reuse_prefix=self.reuse_prefix)
 
   # Documented public API (DESIGN.md): greedy unless asked, as `Policy.generate`.
   def answer_batch(self, questions: Sequence[str], documents: Sequence[str], *, temperature: float = 0.0,

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.policy.sampling import Generation, fold_rows, sample_from_prompts
+from memagent_jax.policy.sampling import Generation, fold_rows, prefix_cache, sample_from_prompts
 
 FINAL_STREAM = 0xFFFFFFFF  # the final answer's key is fold_in(row key, FINAL_STREAM); chunk k uses k
 
@@ -31,6 +31,7 @@ class RecurrenceSpec:
   top_k: int  # 0: off
   use_top_p: bool
   keep_prompts: bool  # return the assembled prompts (RL needs them; long reads may not)
+  reuse_prefix: bool  # compute the template's first piece once per block, not once per row and chunk
 
 
 def pack_left(parts, pad_id: int):
@@ -69,14 +70,16 @@ def _empty_generation(b: int, n: int, pad_id: int) -> Generation:
                     jnp.zeros((b,), bool), jnp.int32(0))
 
 
-def _sample(model, tokens, valid, *, keys, temperature, top_p, inactive, n: int, spec: RecurrenceSpec):
-  """Up to n new tokens for left-padded prompts tokens, valid [B, P]; inactive [B] rows generate none."""
+def _sample(model, tokens, valid, *, keys, temperature, top_p, inactive, n: int, spec: RecurrenceSpec,
+            prefix=None):
+  """Up to n new tokens for left-padded prompts tokens, valid [B, P]; inactive [B] rows generate none.
+  prefix: the KV of the template piece every prompt starts with (`sampling.prefix_cache`) or None."""
   stops = jnp.broadcast_to(jnp.asarray(spec.stop_tokens or (-1,), jnp.int32)[None],
                            (tokens.shape[0], max(1, len(spec.stop_tokens))))
   return sample_from_prompts(
       model, tokens, valid, stop_tokens=stops, keys=keys, temperature=temperature, top_p=top_p,
       done=inactive, max_new_tokens=n, cache_size=tokens.shape[1] + n, greedy=spec.greedy,
-      top_k=spec.top_k, use_top_p=spec.use_top_p, pad_id=spec.pad_id)
+      top_k=spec.top_k, use_top_p=spec.use_top_p, pad_id=spec.pad_id, prefix=prefix)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
@@ -93,6 +96,7 @@ def memory_block(graphdef, state, *, pieces, question, q_len, memory, mem_len, c
   model = nnx.merge(graphdef, state)
   b, m = memory.shape
   n = spec.memory_tokens
+  prefix = prefix_cache(model, pieces[0]) if spec.reuse_prefix else None  # the same for every step
 
   def step(carry, xs):
     memory, mem_len = carry
@@ -105,7 +109,7 @@ def memory_block(graphdef, state, *, pieces, question, q_len, memory, mem_len, c
     gen = jax.lax.cond(
         jnp.any(active),
         lambda: _sample(model, tokens, valid, keys=step_keys, temperature=temperature, top_p=top_p,
-                        inactive=~active, n=n, spec=spec),
+                        inactive=~active, n=n, spec=spec, prefix=prefix),
         lambda: _empty_generation(b, n, spec.pad_id))
     new_memory, new_len = _strip_stop(gen, m, spec.pad_id)
     memory = jnp.where(active[:, None], new_memory, memory)

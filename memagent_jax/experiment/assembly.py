@@ -43,7 +43,8 @@ def build_reader(agent_cfg, policy, *, training: bool, mesh=None, truncate: bool
   return MemAgent(policy, chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens,
                   answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
                   final_template=a.final_template, block_chunks=a.block_chunks,
-                  max_chunks=(a.max_chunks or None) if training else None, mesh=mesh)
+                  max_chunks=(a.max_chunks or None) if training else None, mesh=mesh,
+                  template_prefix_cache=a.template_prefix_cache)
 
 
 def load_policy_of(cfg, source: str | None = None):

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from memagent_jax.models.decoder import init_cache, positions_from_mask
+from memagent_jax.models.decoder import LayerCache, init_cache, positions_from_mask
 
 
 # Public (`mj.SamplingParams`, README): the defaults of the documented `Policy.generate`, greedy, no filter.
@@ -105,26 +105,68 @@ def _pick(logits, keys, *, temperature, top_p, greedy, top_k, use_top_p):
   return tok, lp, sample_lp
 
 
-def prefill(model, tokens, valid, *, cache_size: int):
+def prefix_cache(model, prefix) -> list[LayerCache]:
+  """KV (and token history) of one shared prompt prefix [L], computed once: [1, K, L, D] per layer.
+  Every prompt that starts with it (left padding aside) holds these keys, since positions count
+  from a row's first real token."""
+  ids = jnp.asarray(prefix, jnp.int32)[None, :]  # [1, L]
+  cache = init_cache(model.config, 1, ids.shape[1], model.dtype)
+  _, cache = model(ids, jnp.arange(ids.shape[1])[None, :], jnp.ones(ids.shape, bool), cache, 0)
+  return cache
+
+
+def _cache_with_prefix(model, prefix: list[LayerCache], tokens, valid, cache_size: int):
+  """A fresh cache [B, ., cache_size, .] whose first L slots hold each row's share of the prefix.
+
+  Row b's prompt starts at slot P - count_b, so slot s < L holds prefix token s - (P - count_b)
+  (padding where that is negative: key_valid masks it)."""
+  b, p = tokens.shape
+  l = prefix[0].k.shape[2]
+  cache = init_cache(model.config, b, cache_size, model.dtype)
+  index = jnp.arange(l)[None, :] - (p - jnp.sum(valid, axis=1))[:, None]  # [B, L]
+  index = jnp.clip(index, 0, l - 1)
+  out = []
+  for layer, pre in zip(cache, prefix):
+    rows = lambda x: jnp.take(x[0], index, axis=1).transpose(1, 0, 2, 3)  # [K, L, D] -> [B, K, L, D]
+    put = lambda buf, x: jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype), (0, 0, 0, 0))
+    tok = layer.tokens
+    if tok is not None:  # token-shift history: the prompt's own ids
+      tok = jax.lax.dynamic_update_slice(tok, tokens[:, :l].astype(jnp.int32), (0, 0))
+    out.append(LayerCache(put(layer.k, rows(pre.k)), put(layer.v, rows(pre.v)), tok))
+  return out
+
+
+def prefill(model, tokens, valid, *, cache_size: int, prefix: list[LayerCache] | None = None):
   """Runs left-padded prompts [B, P] into a fresh cache of `cache_size` slots.
-  Returns (next-token logits [B, V] float32, cache)."""
-  cache = init_cache(model.config, tokens.shape[0], cache_size, model.dtype)
-  hidden, cache = model(tokens, positions_from_mask(valid), valid, cache, 0)
+
+  With `prefix` (see `prefix_cache`: every row's real tokens start with its L ids), the first L
+  slots are copied from it and only slots L.. run through the model: slots a row's prefix spills
+  into are recomputed, exactly. Returns (next-token logits [B, V] float32, cache)."""
+  if prefix is None:
+    cache = init_cache(model.config, tokens.shape[0], cache_size, model.dtype)
+    hidden, cache = model(tokens, positions_from_mask(valid), valid, cache, 0)
+    return model.logits(hidden[:, -1]), cache
+  l = prefix[0].k.shape[2]
+  if tokens.shape[1] <= l:
+    raise ValueError(f"prompts of {tokens.shape[1]} slots leave nothing after the {l}-token shared prefix")
+  cache = _cache_with_prefix(model, prefix, tokens, valid, cache_size)
+  hidden, cache = model(tokens[:, l:], positions_from_mask(valid)[:, l:], valid, cache, l)
   return model.logits(hidden[:, -1]), cache
 
 
 def sample_from_prompts(model, tokens, valid, *, stop_tokens, keys, temperature, top_p, done,
                         max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
-                        use_top_p: bool, pad_id: int) -> Generation:
+                        use_top_p: bool, pad_id: int, prefix: list[LayerCache] | None = None) -> Generation:
   """Traceable core of generation (used inside `generate_tokens` and the agent's `lax.scan`).
 
   tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none); keys [B, 2] one PRNG key
   per row (token t of row r uses fold_in(keys[r], t)); done [B] rows that generate nothing
-  (inactive). Needs P + max_new_tokens <= cache_size.
+  (inactive); prefix: the KV of a prefix every prompt starts with (see `prefill`). Needs
+  P + max_new_tokens <= cache_size.
   """
   b, p = tokens.shape
   n = max_new_tokens
-  logits, cache = prefill(model, tokens, valid, cache_size=cache_size)
+  logits, cache = prefill(model, tokens, valid, cache_size=cache_size, prefix=prefix)
   key_valid = jnp.zeros((b, cache_size), bool).at[:, :p].set(valid)
 
   def cond(c):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from memagent_jax.agent.memagent import PREFIX_CACHE_CHOICES
 from memagent_jax.models import attention
 from memagent_jax.rl import advantages, losses, rollout
 from memagent_jax.rl.optim import SCHEDULES
@@ -151,6 +152,8 @@ def validate_config(cfg):
     _fail(f"model.attention={cfg.model.attention!r}; choose one of {list(attention.BACKENDS)}")
   if cfg.agent.kind not in ("memagent", "direct"):
     _fail(f"agent.kind={cfg.agent.kind!r}; choose 'memagent' or 'direct'")
+  if cfg.agent.template_prefix_cache not in PREFIX_CACHE_CHOICES:
+    _fail(f"agent.template_prefix_cache={cfg.agent.template_prefix_cache!r}; choose one of {PREFIX_CACHE_CHOICES}")
   if cfg.agent.kind == "direct" and t.source != "teacher":
     _fail("agent.kind='direct' (the full-attention baseline) trains only supervised: set train.source='teacher'")
   if t.source == "teacher":

@@ -1,0 +1,108 @@
+"""Reusing the keys of the template's opening piece (agent.template_prefix_cache): the same
+trajectories as computing them in every row and chunk, for less compute, on a token-shift toy model
+and a grouped-query SmolLM2-shaped one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import memagent_jax as mj
+from memagent_jax.agent.memagent import MemAgent, question_bucket
+from memagent_jax.agent.recurrence import memory_block
+from memagent_jax.data import tasks
+from memagent_jax.policy import sampling
+from memagent_jax.policy.policy import Policy
+
+
+@pytest.fixture(scope="module")
+def shifted_policy():
+  """toy-1m-shift2 with non-zero shift tables, so the copied token history matters."""
+  policy = mj.load_policy("random:toy-1m-shift2", seed=0)
+  model = nnx.merge(policy.graphdef, policy.state)
+  table = model.token_shift[...]
+  model.token_shift.value = 0.5 * jax.random.normal(jax.random.key(1), table.shape, table.dtype)
+  return Policy(model, policy.tokenizer)
+
+
+def _agents(policy, **kw):
+  return [MemAgent(policy, template_prefix_cache=c, **kw) for c in ("off", "on")]
+
+
+def _toy_batch(tokenizer, n=5):
+  samples = [s for length in (96, 200, 330) for s in tasks.make_samples("toy_kv", length, n, length, tokenizer,
+                                                                        chunk_tokens=32)]
+  return [s["question"] for s in samples], [s["context"] for s in samples]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_reused_prefix_gives_the_same_trajectories(shifted_policy, temperature):
+  off, on = _agents(shifted_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=4, block_chunks=3)
+  assert on.reuse_prefix and not off.reuse_prefix
+  questions, documents = _toy_batch(shifted_policy.tokenizer)  # 1 to 11 chunks: rows end in different blocks
+  want = off.answer_batch(questions, documents, temperature=temperature, seed=3)
+  got = on.answer_batch(questions, documents, temperature=temperature, seed=3)
+  assert sum(len(r.memories) for r in got) > 3 * len(got)
+  for w, g in zip(want, got):
+    assert g.memories == w.memories and g.answer == w.answer
+    for cw, cg in zip(w.conversations, g.conversations, strict=True):
+      np.testing.assert_array_equal(cg.prompt_ids, cw.prompt_ids)
+      np.testing.assert_allclose(cg.response_logprobs, cw.response_logprobs, atol=1e-4)
+
+
+def test_reused_prefix_on_a_grouped_query_model():
+  policy = mj.load_policy("random:tiny-smollm2", seed=1)  # 4 query heads share 2 key heads; SmolLM2 chat template
+  off, on = _agents(policy, chunk_tokens=24, memory_tokens=6, answer_tokens=4, block_chunks=2)
+  questions = ["Where is it?", "Who wrote the letter to the mayor?"]
+  documents = ["The key is under the mat by the door. " * 6, "A letter came on Tuesday. " * 9]
+  want = off.answer_batch(questions, documents, temperature=1.0, seed=0)
+  got = on.answer_batch(questions, documents, temperature=1.0, seed=0)
+  for w, g in zip(want, got):
+    assert g.memories == w.memories and g.answer == w.answer
+    for cw, cg in zip(w.conversations, g.conversations, strict=True):
+      np.testing.assert_allclose(cg.response_logprobs, cw.response_logprobs, atol=1e-4)
+
+
+def _block_flops(agent, policy, b=4, k=2):
+  spec = agent._spec(sampling.SamplingParams(temperature=1.0), keep_prompts=False)
+  m, q = agent.memory_width, 8
+  args = dict(pieces=agent._memory_pieces, question=jnp.ones((b, q), jnp.int32), q_len=jnp.full((b,), q),
+              memory=jnp.ones((b, m), jnp.int32), mem_len=jnp.full((b,), m),
+              chunks=jnp.ones((b, k, agent.chunk_tokens), jnp.int32),
+              chunk_len=jnp.full((b, k), agent.chunk_tokens), keys=jnp.zeros((b, 2), jnp.uint32),
+              first_chunk=jnp.int32(0), temperature=jnp.float32(1.0), top_p=jnp.float32(1.0), spec=spec)
+  return memory_block.lower(policy.graphdef, policy.state, **args).compile().cost_analysis()["flops"]
+
+
+def test_reused_prefix_saves_the_prefix_compute(shifted_policy):
+  """The toy template's opening piece is 69 of about 140 prompt tokens: the compiled block does
+  markedly fewer FLOPs with it reused."""
+  off, on = _agents(shifted_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=4, block_chunks=2)
+  prefix = len(on.memory_segments.pieces[0])
+  assert prefix > 0.3 * on.prompt_tokens(8)["memory update"]
+  flops_off, flops_on = _block_flops(off, shifted_policy), _block_flops(on, shifted_policy)
+  assert flops_on < 0.8 * flops_off, (flops_on, flops_off)
+
+
+def test_auto_reuses_the_prefix_only_where_it_is_a_real_share():
+  policy = mj.load_policy("random:tiny-smollm2", seed=1)
+  assert MemAgent(policy, chunk_tokens=64, memory_tokens=16, answer_tokens=8).reuse_prefix
+  # a released-size chunk: the ~100-token opening is 2% of the prompt; whole rows keep the fused kernels
+  assert not MemAgent(policy, chunk_tokens=5000, memory_tokens=1024, answer_tokens=1024).reuse_prefix
+  assert not MemAgent(policy, chunk_tokens=64, memory_tokens=16, answer_tokens=8,
+                      template_prefix_cache="off").reuse_prefix
+  with pytest.raises(ValueError, match="template_prefix_cache='yes'"):
+    MemAgent(policy, chunk_tokens=64, memory_tokens=16, answer_tokens=8, template_prefix_cache="yes")
+
+
+def test_prefill_after_a_prefix_needs_tokens_after_it(shifted_policy):
+  model = nnx.merge(shifted_policy.graphdef, shifted_policy.state)
+  prefix = sampling.prefix_cache(model, jnp.arange(5))
+  with pytest.raises(ValueError, match="nothing after the 5-token shared prefix"):
+    sampling.prefill(model, jnp.ones((2, 5), jnp.int32), jnp.ones((2, 5), bool), cache_size=8, prefix=prefix)
+
+
+def test_question_widths_come_in_few_buckets():
+  assert [question_bucket(n) for n in (1, 7, 8, 9, 33, 128, 129, 300, 1024)] == [8, 8, 8, 16, 64, 128, 256, 384, 1024]
+  assert len({question_bucket(n) for n in range(1, 1025)}) == 12
