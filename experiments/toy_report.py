@@ -117,6 +117,16 @@ def _acc(r) -> str:
   return f"{r['accuracy'] * 100:.1f} [{r['ci_low'] * 100:.0f}, {r['ci_high'] * 100:.0f}]"
 
 
+def _sharing(rows) -> str:
+  """How the evaluation shared the cores, when methods were swept side by side."""
+  k = max((r.get("concurrent_sweeps", 1) for r in rows), default=1)
+  if k <= 1:
+    return ""
+  return (f" The methods were swept {k} at a time, each in its own process sharing the {os.cpu_count()} "
+          "cores, so each time is that of a shared machine (one sweep alone runs about 1.5x faster; two "
+          "side by side finish about 1.3x sooner than one after the other).")
+
+
 def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: int, eval_seed: int,
                  command: str, seconds: float, world: str = "one_key") -> dict:
   from configs import toy_memagent
@@ -163,7 +173,7 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
       "## Time and memory per length", "",
       "Seconds per document: wall time of the whole batched evaluation at that length divided by n "
       "(compilation excluded by a warm-up). Peak RSS: the evaluating process's resident memory, "
-      "sampled every 5 ms (it includes the loaded models and earlier allocations).", "", *cost, "",
+      "sampled every 5 ms (it includes the loaded models and earlier allocations)." + _sharing(rows), "", *cost, "",
       f"![accuracy, time and reward]({os.path.basename(paths['plot'])})", "",
       "What was tried before these settings, and why (pretraining stage, one asked key, KL): "
       "`toy_reproduction_history.md`; the learnability probe: `probe_recall.md`.", ""]

@@ -15,8 +15,10 @@ Everything is seeded: the same flags give the same table.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import sys
@@ -35,7 +37,7 @@ from memagent_jax.policy.export import export_checkpoint  # noqa: E402
 
 SCALES = {  # eval samples per point, largest multiple of the training length, memagent eval batch
     "full": dict(n=200, max_multiple=256, batch=200),
-    "demo": dict(n=100, max_multiple=16, batch=100),
+    "demo": dict(n=200, max_multiple=16, batch=200),
 }
 METHODS = (("rl", "RL-MemAgent"), ("warm_start", "warm-start only"), ("full_attention", "full attention"))
 DIRECT_BATCH = 8  # documents per full-attention call (its memory grows with the square of the length)
@@ -53,20 +55,30 @@ _STAGES = flags.DEFINE_list("stages", [*TRAIN_STAGES, "eval"], "stages to run")
 _N = flags.DEFINE_integer("n", None, "evaluation documents per point (default per scale)")
 _MAX_MULTIPLE = flags.DEFINE_integer("max_multiple", None, "largest length / training length (power of 2)")
 _EVAL_SEED = flags.DEFINE_integer("eval_seed", 1000, "seed of the evaluation documents and sampling")
+_EVAL_WORKERS = flags.DEFINE_integer("eval_workers", 2, "methods evaluated at once, each in its own process "
+                                     "(1: one after another, in this process)")
 _STEPS = flags.DEFINE_string("steps", "", "override training steps, e.g. 'pretrain=3,warm_start=3,rl=2'")
 _BASE = flags.DEFINE_string("base", None, "an exported base model of this world (a pretrain stage's export, "
                             "e.g. experiments/data/toy_base_lookup): used instead of training the pretrain stage")
 BASE_META = "base.json"  # written into every pretrain export: the world and steps it was trained for
 
 
-def stage_config(stage: str, scale: str, root: str, world: str = "one_key"):
+def steps_override() -> dict[str, str]:
+  """--steps as {stage: steps} ({} when this module is imported without its flags parsed)."""
+  if not flags.FLAGS.is_parsed():
+    return {}
+  return dict(kv.split("=") for kv in _STEPS.value.split(",") if kv)
+
+
+def stage_config(stage: str, scale: str, root: str, world: str = "one_key", steps: dict | None = None):
+  """The stage's config in this run; steps: {stage: steps} overrides (default: --steps)."""
   cfg = toy_memagent.get_config(f"{stage},{scale},{world}")
   cfg.train.workdir = os.path.join(root, stage)
   if stage == "rl":
     cfg.model.source = os.path.join(root, "warm_start", "export")
   elif stage in ("warm_start", "full_attention"):  # both start from the same pretrained base
     cfg.model.source = os.path.join(root, "pretrain", "export")
-  steps = dict(kv.split("=") for kv in _STEPS.value.split(",") if kv)
+  steps = steps_override() if steps is None else steps
   if stage in steps:
     cfg.train.steps = int(steps[stage])
   return cfg
@@ -105,43 +117,64 @@ def use_base(base: str, root: str, world: str) -> dict:
   return {"stage": "pretrain", "steps": meta["steps"], "seconds": 0.0, "export": export, "base": base}
 
 
-def reader_digest(stage: str, scale: str, root: str, world: str) -> str:
+def reader_digest(stage: str, scale: str, root: str, world: str, steps: dict | None = None) -> str:
   """sha256 of the stage's exported weights and its agent settings: evaluated lengths are reused
   only for the very same reader."""
-  h = hashlib.sha256(json.dumps(stage_config(stage, scale, root, world).agent.to_dict(), sort_keys=True).encode())
+  cfg = stage_config(stage, scale, root, world, steps)
+  h = hashlib.sha256(json.dumps(cfg.agent.to_dict(), sort_keys=True).encode())
   with open(os.path.join(root, stage, "export", "model.safetensors"), "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
       h.update(block)
   return h.hexdigest()
 
 
-def make_reader(stage: str, scale: str, root: str, world: str):
+def make_reader(stage: str, scale: str, root: str, world: str, steps: dict | None = None):
   """The stage's exported policy as its config's evaluation reader (full attention centre-truncates
   documents beyond its context window, as the paper's baselines)."""
-  return load_reader(stage_config(stage, scale, root, world), os.path.join(root, stage, "export"), training=False)
+  return load_reader(stage_config(stage, scale, root, world, steps), os.path.join(root, stage, "export"),
+                     training=False)
+
+
+def sweep_stage(stage: str, *, scale: str, root: str, world: str, steps: dict, lengths: list[int], n: int,
+                seed: int, progress: bool = True) -> list[dict]:
+  """One method's accuracy-against-length rows (its own process when sweeps run side by side)."""
+  rl_cfg = toy_memagent.get_config(f"rl,{scale},{world}")
+  ev, agent = rl_cfg.eval, rl_cfg.agent
+  reader = make_reader(stage, scale, root, world, steps)
+  direct = stage == "full_attention"
+  report = None if progress else lambda row: print(
+      f"  {dict(METHODS)[stage]}, {row['length']} tokens: {100 * row['accuracy']:.1f}% "
+      f"({row['seconds_per_doc']:.3f} s/doc)", flush=True)
+  # the same documents for every method: laid out in the MemAgent stages' chunk size
+  return sweep_lengths(reader, stage, rl_cfg.data.task, lengths, n=n, seed=seed,
+                       batch_size=DIRECT_BATCH if direct else SCALES[scale]["batch"], temperature=ev.temperature,
+                       top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, out_dir=os.path.join(root, "eval"),
+                       warmup_each_length=direct, reader_id=reader_digest(stage, scale, root, world, steps),
+                       progress=progress, on_row=report)
 
 
 def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str,
-             trained: list[str]) -> list[dict]:
-  """The sweep of every trained stage of METHODS (make demo trains no full-attention baseline)."""
-  rl_cfg = toy_memagent.get_config(f"rl,{scale},{world}")
-  ev, agent = rl_cfg.eval, rl_cfg.agent
+             trained: list[str], workers: int = 1) -> list[dict]:
+  """The sweep of every trained stage of METHODS (make demo trains no full-attention baseline).
+
+  workers > 1 sweeps that many methods at once, each in its own process: on 2 cores two sweeps
+  take about 0.75x the time of one after the other (one sweep leaves a core half idle)."""
   lengths, m = [], 1
   while m <= max_multiple:
     lengths.append(toy.TRAIN_TOKENS * m)
     m *= 2
-  rows = []
-  for stage, label in METHODS:
-    if stage not in trained:
-      continue
-    reader = make_reader(stage, scale, root, world)
-    direct = stage == "full_attention"
-    print(f"\n== eval {label}: {n} documents at {len(lengths)} lengths", flush=True)
-    # the same documents for every method: laid out in the MemAgent stages' chunk size
-    rows += sweep_lengths(reader, stage, rl_cfg.data.task, lengths, n=n, seed=seed,
-                          batch_size=DIRECT_BATCH if direct else SCALES[scale]["batch"], temperature=ev.temperature,
-                          top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, out_dir=os.path.join(root, "eval"),
-                          warmup_each_length=direct, reader_id=reader_digest(stage, scale, root, world))
+  stages = [stage for stage, _ in METHODS if stage in trained]
+  kw = dict(scale=scale, root=root, world=world, steps=steps_override(), lengths=lengths, n=n, seed=seed)
+  print(f"\n== eval {', '.join(dict(METHODS)[s] for s in stages)}: {n} documents at {len(lengths)} lengths"
+        + (f", {min(workers, len(stages))} at a time" if workers > 1 else ""), flush=True)
+  if workers <= 1 or len(stages) < 2:
+    return [row for stage in stages for row in sweep_stage(stage, **kw)]
+  context = multiprocessing.get_context("spawn")  # a fresh JAX runtime per process (never fork one)
+  with concurrent.futures.ProcessPoolExecutor(min(workers, len(stages)), mp_context=context) as pool:
+    futures = [pool.submit(sweep_stage, stage, progress=False, **kw) for stage in stages]
+    rows = [row for f in futures for row in f.result()]
+  for row in rows:
+    row["concurrent_sweeps"] = min(workers, len(stages))
   return rows
 
 
@@ -173,7 +206,8 @@ def main(argv):
         json.dump(stages, f, indent=1)
   if "eval" not in _STAGES.value:
     return
-  rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world, trained=list(stages))
+  rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world, trained=list(stages),
+                  workers=_EVAL_WORKERS.value)
   command = "python experiments/toy_reproduction.py " + " ".join(sys.argv[1:])
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
                                   command=command.strip(), seconds=time.perf_counter() - t0, world=world)

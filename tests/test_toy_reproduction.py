@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -173,6 +174,24 @@ def test_eval_sweeps_only_the_trained_stages(monkeypatch, tmp_path):
                       lambda reader, stage, task, lengths, **kw: swept.append((stage, lengths)) or [])
   toy_reproduction.evaluate("demo", str(tmp_path), 4, 2, 1000, "lookup", trained=["pretrain", "warm_start", "rl"])
   assert swept == [("rl", [128, 256]), ("warm_start", [128, 256])]
+
+
+@pytest.mark.slow
+def test_side_by_side_sweeps_give_the_rows_of_sequential_ones(tmp_path):
+  """evaluate(workers=2) runs each method's sweep in its own process: the same rows (accuracy, n,
+  length) as one after the other, marked with how many ran at once."""
+  from experiments import toy_reproduction
+  for stage in ("rl", "warm_start"):  # the committed base stands in for both trained policies
+    shutil.copytree(BASE, tmp_path / "run" / stage / "export")
+  rows = {}
+  for workers in (1, 2):
+    shutil.rmtree(tmp_path / "run" / "eval", ignore_errors=True)  # nothing read back from the other run
+    rows[workers] = toy_reproduction.evaluate("demo", str(tmp_path / "run"), 6, 2, 1000, "lookup",
+                                              trained=["warm_start", "rl"], workers=workers)
+  strip = lambda rs: [(r["method"], r["length"], r["n"], r["accuracy"]) for r in rs]
+  assert strip(rows[2]) == strip(rows[1])
+  assert [r["method"] for r in rows[2]] == ["rl", "rl", "warm_start", "warm_start"]
+  assert all(r["concurrent_sweeps"] == 2 for r in rows[2]) and "concurrent_sweeps" not in rows[1][0]
 
 
 def test_toy_sweep_reports_accuracy_and_per_chunk_rates(tmp_path):

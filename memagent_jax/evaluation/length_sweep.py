@@ -70,13 +70,15 @@ def _finished_row(path: str, key: dict) -> dict | None:
 
 def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, seed: int, batch_size: int,
                   temperature: float, top_p: float, chunk_tokens: int, out_dir: str | None = None,
-                  warmup_each_length: bool = True, progress: bool = True, reader_id: str | None = None) -> list[dict]:
+                  warmup_each_length: bool = True, progress: bool = True, reader_id: str | None = None,
+                  on_row=None) -> list[dict]:
   """One row per length: accuracy (+ Wilson 95% interval), seconds per document, peak RSS.
 
   warmup_each_length=False warms up once, on documents of the shortest length: for readers whose
   compiled shapes do not depend on the length (MemAgent), so no long document is read twice. reader_id (e.g. a
   digest of the weights) with out_dir: a length already swept with the same reader and settings
-  is read back from <out_dir>/<name>_<length>.row.json instead of run again."""
+  is read back from <out_dir>/<name>_<length>.row.json instead of run again. on_row(row) is called as each
+  length finishes (e.g. a log line where progress bars would mix)."""
   rows, warmed = [], False
   for length in lengths:
     key = {"reader": reader_id, "task": task, "length": length, "n": n, "seed": seed, "batch_size": batch_size,
@@ -84,6 +86,8 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, s
     kept_path = os.path.join(out_dir, f"{name}_{length}.row.json") if out_dir and reader_id else None
     if kept_path and (row := _finished_row(kept_path, key)) is not None:
       rows.append(row)
+      if on_row:
+        on_row(row)
       continue
     samples = tasks.make_samples(task, length, n, seed + length, reader.tokenizer, chunk_tokens=chunk_tokens)
     if not warmed or warmup_each_length:
@@ -107,4 +111,6 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, s
     if kept_path:
       with atomic_write(kept_path) as f:
         json.dump({"key": key, "row": rows[-1]}, f)
+    if on_row:
+      on_row(rows[-1])
   return rows
