@@ -27,7 +27,6 @@ from memagent_jax.text import answers
 from memagent_jax.policy.sampling import SamplingParams, round_up, row_keys
 
 
-
 def question_bucket(longest: int) -> int:
   """The padded question width: a power of two from 8 to 128, then a multiple of 128. Few widths
   (12 up to 1024 tokens) bound recompiles; short questions (a toy world's 7) waste few slots."""
@@ -98,14 +97,15 @@ class MemAgent:
     self.reuse_prefix = self._reuse_prefix(template_prefix_cache)
 
   def _reuse_prefix(self, choice: str) -> bool:
-    """"auto": reuse the template's opening piece when it is at least PREFIX_CACHE_SHARE of a memory
-    update's prompt and attention runs on xla (a fused kernel takes whole rows only, so there it
-    would trade a kernel for a few % fewer tokens)."""
+    """With "auto", reuse the template's opening piece when it is at least PREFIX_CACHE_SHARE of a
+    memory update's prompt and attention runs on xla (a fused kernel takes whole rows only, so there
+    it would trade a kernel for a few % fewer tokens)."""
     if choice != "auto":
       return choice == "on"
     prefix = len(self.memory_segments.pieces[0])
     backend = resolve_backend(self.policy.model.attention, self.policy.dtype)
-    return backend == "xla" and prefix >= PREFIX_CACHE_SHARE * self.prompt_tokens(question_bucket(1))["memory update"]
+    prompt = self.prompt_tokens(question_bucket(1))["memory update"]
+    return backend == "xla" and prefix >= PREFIX_CACHE_SHARE * prompt
 
   # ----- budgets -------------------------------------------------------------------------------
   def prompt_tokens(self, question_width: int) -> dict[str, int]:
