@@ -26,6 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from configs import toy_memagent  # noqa: E402
@@ -136,7 +137,7 @@ def make_reader(stage: str, scale: str, root: str, world: str, steps: dict | Non
 
 
 def sweep_stage(stage: str, *, scale: str, root: str, world: str, steps: dict, lengths: list[int], n: int,
-                seed: int, progress: bool = True) -> list[dict]:
+                seed: int, progress: bool = True, concurrent_sweeps: int = 1) -> list[dict]:
   """One method's accuracy-against-length rows (its own process when sweeps run side by side)."""
   rl_cfg = toy_memagent.get_config(f"rl,{scale},{world}")
   ev, agent = rl_cfg.eval, rl_cfg.agent
@@ -150,7 +151,8 @@ def sweep_stage(stage: str, *, scale: str, root: str, world: str, steps: dict, l
                        batch_size=DIRECT_BATCH if direct else SCALES[scale]["batch"], temperature=ev.temperature,
                        top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, out_dir=os.path.join(root, "eval"),
                        warmup_each_length=direct, reader_id=reader_digest(stage, scale, root, world, steps),
-                       progress=progress, on_row=report)
+                       progress=progress, on_row=report,
+                       extra={"concurrent_sweeps": concurrent_sweeps} if concurrent_sweeps > 1 else None)
 
 
 def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str,
@@ -158,24 +160,27 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
   """The sweep of every trained stage of METHODS (make demo trains no full-attention baseline).
 
   workers > 1 sweeps that many methods at once, each in its own process: on 2 cores two sweeps
-  take about 0.75x the time of one after the other (one sweep leaves a core half idle)."""
+  take about 0.75x the time of one after the other (one sweep leaves a core half idle). CPU only: an
+  accelerator belongs to one process (and this one may hold it already)."""
   lengths, m = [], 1
   while m <= max_multiple:
     lengths.append(toy.TRAIN_TOKENS * m)
     m *= 2
   stages = [stage for stage, _ in METHODS if stage in trained]
+  if workers > 1 and jax.default_backend() != "cpu":
+    print(f"--eval_workers={workers} ignored on {jax.default_backend()}: one process holds the device", flush=True)
+    workers = 1
+  workers = min(workers, len(stages))
   kw = dict(scale=scale, root=root, world=world, steps=steps_override(), lengths=lengths, n=n, seed=seed)
   print(f"\n== eval {', '.join(dict(METHODS)[s] for s in stages)}: {n} documents at {len(lengths)} lengths"
-        + (f", {min(workers, len(stages))} at a time" if workers > 1 else ""), flush=True)
-  if workers <= 1 or len(stages) < 2:
+        + (f", {workers} at a time" if workers > 1 else ""), flush=True)
+  if workers <= 1:
     return [row for stage in stages for row in sweep_stage(stage, **kw)]
   context = multiprocessing.get_context("spawn")  # a fresh JAX runtime per process (never fork one)
-  with concurrent.futures.ProcessPoolExecutor(min(workers, len(stages)), mp_context=context) as pool:
-    futures = [pool.submit(sweep_stage, stage, progress=False, **kw) for stage in stages]
-    rows = [row for f in futures for row in f.result()]
-  for row in rows:
-    row["concurrent_sweeps"] = min(workers, len(stages))
-  return rows
+  # one process per method: its peak RSS is its own, not what an earlier method left behind
+  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
+    futures = [pool.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers, **kw) for stage in stages]
+    return [row for f in futures for row in f.result()]
 
 
 def main(argv):

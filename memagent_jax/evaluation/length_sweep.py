@@ -71,14 +71,15 @@ def _finished_row(path: str, key: dict) -> dict | None:
 def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, seed: int, batch_size: int,
                   temperature: float, top_p: float, chunk_tokens: int, out_dir: str | None = None,
                   warmup_each_length: bool = True, progress: bool = True, reader_id: str | None = None,
-                  on_row=None) -> list[dict]:
+                  on_row=None, extra: dict | None = None) -> list[dict]:
   """One row per length: accuracy (+ Wilson 95% interval), seconds per document, peak RSS.
 
   warmup_each_length=False warms up once, on documents of the shortest length: for readers whose
   compiled shapes do not depend on the length (MemAgent), so no long document is read twice. reader_id (e.g. a
   digest of the weights) with out_dir: a length already swept with the same reader and settings
   is read back from <out_dir>/<name>_<length>.row.json instead of run again. on_row(row) is called as each
-  length finishes (e.g. a log line where progress bars would mix)."""
+  length finishes (e.g. a log line where progress bars would mix); extra is merged into each row this call
+  measures (not into rows read back), e.g. how many sweeps shared the machine."""
   rows, warmed = [], False
   for length in lengths:
     key = {"reader": reader_id, "task": task, "length": length, "n": n, "seed": seed, "batch_size": batch_size,
@@ -107,7 +108,7 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, s
     lo, hi = wilson_interval(acc * n, n)
     rows.append({"method": name, "length": length, "n": n, "accuracy": acc, "ci_low": lo, "ci_high": hi,
                  "seconds_per_doc": summary["seconds"] / n, "peak_rss_mib": mem.peak / 2 ** 20,
-                 "doc_tokens": summary["mean_document_tokens"]})
+                 "doc_tokens": summary["mean_document_tokens"], **(extra or {})})
     if kept_path:
       with atomic_write(kept_path) as f:
         json.dump({"key": key, "row": rows[-1]}, f)
