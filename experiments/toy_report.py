@@ -123,8 +123,9 @@ def _sharing(rows) -> str:
   if k <= 1:
     return ""
   return (f" The methods were swept {k} at a time, each in its own process sharing the {os.cpu_count()} "
-          "cores, so a time measured then (JSON rows with concurrent_sweeps) is that of a shared machine (one sweep alone runs about 1.5x faster; two "
-          "side by side finish about 1.3x sooner than one after the other).")
+          "cores, so a time measured then (JSON rows with concurrent_sweeps) is that of a shared machine "
+          "(one sweep alone runs about 1.5x faster; two side by side finish about 1.3x sooner than one "
+          "after the other).")
 
 
 def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: int, eval_seed: int,

@@ -49,6 +49,18 @@ def smollm():
 
 
 @pytest.fixture(scope="session")
+def shifted_toy_policy():
+  """toy-1m-shift2 with non-zero token-shift tables (they start at zero, which would hide the shift)."""
+  from flax import nnx
+  from memagent_jax.policy.policy import Policy
+  base = mj.load_policy("random:toy-1m-shift2", seed=0)
+  model = nnx.merge(base.graphdef, base.state)
+  table = model.token_shift[...]
+  model.token_shift.value = 0.5 * jax.random.normal(jax.random.key(1), table.shape, table.dtype)
+  return Policy(model, base.tokenizer)
+
+
+@pytest.fixture(scope="session")
 def smollm_reference():
   """transformers loading the same GGUF file: the reference we did not write."""
   import torch

@@ -2,7 +2,6 @@
 trajectories as computing them in every row and chunk, for less compute, on a token-shift toy model
 and a grouped-query SmolLM2-shaped one."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,17 +12,6 @@ from memagent_jax.agent.memagent import MemAgent, question_bucket
 from memagent_jax.agent.recurrence import memory_block
 from memagent_jax.data import tasks
 from memagent_jax.policy import sampling
-from memagent_jax.policy.policy import Policy
-
-
-@pytest.fixture(scope="module")
-def shifted_policy():
-  """toy-1m-shift2 with non-zero shift tables, so the copied token history matters."""
-  policy = mj.load_policy("random:toy-1m-shift2", seed=0)
-  model = nnx.merge(policy.graphdef, policy.state)
-  table = model.token_shift[...]
-  model.token_shift.value = 0.5 * jax.random.normal(jax.random.key(1), table.shape, table.dtype)
-  return Policy(model, policy.tokenizer)
 
 
 def _agents(policy, **kw):
@@ -37,10 +25,10 @@ def _toy_batch(tokenizer, n=5):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_reused_prefix_gives_the_same_trajectories(shifted_policy, temperature):
-  off, on = _agents(shifted_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=4, block_chunks=3)
+def test_reused_prefix_gives_the_same_trajectories(shifted_toy_policy, temperature):
+  off, on = _agents(shifted_toy_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=4, block_chunks=3)
   assert on.reuse_prefix and not off.reuse_prefix
-  questions, documents = _toy_batch(shifted_policy.tokenizer)  # 1 to 11 chunks: rows end in different blocks
+  questions, documents = _toy_batch(shifted_toy_policy.tokenizer)  # 1 to 11 chunks: rows end in different blocks
   want = off.answer_batch(questions, documents, temperature=temperature, seed=3)
   got = on.answer_batch(questions, documents, temperature=temperature, seed=3)
   assert sum(len(r.memories) for r in got) > 3 * len(got)
@@ -75,13 +63,13 @@ def _block_flops(agent, policy, b=4, k=2):
   return memory_block.lower(policy.graphdef, policy.state, **args).compile().cost_analysis()["flops"]
 
 
-def test_reused_prefix_saves_the_prefix_compute(shifted_policy):
+def test_reused_prefix_saves_the_prefix_compute(shifted_toy_policy):
   """The toy template's opening piece is 69 of about 140 prompt tokens: the compiled block does
   markedly fewer FLOPs with it reused."""
-  off, on = _agents(shifted_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=4, block_chunks=2)
+  off, on = _agents(shifted_toy_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=4, block_chunks=2)
   prefix = len(on.memory_segments.pieces[0])
   assert prefix > 0.3 * on.prompt_tokens(8)["memory update"]
-  flops_off, flops_on = _block_flops(off, shifted_policy), _block_flops(on, shifted_policy)
+  flops_off, flops_on = _block_flops(off, shifted_toy_policy), _block_flops(on, shifted_toy_policy)
   assert flops_on < 0.8 * flops_off, (flops_on, flops_off)
 
 
@@ -96,8 +84,8 @@ def test_auto_reuses_the_prefix_only_where_it_is_a_real_share():
     MemAgent(policy, chunk_tokens=64, memory_tokens=16, answer_tokens=8, template_prefix_cache="yes")
 
 
-def test_prefill_after_a_prefix_needs_tokens_after_it(shifted_policy):
-  model = nnx.merge(shifted_policy.graphdef, shifted_policy.state)
+def test_prefill_after_a_prefix_needs_tokens_after_it(shifted_toy_policy):
+  model = nnx.merge(shifted_toy_policy.graphdef, shifted_toy_policy.state)
   prefix = sampling.prefix_cache(model, jnp.arange(5))
   with pytest.raises(ValueError, match="nothing after the 5-token shared prefix"):
     sampling.prefill(model, jnp.ones((2, 5), jnp.int32), jnp.ones((2, 5), bool), cache_size=8, prefix=prefix)

@@ -19,13 +19,9 @@ from memagent_jax.policy.policy import Policy
 
 
 @pytest.fixture(scope="module")
-def shifted():
-  """toy-1m-shift2 with non-zero shift tables (they start at zero)."""
-  policy = mj.load_policy("random:toy-1m-shift2", seed=0)
-  model = nnx.merge(policy.graphdef, policy.state)
-  table = model.token_shift[...]
-  model.token_shift.value = 0.5 * jax.random.normal(jax.random.key(1), table.shape, table.dtype)
-  return policy, model
+def shifted(shifted_toy_policy):
+  """(policy, model): toy-1m-shift2 with non-zero shift tables (conftest)."""
+  return shifted_toy_policy, nnx.merge(shifted_toy_policy.graphdef, shifted_toy_policy.state)
 
 
 def test_shift_embeddings_match_a_plain_loop(shifted):

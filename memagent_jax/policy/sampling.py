@@ -125,14 +125,17 @@ def _cache_with_prefix(model, prefix: list[LayerCache], tokens, valid, cache_siz
   cache = init_cache(model.config, b, cache_size, model.dtype)
   index = jnp.arange(l)[None, :] - (p - jnp.sum(valid, axis=1))[:, None]  # [B, L]
   index = jnp.clip(index, 0, l - 1)
+
+  def put(buf, shared):  # shared [1, K, L, D] -> each row's slots 0..L-1 of buf [B, K, S, D]
+    rows = jnp.take(shared[0], index, axis=1).transpose(1, 0, 2, 3)  # [B, K, L, D]
+    return jax.lax.dynamic_update_slice(buf, rows.astype(buf.dtype), (0, 0, 0, 0))
+
   out = []
   for layer, pre in zip(cache, prefix):
-    rows = lambda x: jnp.take(x[0], index, axis=1).transpose(1, 0, 2, 3)  # [K, L, D] -> [B, K, L, D]
-    put = lambda buf, x: jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype), (0, 0, 0, 0))
-    tok = layer.tokens
-    if tok is not None:  # token-shift history: the prompt's own ids
-      tok = jax.lax.dynamic_update_slice(tok, tokens[:, :l].astype(jnp.int32), (0, 0))
-    out.append(LayerCache(put(layer.k, rows(pre.k)), put(layer.v, rows(pre.v)), tok))
+    history = layer.tokens
+    if history is not None:  # token-shift history: the prompt's own ids
+      history = jax.lax.dynamic_update_slice(history, tokens[:, :l].astype(jnp.int32), (0, 0))
+    out.append(LayerCache(put(layer.k, pre.k), put(layer.v, pre.v), history))
   return out
 
 
