@@ -195,14 +195,19 @@ def test_toy_memagent_worlds_pick_task_and_policy():
 def test_lookup_world_trains_on_distractor_dense_documents_with_a_flawed_teacher():
   """Run 3 of toy_lookup_world.md: warm start and RL read documents with LOOKUP_DISTRACTORS distractors,
   and the teacher overwrites on any distractor chunk, askable or not, so RL has a length-compounding
-  flaw to remove; the one-key world keeps its documents."""
+  flaw to remove; full-scale RL's distractors all name other askable keys; the one-key world keeps
+  its documents."""
   for stage in ("warm_start", "rl"):
     for scale in ("", ",demo"):
       c = toy_memagent.get_config(f"{stage},lookup{scale}")
-      assert c.data.options.to_dict() == {"num_distractors": toy_memagent.LOOKUP_DISTRACTORS}
-      pool = tasks.make_samples(c.data.task, c.data.length, 4, 0, None, chunk_tokens=c.agent.chunk_tokens,
+      askable = stage == "rl" and not scale  # full-scale RL: every distractor names another askable key
+      expected = {"num_distractors": toy_memagent.LOOKUP_DISTRACTORS, **({"distractor_keys": "askable"} if askable else {})}
+      assert c.data.options.to_dict() == expected
+      pool = tasks.make_samples(c.data.task, c.data.length, 16, 0, None, chunk_tokens=c.agent.chunk_tokens,
                                 options=c.data.options)
       assert {s["num_distractors"] for s in pool} == {toy_memagent.LOOKUP_DISTRACTORS}
+      distractor_keys = {k for s in pool for k, _ in s["facts"] if k != s["key"]}  # [16 x 3] draws
+      assert distractor_keys <= set(toy.ASKED_KEYS) if askable else not distractor_keys <= set(toy.ASKED_KEYS)
     assert not toy_memagent.get_config(f"{stage},one_key").data.options
   warm = toy_memagent.get_config("warm_start,lookup").teacher.options.to_dict()
   assert warm == {"overwrite_prob": 0.5}  # askable_overwrite_prob unset: the same 0.5 on askable chunks
