@@ -96,16 +96,20 @@ def _asked_keys(world: str) -> tuple[str, ...]:
   return toy.ONE_KEY if toy_memagent.WORLDS[world][0] == toy.ONE_KEY_TASK else toy.ASKED_KEYS
 
 
-def _training_documents(world: str) -> str:
-  """A sentence on the warm-start/RL documents when a config's data.options shapes them (the evaluated
-  documents are always the world as it is)."""
+def _training_documents(world: str, scale: str) -> str:
+  """A sentence on each stage's training documents where its config's data.options shapes them (the
+  evaluated documents are always the world as it is)."""
   from configs import toy_memagent
-  options = toy_memagent.get_config(f"rl,{world}").data.get("options") or {}
-  if not options:
+  variant = "" if scale == "full" else f",{scale}"
+  told = []
+  for stage in ("warm_start", "rl"):
+    options = toy_memagent.get_config(f"{stage}{variant},{world}").data.get("options") or {}
+    if options:
+      told.append(f"{stage} on 1x documents generated with "
+                  + ", ".join(f"{k}={v}" for k, v in sorted(options.items())))
+  if not told:
     return ""
-  told = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
-  return (f" Warm start and RL train on 1x documents generated with {told}; every evaluated document "
-          "is the world as described.")
+  return f" Training documents: {'; '.join(told)}; every evaluated document is the world as described."
 
 
 def report_name(scale: str, world: str) -> str:
@@ -162,7 +166,7 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
       f"Policy: {_model_line(toy_memagent.WORLDS[world][1])}, the same for every method. Stages (`configs/toy_memagent.py`): "
       "pretrain (base model: find and copy a fact in short plain texts) -> warm_start (supervised on the "
       "imperfect memory teacher) -> rl (Multi-Conv DAPO, final-answer reward only); full_attention "
-      "(supervised on whole training documents) from the same base." + _training_documents(world), "",
+      "(supervised on whole training documents) from the same base." + _training_documents(world, scale), "",
       f"Seeds: training data 0, model init 0, training 0; evaluation documents {eval_seed} + length, "
       f"sampling {eval_seed}. Evaluation sampling: temperature 0.7, top-p 0.95 (the paper's). "
       f"n = {n} documents per point; accuracy is exact match of the boxed answer, in % with a 95% "

@@ -207,3 +207,15 @@ def test_toy_sweep_reports_accuracy_and_per_chunk_rates(tmp_path):
   assert all("% [" in line and "missed_update" in line and "overwrite by other_askable" in line for line in lines)
   answers = [json.loads(line) for line in open(tmp_path / "base_256.jsonl")]
   assert len(answers) == 4 and all(len(a["memories"]) == 4 for a in answers)  # 256 tokens = 4 chunks
+
+
+def test_report_names_each_stage_training_documents():
+  """The report says which stage trained on which documents: full-scale RL on askable-key distractors,
+  its warm start and the demo's RL on the warm start's documents; the one-key world needs no sentence."""
+  from experiments import toy_report
+  full = toy_report._training_documents("lookup", "full")
+  demo = toy_report._training_documents("lookup", "demo")
+  assert "warm_start on 1x documents generated with num_distractors=3;" in full
+  assert "rl on 1x documents generated with distractor_keys=askable, num_distractors=3;" in full
+  assert "askable" not in demo and "rl on 1x documents generated with num_distractors=3;" in demo
+  assert toy_report._training_documents("one_key", "full") == ""
