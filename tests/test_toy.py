@@ -226,6 +226,22 @@ def test_askable_distractors_defeat_the_latest_askable_fact_shortcut():
     toy.generate(1, 72, 0, asked_keys=toy.ONE_KEY, distractor_keys="askable")
 
 
+def test_mixed_distractors_name_both_kinds_of_key():
+  """distractor_keys="mixed": each distractor names another askable key or an unaskable one with
+  even odds, so RL documents offer both overwrites the evaluation's documents offer."""
+  samples = toy.generate(400, 72, 0, num_distractors=3, distractor_keys="mixed")
+  others = [(k, s["key"]) for s in samples for k, _ in s["facts"] if k != s["key"]]  # [1200]
+  assert len(others) == 1200
+  askable = sum(k in toy.ASKED_KEYS for k, _ in others)
+  assert 0.45 < askable / len(others) < 0.55  # 1200 fair coins: sd 0.014
+  unaskable = {k for k, _ in others if k not in toy.ASKED_KEYS}
+  assert unaskable == set(toy.KEYS) - set(toy.ASKED_KEYS)  # all 16 unaskable keys drawn
+  with pytest.raises(ValueError, match="'mixed' but no askable key other than 'oslo'"):
+    toy.generate(1, 72, 0, asked_keys=toy.ONE_KEY, distractor_keys="mixed")
+  with pytest.raises(ValueError, match="'mixed' but every key is askable"):
+    toy.generate(1, 72, 0, asked_keys=None, distractor_keys="mixed")
+
+
 # sha256 of json.dumps(samples, sort_keys=True) for 4 samples of 128 tokens (seed 0) and 2 of 1024
 # (seed 3) at chunk 64: the toy reproduction's data. The one-asked-key world of earlier results
 # (asked_keys=("oslo",)) keeps its digest from before the chunk size came from the config.

@@ -47,7 +47,7 @@ ONE_KEY = ("oslo",)
 TASKS = (TASK, ONE_KEY_TASK)  # both worlds: toy-word lengths, one-word answers scored by exact match
 OVERRIDE_PROB = 0.5  # chance of each further override of the asked key, up to MAX_OVERRIDES
 MAX_OVERRIDES = 2
-DISTRACTOR_KEYS = ("any", "askable")  # which keys distractor facts are about (make_sample)
+DISTRACTOR_KEYS = ("any", "askable", "mixed")  # which keys distractor facts are about (make_sample)
 
 KEYS = ("accra", "austin", "berlin", "boston", "cairo", "dakar", "delhi", "denver", "dublin",
         "hanoi", "kyiv", "lima", "madrid", "miami", "oslo", "paris", "quito", "riga", "rome",
@@ -128,9 +128,10 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
                 distractor_keys: str = "any") -> dict:
   """One document of exactly `num_tokens` toy tokens, its question and answer.
 
-  distractor_keys: "any" (distractors about any other key), or "askable" (only about the other
+  distractor_keys: "any" (distractors about any other key), "askable" (only about the other
   askable keys: rows where "keep the latest askable fact" fails and only matching the question's key
-  to the fact's key answers right, what a lookup pretraining needs)."""
+  to the fact's key answers right, what a lookup pretraining needs), or "mixed" (each distractor
+  about another askable key or an unaskable one with even odds: both kinds of tempting overwrite)."""
   if distractor_keys not in DISTRACTOR_KEYS:
     raise ValueError(f"distractor_keys={distractor_keys!r}: choose one of {DISTRACTOR_KEYS}")
   if not 0.0 <= override_prob <= 1.0:
@@ -150,9 +151,16 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
   answer = asked[-1]
   other_keys = [k for k in (KEYS if distractor_keys == "any" or not asked_keys else asked_keys) if k != key]
   if not other_keys:
-    raise ValueError(f"distractor_keys='askable' but no askable key other than {key!r}")
+    raise ValueError(f"distractor_keys={distractor_keys!r} but no askable key other than {key!r}")
   other_values = [v for v in VALUES if v != answer]
-  distractors = [(rng.choice(other_keys), rng.choice(other_values)) for _ in range(num_distractors)]
+  if distractor_keys == "mixed":
+    unaskable = [k for k in KEYS if k not in (asked_keys or KEYS)]
+    if not unaskable:
+      raise ValueError("distractor_keys='mixed' but every key is askable")
+    pools = [other_keys if rng.random() < 0.5 else unaskable for _ in range(num_distractors)]
+  else:
+    pools = [other_keys] * num_distractors
+  distractors = [(rng.choice(pool), rng.choice(other_values)) for pool in pools]
   num_facts = len(asked) + num_distractors
   if FACT_TOKENS * num_facts > num_tokens:
     raise ValueError(f"num_tokens={num_tokens} is too short for {num_facts} facts of "
@@ -198,7 +206,7 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
     override_prob: chance of each further override of the asked key (0: never, 1: always
       max_overrides).
     max_overrides: cap on overrides of the asked key.
-    distractor_keys: "any" or "askable" (make_sample).
+    distractor_keys: "any", "askable" or "mixed" (make_sample).
 
   Returns:
     dicts with question, context, answers ([value of the last fact about key]), key, facts,
