@@ -123,3 +123,37 @@ def test_every_known_task_has_a_metric_and_an_unknown_one_is_an_error():
   assert score("squad", r, ["tiger"])["score"] == 1.0  # QA: substring match of a normalised answer
   with pytest.raises(KeyError, match="unknown task metric 'toy_kv_v2'"):
     score("toy_kv_v2", r, ["tigers"])
+
+
+def test_variants_table_counts_each_policys_errors(agent, tmp_path):
+  """experiments/toy_variants.py on two teacher "policies" over the evaluation's own documents: the
+  flawless one (never overwrites) scores 100% with no error; the flawed one's overwrites are counted
+  per kind, and both land in the table and the PNG."""
+  import json
+  from configs import toy_memagent
+  from experiments import toy_variants
+  from memagent_jax.data import tasks
+  cfg, seed = toy_memagent.get_config("rl,lookup"), 1000
+  for name, prob in (("flawless", 0.0), ("flawed", 0.5)):
+    for length in (128, 512):
+      samples = tasks.make_samples(cfg.data.task, length, 12, seed + length, None, chunk_tokens=cfg.agent.chunk_tokens)
+      with open(tmp_path / f"{name}_{length}.jsonl", "w") as f:
+        for s in samples:
+          r = TEACHERS.get("toy_memory")(agent, s["question"], s["context"], rng=random.Random(s["index"]),
+                                         overwrite_prob=prob)
+          f.write(json.dumps({"index": s["index"], "question": s["question"], "memories": r.memories,
+                              "score": score(toy.TASK, r, s["answers"])["score"]}) + "\n")
+  policies = {label: toy_variants.policy_rows(str(tmp_path / label), "lookup", seed) for label in ("flawless", "flawed")}
+  assert sorted(policies["flawed"]) == [128, 512] and policies["flawless"][512]["n"] == 12
+  assert policies["flawless"][512]["accuracy"] == 1.0 and policies["flawless"][512]["wrong"] == 0
+  flawed = policies["flawed"][512]
+  lost = sum(flawed["distractor_split"][k][0] for k in ("other_askable", "unaskable"))
+  assert flawed["accuracy"] < 1.0 and lost == flawed["per_chunk"]["distractor_overwrite"][0] > 0
+  text = toy_variants.write(policies, "python experiments/toy_variants.py ...", str(tmp_path / "out"))
+  row = next(line for line in text.splitlines() if line.startswith("| flawed |"))
+  cells = [c.strip() for c in row.split("|")]  # "", label, 1x, 4x, other askable, unaskable, copy, missed, ""
+  assert cells[3].startswith(f"{100 * flawed['accuracy']:.1f} [")
+  assert sum(int(c.split("/")[0]) for c in cells[4:6]) == lost  # the 4x overwrites, split by key kind
+  assert "| flawless | 100.0 [" in text and (tmp_path / "out.png").stat().st_size > 10_000
+  with pytest.raises(FileNotFoundError, match="no .*missing_<length>.jsonl"):
+    toy_variants.policy_rows(str(tmp_path / "missing"), "lookup", seed)

@@ -1,0 +1,148 @@
+"""Several evaluated toy policies side by side: accuracy (95% Wilson) and per-chunk memory error rates
+at each length, as a markdown table and a PNG. For RL ablations (KL, documents, steps) whose policies
+were each swept by experiments/toy_sweep.py or experiments/toy_reproduction.py.
+
+  python experiments/toy_variants.py --out=docs/results/toy_lookup_variants \
+    --policy="default (120 steps)=runs/toy_full_lookup/eval/rl" --policy="KL 0=runs/toy_sweep/kl0/kl0"
+
+Each --policy is LABEL=PREFIX: the per-document lines are PREFIX_<length>.jsonl. A length missing for
+a policy shows as "-"; the documents are regenerated from the task and seeds, as the evaluation made them.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from configs import toy_memagent  # noqa: E402
+from memagent_jax.data import tasks, toy  # noqa: E402
+from memagent_jax.evaluation.length_sweep import wilson_interval  # noqa: E402
+from memagent_jax.evaluation.memory_errors import error_table  # noqa: E402
+
+# Per-chunk rates shown: (label, where in error_table, key)
+RATES = (("other askable key's fact overwrote", "distractor_split", "other_askable"),
+         ("unaskable key's fact overwrote", "distractor_split", "unaskable"),
+         ("copy corrupted", "per_chunk", "copy_corruption"),
+         ("update missed", "per_chunk", "missed_update"))
+
+
+def policy_rows(prefix: str, world: str, eval_seed: int, lengths: set[int] | None = None) -> dict[int, dict]:
+  """{length: accuracy, interval and error_table} for every <prefix>_<length>.jsonl (of `lengths` if given)."""
+  cfg = toy_memagent.get_config(f"rl,{world}")
+  out = {}
+  for path in glob.glob(f"{prefix}_*.jsonl"):
+    m = re.search(r"_(\d+)\.jsonl$", path)
+    if not m:
+      continue
+    length = int(m.group(1))
+    if lengths and length not in lengths:
+      continue
+    with open(path) as f:
+      rows = [json.loads(line) for line in f]
+    samples = tasks.make_samples(cfg.data.task, length, len(rows), eval_seed + length, None,
+                                 chunk_tokens=cfg.agent.chunk_tokens)
+    right = sum(bool(r["score"]) for r in rows)
+    out[length] = {"n": len(rows), "accuracy": right / len(rows), "interval": wilson_interval(right, len(rows)),
+                   **error_table(samples, rows, chunk_tokens=cfg.agent.chunk_tokens)}
+  if not out:
+    raise FileNotFoundError(f"no {prefix}_<length>.jsonl: sweep the policy first (experiments/toy_sweep.py)")
+  return out
+
+
+def _rate(pair) -> str:
+  failed, exposed = pair
+  return f"{failed}/{exposed} = {100 * failed / exposed:.2f}%" if exposed else "-"
+
+
+def markdown(policies: dict[str, dict[int, dict]], command: str) -> str:
+  lengths = sorted({length for rows in policies.values() for length in rows})
+  longest = lengths[-1]
+  head = ["policy", *(f"{length // toy.TRAIN_TOKENS}x" for length in lengths),
+          *(f"{label} at {longest // toy.TRAIN_TOKENS}x (per chunk)" for label, _, _ in RATES)]
+  lines = ["Accuracy in % [95% Wilson interval], n documents per point; per-chunk rates: first errors at "
+           "chunks of that kind / such chunks read while the memory was still right.", "",
+           "    " + command, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for label, rows in policies.items():
+    acc = [f"{100 * rows[x]['accuracy']:.1f} [{100 * rows[x]['interval'][0]:.0f}, "
+           f"{100 * rows[x]['interval'][1]:.0f}]" if x in rows else "-" for x in lengths]
+    rates = [_rate(rows[longest][where][key]) if longest in rows else "-" for _, where, key in RATES]
+    lines.append(f"| {label} | " + " | ".join(acc + rates) + " |")
+  ns = sorted({r["n"] for rows in policies.values() for r in rows.values()})
+  return "\n".join(lines) + f"\n\nn = {', '.join(map(str, ns))}.\n"
+
+
+def plot(policies: dict[str, dict[int, dict]], path: str) -> None:
+  """Left: accuracy against length with intervals; right: per-chunk error rates at the longest length."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  lengths = sorted({length for rows in policies.values() for length in rows})
+  fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+  for label, rows in policies.items():
+    xs = [x for x in lengths if x in rows]
+    acc = [100 * rows[x]["accuracy"] for x in xs]
+    err = [[a - 100 * rows[x]["interval"][0] for a, x in zip(acc, xs)],
+           [100 * rows[x]["interval"][1] - a for a, x in zip(acc, xs)]]
+    left.errorbar([x // toy.TRAIN_TOKENS for x in xs], acc, yerr=err, marker="o", capsize=3, label=label)
+  multiples = [x // toy.TRAIN_TOKENS for x in lengths]
+  left.set(xscale="log", xlabel="document length (x training length)", ylabel="accuracy (%)",
+           title="accuracy, 95% Wilson intervals")
+  left.set_xticks(multiples, [f"{m}x" for m in multiples])
+  left.minorticks_off()
+  left.legend(fontsize=8)
+  longest, width = lengths[-1], 0.8 / len(policies)
+  for i, (label, rows) in enumerate(policies.items()):
+    if longest not in rows:
+      continue
+    rates = [100 * rows[longest][w][k][0] / max(1, rows[longest][w][k][1]) for _, w, k in RATES]
+    right.bar([j + i * width for j in range(len(RATES))], rates, width, label=label)
+  right.set_xticks([j + 0.4 - width / 2 for j in range(len(RATES))],
+                   [r[0].replace("'s fact ", "'s fact\n") for r in RATES], fontsize=8)
+  right.set(ylabel="first errors per such chunk (%)", title=f"per-chunk error rates at {longest // toy.TRAIN_TOKENS}x")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  f = flags.FLAGS
+  policies = {}
+  for spec in f.policy:
+    label, sep, prefix = spec.partition("=")
+    if not sep or not label or not prefix:
+      raise app.UsageError(f"--policy={spec!r}: give LABEL=PREFIX")
+    policies[label] = policy_rows(prefix, f.world, f.eval_seed, {toy.TRAIN_TOKENS * int(m) for m in f.multiples})
+  if not policies:
+    raise app.UsageError("give at least one --policy=LABEL=PREFIX")
+  command = "python experiments/toy_variants.py " + " ".join(
+      [f"--out={f.out}"] + ([f"--multiples={','.join(f.multiples)}"] if f.multiples else [])
+      + [f"--policy='{s}'" for s in f.policy])
+  write(policies, command, f.out)
+
+
+def write(policies: dict[str, dict[int, dict]], command: str, out: str) -> str:
+  """<out>.md (the table, with the command) and <out>.png; returns the table."""
+  text = markdown(policies, command)
+  os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  with open(out + ".md", "w") as fh:
+    fh.write(text)
+  plot(policies, out + ".png")
+  print(text)
+  return text
+
+
+if __name__ == "__main__":  # flags only when run as a script: tests import this module
+  flags.DEFINE_multi_string("policy", [], "LABEL=PREFIX of a swept policy's <PREFIX>_<length>.jsonl")
+  flags.DEFINE_string("out", None, "write <out>.md and <out>.png", required=True)
+  flags.DEFINE_list("multiples", [], "only these lengths, as multiples of the training length (default: all)")
+  flags.DEFINE_integer("eval_seed", 1000, "the sweeps' --eval_seed (documents: seed + length)")
+  flags.DEFINE_enum("world", "lookup", list(toy_memagent.WORLDS), "the world the policies were trained in")
+  app.run(main)
