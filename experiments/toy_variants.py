@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -85,12 +86,13 @@ def plot(policies: dict[str, dict[int, dict]], path: str) -> None:
   import matplotlib.pyplot as plt
   lengths = sorted({length for rows in policies.values() for length in rows})
   fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-  for label, rows in policies.items():
+  for i, (label, rows) in enumerate(policies.items()):  # colour C<i>: the same policy in both panels
     xs = [x for x in lengths if x in rows]
     acc = [100 * rows[x]["accuracy"] for x in xs]
     err = [[a - 100 * rows[x]["interval"][0] for a, x in zip(acc, xs)],
            [100 * rows[x]["interval"][1] - a for a, x in zip(acc, xs)]]
-    left.errorbar([x // toy.TRAIN_TOKENS for x in xs], acc, yerr=err, marker="o", capsize=3, label=label)
+    left.errorbar([x // toy.TRAIN_TOKENS for x in xs], acc, yerr=err, marker="o", capsize=3, label=label,
+                  color=f"C{i % 10}")
   multiples = [x // toy.TRAIN_TOKENS for x in lengths]
   left.set(xscale="log", xlabel="document length (x training length)", ylabel="accuracy (%)",
            title="accuracy, 95% Wilson intervals")
@@ -102,7 +104,7 @@ def plot(policies: dict[str, dict[int, dict]], path: str) -> None:
     if longest not in rows:
       continue
     rates = [100 * rows[longest][w][k][0] / max(1, rows[longest][w][k][1]) for _, w, k in RATES]
-    right.bar([j + i * width for j in range(len(RATES))], rates, width, label=label)
+    right.bar([j + i * width for j in range(len(RATES))], rates, width, label=label, color=f"C{i % 10}")
   right.set_xticks([j + 0.4 - width / 2 for j in range(len(RATES))],
                    [r[0].replace("'s fact ", "'s fact\n") for r in RATES], fontsize=8)
   right.set(ylabel="first errors per such chunk (%)", title=f"per-chunk error rates at {longest // toy.TRAIN_TOKENS}x")
@@ -124,7 +126,7 @@ def main(argv):
     raise app.UsageError("give at least one --policy=LABEL=PREFIX")
   command = "python experiments/toy_variants.py " + " ".join(
       [f"--out={f.out}"] + ([f"--multiples={','.join(f.multiples)}"] if f.multiples else [])
-      + [f"--policy='{s}'" for s in f.policy])
+      + [shlex.quote(f"--policy={s}") for s in f.policy])
   write(policies, command, f.out)
 
 
