@@ -24,24 +24,34 @@ from memagent_jax.data import tasks, toy  # noqa: E402
 from memagent_jax.evaluation.memory_errors import CHUNK_KINDS, DISTRACTOR_SPLIT, KINDS, error_table  # noqa: E402
 
 
-def error_rows(workdir: str, stage: str, eval_seed: int, world: str = "one_key") -> list[dict]:
-  """One row per evaluated length of `stage`: counts of first-error kinds."""
+def prefix_rows(prefix: str, eval_seed: int, world: str = "one_key", lengths: set[int] | None = None) -> list[dict]:
+  """One row per <prefix>_<length>.jsonl (of `lengths` if given), by length: n, exact-match hits and
+  the counts of first-error kinds, over the documents regenerated from the task and seeds."""
   cfg = toy_memagent.get_config(f"rl,{world}")
   out = []
-  paths = glob.glob(os.path.join(workdir, "eval", f"{stage}_*.jsonl"))
-  for length in sorted(int(m.group(1)) for p in paths if (m := re.search(rf"{stage}_(\d+)\.jsonl$", p))):
-    with open(os.path.join(workdir, "eval", f"{stage}_{length}.jsonl")) as f:
+  for length in sorted(int(m.group(1)) for p in glob.glob(f"{prefix}_*.jsonl")
+                       if (m := re.search(r"_(\d+)\.jsonl$", p))):
+    if lengths and length not in lengths:
+      continue
+    with open(f"{prefix}_{length}.jsonl") as f:
       rows = [json.loads(line) for line in f]
     samples = tasks.make_samples(cfg.data.task, length, len(rows), eval_seed + length, None,
                                  chunk_tokens=cfg.agent.chunk_tokens)
-    out.append({"length": length, **error_table(samples, rows, chunk_tokens=cfg.agent.chunk_tokens)})
+    out.append({"length": length, "n": len(rows), "right": sum(bool(r["score"]) for r in rows),
+                **error_table(samples, rows, chunk_tokens=cfg.agent.chunk_tokens)})
   if not out:
-    raise FileNotFoundError(f"no {stage}_<length>.jsonl under {workdir}/eval: run experiments/toy_reproduction.py first")
+    raise FileNotFoundError(f"no {prefix}_<length>.jsonl: evaluate the policy first "
+                            "(experiments/toy_reproduction.py or experiments/toy_sweep.py)")
   return out
 
 
-def _rate(failed: int, exposed: int) -> str:
-  return f"{failed}/{exposed} = {100 * failed / exposed:.1f}%" if exposed else "-"
+def error_rows(workdir: str, stage: str, eval_seed: int, world: str = "one_key") -> list[dict]:
+  """One row per evaluated length of `stage`: counts of first-error kinds."""
+  return prefix_rows(os.path.join(workdir, "eval", stage), eval_seed, world)
+
+
+def rate(failed: int, exposed: int, digits: int = 1) -> str:
+  return f"{failed}/{exposed} = {100 * failed / exposed:.{digits}f}%" if exposed else "-"
 
 
 def markdown(rows: list[dict], stage: str) -> str:
@@ -54,7 +64,7 @@ def markdown(rows: list[dict], stage: str) -> str:
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in rows:
     pos = "-" if r["mean_relative_chunk"] is None else f"{r['mean_relative_chunk']:.2f}"
-    rates = [_rate(*r["per_chunk"][k]) for k in CHUNK_KINDS] + [_rate(*r["distractor_split"][k])
+    rates = [rate(*r["per_chunk"][k]) for k in CHUNK_KINDS] + [rate(*r["distractor_split"][k])
                                                                  for k in DISTRACTOR_SPLIT]
     lines.append(f"| {r['length']} | {r['length'] // toy.TRAIN_TOKENS}x | {r['documents']} | {r['wrong']} | "
                  + " | ".join(str(r[k]) for k in KINDS) + f" | {r['right_despite_wrong_memory']} | {pos} | "

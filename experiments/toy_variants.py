@@ -2,7 +2,7 @@
 at each length, as a markdown table and a PNG. For RL ablations (KL, documents, steps) whose policies
 were each swept by experiments/toy_sweep.py or experiments/toy_reproduction.py.
 
-  python experiments/toy_variants.py --out=docs/results/toy_lookup_variants \
+  python experiments/toy_variants.py --out=docs/results/toy_lookup_rl_variants \
     --policy="default (120 steps)=runs/toy_full_lookup/eval/rl" --policy="KL 0=runs/toy_sweep/kl0/kl0"
 
 Each --policy is LABEL=PREFIX: the per-document lines are PREFIX_<length>.jsonl. A length missing for
@@ -11,10 +11,7 @@ a policy shows as "-"; the documents are regenerated from the task and seeds, as
 
 from __future__ import annotations
 
-import glob
-import json
 import os
-import re
 import shlex
 import sys
 
@@ -23,9 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 
 from configs import toy_memagent  # noqa: E402
-from memagent_jax.data import tasks, toy  # noqa: E402
+from experiments import memory_errors  # noqa: E402
+from memagent_jax.data import toy  # noqa: E402
 from memagent_jax.evaluation.length_sweep import wilson_interval  # noqa: E402
-from memagent_jax.evaluation.memory_errors import error_table  # noqa: E402
 
 # Per-chunk rates shown: (label, where in error_table, key)
 RATES = (("other askable key's fact overwrote", "distractor_split", "other_askable"),
@@ -36,30 +33,8 @@ RATES = (("other askable key's fact overwrote", "distractor_split", "other_askab
 
 def policy_rows(prefix: str, world: str, eval_seed: int, lengths: set[int] | None = None) -> dict[int, dict]:
   """{length: accuracy, interval and error_table} for every <prefix>_<length>.jsonl (of `lengths` if given)."""
-  cfg = toy_memagent.get_config(f"rl,{world}")
-  out = {}
-  for path in glob.glob(f"{prefix}_*.jsonl"):
-    m = re.search(r"_(\d+)\.jsonl$", path)
-    if not m:
-      continue
-    length = int(m.group(1))
-    if lengths and length not in lengths:
-      continue
-    with open(path) as f:
-      rows = [json.loads(line) for line in f]
-    samples = tasks.make_samples(cfg.data.task, length, len(rows), eval_seed + length, None,
-                                 chunk_tokens=cfg.agent.chunk_tokens)
-    right = sum(bool(r["score"]) for r in rows)
-    out[length] = {"n": len(rows), "accuracy": right / len(rows), "interval": wilson_interval(right, len(rows)),
-                   **error_table(samples, rows, chunk_tokens=cfg.agent.chunk_tokens)}
-  if not out:
-    raise FileNotFoundError(f"no {prefix}_<length>.jsonl: sweep the policy first (experiments/toy_sweep.py)")
-  return out
-
-
-def _rate(pair) -> str:
-  failed, exposed = pair
-  return f"{failed}/{exposed} = {100 * failed / exposed:.2f}%" if exposed else "-"
+  return {r["length"]: {**r, "accuracy": r["right"] / r["n"], "interval": wilson_interval(r["right"], r["n"])}
+          for r in memory_errors.prefix_rows(prefix, eval_seed, world, lengths)}
 
 
 def markdown(policies: dict[str, dict[int, dict]], command: str) -> str:
@@ -73,7 +48,8 @@ def markdown(policies: dict[str, dict[int, dict]], command: str) -> str:
   for label, rows in policies.items():
     acc = [f"{100 * rows[x]['accuracy']:.1f} [{100 * rows[x]['interval'][0]:.0f}, "
            f"{100 * rows[x]['interval'][1]:.0f}]" if x in rows else "-" for x in lengths]
-    rates = [_rate(rows[longest][where][key]) if longest in rows else "-" for _, where, key in RATES]
+    rates = [memory_errors.rate(*rows[longest][where][key], digits=2) if longest in rows else "-"
+             for _, where, key in RATES]
     lines.append(f"| {label} | " + " | ".join(acc + rates) + " |")
   ns = sorted({r["n"] for rows in policies.values() for r in rows.values()})
   return "\n".join(lines) + f"\n\nn = {', '.join(map(str, ns))}.\n"
