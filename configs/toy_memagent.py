@@ -122,4 +122,7 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
         # (toy_lookup_world.md, "RL on askable-key documents"). The demo keeps the warm start's
         # documents: its 16 steps were measured on them.
         c.data.options.distractor_keys = "askable"
+        # for ablations with distractor_keys="mixed": the share of distractors about askable keys
+        # (None: even odds; toy.make_sample refuses it with any other distractor_keys)
+        c.data.options.askable_share = ml_collections.FieldReference(None, field_type=float)
   return c

@@ -242,6 +242,23 @@ def test_mixed_distractors_name_both_kinds_of_key():
     toy.generate(1, 72, 0, asked_keys=None, distractor_keys="mixed")
 
 
+def test_mixed_distractors_follow_askable_share():
+  """askable_share weights "mixed" towards one kind of key; 0.5 is the default's draw, and the share
+  is refused without "mixed" or outside [0, 1]."""
+  def share_of_askable(**kw):
+    samples = toy.generate(400, 72, 0, num_distractors=3, distractor_keys="mixed", **kw)
+    others = [k for s in samples for k, _ in s["facts"] if k != s["key"]]  # [1200]
+    return sum(k in toy.ASKED_KEYS for k in others) / len(others)
+  assert 0.70 < share_of_askable(askable_share=0.75) < 0.80  # sd 0.0125
+  assert share_of_askable(askable_share=1.0) == 1.0 and share_of_askable(askable_share=0.0) == 0.0
+  assert toy.generate(20, 72, 0, num_distractors=3, distractor_keys="mixed", askable_share=0.5) == \
+      toy.generate(20, 72, 0, num_distractors=3, distractor_keys="mixed")
+  with pytest.raises(ValueError, match="askable_share=0.75 needs distractor_keys='mixed'"):
+    toy.generate(1, 72, 0, distractor_keys="askable", askable_share=0.75)
+  with pytest.raises(ValueError, match=r"askable_share=1.5 .* in \[0, 1\]"):
+    toy.generate(1, 72, 0, distractor_keys="mixed", askable_share=1.5)
+
+
 # sha256 of json.dumps(samples, sort_keys=True) for 4 samples of 128 tokens (seed 0) and 2 of 1024
 # (seed 3) at chunk 64: the toy reproduction's data. The one-asked-key world of earlier results
 # (asked_keys=("oslo",)) keeps its digest from before the chunk size came from the config.

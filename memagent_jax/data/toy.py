@@ -125,15 +125,19 @@ def _fact_starts(rng: random.Random, num_tokens: int, num_facts: int, chunk_toke
 def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
                 override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
                 chunk_tokens: int | None = CHUNK_TOKENS, asked_keys: tuple[str, ...] | None = ASKED_KEYS,
-                distractor_keys: str = "any") -> dict:
+                distractor_keys: str = "any", askable_share: float | None = None) -> dict:
   """One document of exactly `num_tokens` toy tokens, its question and answer.
 
   distractor_keys: "any" (distractors about any other key), "askable" (only about the other
   askable keys: rows where "keep the latest askable fact" fails and only matching the question's key
   to the fact's key answers right, what a lookup pretraining needs), or "mixed" (each distractor
-  about another askable key or an unaskable one with even odds: both kinds of tempting overwrite)."""
+  about another askable key with probability askable_share, default 0.5, else about an unaskable
+  one: both kinds of tempting overwrite)."""
   if distractor_keys not in DISTRACTOR_KEYS:
     raise ValueError(f"distractor_keys={distractor_keys!r}: choose one of {DISTRACTOR_KEYS}")
+  if askable_share is not None and (distractor_keys != "mixed" or not 0.0 <= askable_share <= 1.0):
+    raise ValueError(f"askable_share={askable_share} needs distractor_keys='mixed' (given "
+                     f"{distractor_keys!r}) and a value in [0, 1]")
   if not 0.0 <= override_prob <= 1.0:
     raise ValueError(f"override_prob={override_prob} must lie in [0, 1]")
   if num_distractors < 0 or max_overrides < 0:
@@ -157,7 +161,8 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
     unaskable = [k for k in KEYS if k not in (asked_keys or KEYS)]
     if not unaskable:
       raise ValueError("distractor_keys='mixed' but every key is askable")
-    pools = [other_keys if rng.random() < 0.5 else unaskable for _ in range(num_distractors)]
+    share = 0.5 if askable_share is None else askable_share
+    pools = [other_keys if rng.random() < share else unaskable for _ in range(num_distractors)]
   else:
     pools = [other_keys] * num_distractors
   distractors = [(rng.choice(pool), rng.choice(other_values)) for pool in pools]
@@ -193,7 +198,8 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
              num_distractors: int | None = None, distractor_density: float | None = None,
              override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
              chunk_tokens: int | None = CHUNK_TOKENS,
-             asked_keys: tuple[str, ...] | None = ASKED_KEYS, distractor_keys: str = "any") -> list[dict]:
+             asked_keys: tuple[str, ...] | None = ASKED_KEYS, distractor_keys: str = "any",
+             askable_share: float | None = None) -> list[dict]:
   """n toy samples with documents of exactly `num_tokens` toy tokens.
 
   Args:
@@ -207,6 +213,7 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
       max_overrides).
     max_overrides: cap on overrides of the asked key.
     distractor_keys: "any", "askable" or "mixed" (make_sample).
+    askable_share: with "mixed", the chance that a distractor names an askable key (default 0.5).
 
   Returns:
     dicts with question, context, answers ([value of the last fact about key]), key, facts,
@@ -224,6 +231,6 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
   out = []
   for i in range(n):
     s = make_sample(sample_rng(num_tokens, seed, i), num_tokens, num_distractors, override_prob,
-                    max_overrides, chunk_tokens, asked_keys, distractor_keys)
+                    max_overrides, chunk_tokens, asked_keys, distractor_keys, askable_share)
     out.append({**s, "task": TASK, "length": num_tokens, "seed": seed, "index": i})
   return out
