@@ -125,4 +125,7 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
         # for ablations with distractor_keys="mixed": the share of distractors about askable keys
         # (None: even odds; toy.make_sample refuses it with any other distractor_keys)
         c.data.options.askable_share = ml_collections.FieldReference(None, field_type=float)
+        # for ablations: the chance that a fact sits at the end of its chunk, where the residual
+        # overwrites are likeliest (toy_lookup_world.md, "Where the residual errors sit")
+        c.data.options.late_fact_share = 0.0
   return c

@@ -24,6 +24,19 @@ from memagent_jax.data import tasks, toy  # noqa: E402
 from memagent_jax.evaluation.memory_errors import CHUNK_KINDS, DISTRACTOR_SPLIT, KINDS, error_table  # noqa: E402
 
 
+def swept_documents(prefix: str, length: int, eval_seed: int, world: str = "one_key") -> tuple[list[dict], list[dict]]:
+  """The documents of <prefix>_<length>.jsonl, regenerated from the task and seeds, and its lines."""
+  cfg = toy_memagent.get_config(f"rl,{world}")
+  path = f"{prefix}_{length}.jsonl"
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no {path}: evaluate the policy at {length} tokens first (experiments/toy_sweep.py)")
+  with open(path) as f:
+    rows = [json.loads(line) for line in f]
+  samples = tasks.make_samples(cfg.data.task, length, len(rows), eval_seed + length, None,
+                               chunk_tokens=cfg.agent.chunk_tokens)
+  return samples, rows
+
+
 def prefix_rows(prefix: str, eval_seed: int, world: str = "one_key", lengths: set[int] | None = None) -> list[dict]:
   """One row per <prefix>_<length>.jsonl (of `lengths` if given), by length: n, exact-match hits and
   the counts of first-error kinds, over the documents regenerated from the task and seeds."""
@@ -33,10 +46,7 @@ def prefix_rows(prefix: str, eval_seed: int, world: str = "one_key", lengths: se
                        if (m := re.search(r"_(\d+)\.jsonl$", p))):
     if lengths and length not in lengths:
       continue
-    with open(f"{prefix}_{length}.jsonl") as f:
-      rows = [json.loads(line) for line in f]
-    samples = tasks.make_samples(cfg.data.task, length, len(rows), eval_seed + length, None,
-                                 chunk_tokens=cfg.agent.chunk_tokens)
+    samples, rows = swept_documents(prefix, length, eval_seed, world)
     out.append({"length": length, "n": len(rows), "right": sum(bool(r["score"]) for r in rows),
                 **error_table(samples, rows, chunk_tokens=cfg.agent.chunk_tokens)})
   if not out:

@@ -125,24 +125,31 @@ def test_every_known_task_has_a_metric_and_an_unknown_one_is_an_error():
     score("toy_kv_v2", r, ["tigers"])
 
 
-def test_variants_table_counts_each_policys_errors(agent, tmp_path):
-  """experiments/toy_variants.py on two teacher "policies" over the evaluation's own documents: the
-  flawless one (never overwrites) scores 100% with no error; the flawed one's overwrites are counted
-  per kind, and both land in the table and the PNG."""
+def _write_teacher_sweeps(agent, tmp_path, seed, lengths, n=12):
+  """<tmp_path>/{flawless,flawed}_<length>.jsonl as toy_sweep.py writes them, from the memory teacher
+  over the evaluation's own documents (lookup world): never overwriting, or with probability 0.5."""
   import json
   from configs import toy_memagent
-  from experiments import toy_variants
   from memagent_jax.data import tasks
-  cfg, seed = toy_memagent.get_config("rl,lookup"), 1000
+  cfg = toy_memagent.get_config("rl,lookup")
   for name, prob in (("flawless", 0.0), ("flawed", 0.5)):
-    for length in (128, 512):
-      samples = tasks.make_samples(cfg.data.task, length, 12, seed + length, None, chunk_tokens=cfg.agent.chunk_tokens)
+    for length in lengths:
+      samples = tasks.make_samples(cfg.data.task, length, n, seed + length, None, chunk_tokens=cfg.agent.chunk_tokens)
       with open(tmp_path / f"{name}_{length}.jsonl", "w") as f:
         for s in samples:
           r = TEACHERS.get("toy_memory")(agent, s["question"], s["context"], rng=random.Random(s["index"]),
                                          overwrite_prob=prob)
           f.write(json.dumps({"index": s["index"], "question": s["question"], "memories": r.memories,
                               "score": score(toy.TASK, r, s["answers"])["score"]}) + "\n")
+
+
+def test_variants_table_counts_each_policys_errors(agent, tmp_path):
+  """experiments/toy_variants.py on two teacher "policies" over the evaluation's own documents: the
+  flawless one (never overwrites) scores 100% with no error; the flawed one's overwrites are counted
+  per kind, and both land in the table and the PNG."""
+  from experiments import toy_variants
+  seed = 1000
+  _write_teacher_sweeps(agent, tmp_path, seed, (128, 512))
   policies = {label: toy_variants.policy_rows(str(tmp_path / label), "lookup", seed) for label in ("flawless", "flawed")}
   assert sorted(policies["flawed"]) == [128, 512] and policies["flawless"][512]["n"] == 12
   assert policies["flawless"][512]["accuracy"] == 1.0 and policies["flawless"][512]["wrong"] == 0
@@ -157,3 +164,51 @@ def test_variants_table_counts_each_policys_errors(agent, tmp_path):
   assert "| flawless | 100.0 [" in text and (tmp_path / "out.png").stat().st_size > 10_000
   with pytest.raises(FileNotFoundError, match="no .*missing_<length>.jsonl"):
     toy_variants.policy_rows(str(tmp_path / "missing"), "lookup", seed)
+
+
+def test_distractor_hazards_by_hand():
+  """One distractor chunk (chunk 1: rome=crab at offset 5, a quarter into a 4-chunk document), read by
+  three memories: lost after the teacher's wording, kept after it, kept after another wording."""
+  right = ["the code of oslo is tiger ."] * 3 + ["the code of oslo is zebra ."]
+  lost = ["the code of oslo is tiger .", "the code of oslo is crab .", "x", "x"]
+  reworded = ["code code of oslo is tiger ."] * 3 + ["zebra"]
+  samples = [{**_sample(), "index": i} for i in range(3)]
+  rows = [{"index": i, "memories": m, "score": 1.0} for i, m in enumerate((lost, right, reworded))]
+  hazards = me.distractor_hazards(samples, rows, chunk_tokens=toy.CHUNK_TOKENS)
+  assert hazards == {"last_fact_offset": {"0-15": (1, 3)}, "facts_in_chunk": {"1": (1, 3)},
+                     "asked_key": {"oslo": (1, 3)}, "distractor_value": {"crab": (1, 3)},
+                     "document_quarter": {"2": (1, 3)},
+                     "memory_before": {"other wording": (0, 1), "the teacher's wording": (1, 2)}}
+  late = {**_sample(), "index": 0, "fact_starts": [3, 2 * toy.CHUNK_TOKENS - 9, 3 * toy.CHUNK_TOKENS + 10]}
+  hazards = me.distractor_hazards([late], rows[:1], chunk_tokens=toy.CHUNK_TOKENS)
+  quarter = toy.CHUNK_TOKENS // 4
+  assert hazards["last_fact_offset"] == {f"{3 * quarter}-{4 * quarter - 1}": (1, 1)}
+  assert me.canonical_memory("the code of oslo is tiger .", "oslo")
+  assert not me.canonical_memory("the code of oslo is tiger tiger", "oslo")
+  assert not me.canonical_memory("the code of rome is tiger .", "oslo")
+
+
+def test_hazard_tables_split_every_counted_overwrite(agent, tmp_path):
+  """experiments/error_hazards.py on the teacher "policies": each factor's levels add up to the chunks
+  and overwrites error_table counts (values: at least, a chunk may hold two), the flawless one loses
+  none, and every factor gets a table and a panel."""
+  from experiments import error_hazards, memory_errors
+  seed = 1000
+  _write_teacher_sweeps(agent, tmp_path, seed, (512,))
+  policies = {label: error_hazards.policy_hazards(str(tmp_path / label), 512, "lookup", seed)
+              for label in ("flawless", "flawed")}
+  table = memory_errors.prefix_rows(str(tmp_path / "flawed"), seed, "lookup")[0]
+  lost, read = table["per_chunk"]["distractor_overwrite"]
+  assert lost > 0
+  for factor, levels in policies["flawed"].items():
+    sums = tuple(map(sum, zip(*levels.values())))
+    if factor == "distractor_value":
+      assert sums[0] >= lost and sums[1] >= read, (factor, sums)
+    else:
+      assert sums == (lost, read), (factor, sums)
+  assert all(v[0] == 0 for levels in policies["flawless"].values() for v in levels.values())
+  text = error_hazards.write(policies, 4, "python experiments/error_hazards.py ...", str(tmp_path / "hz"))
+  assert all(f"### {title}" in text for title in error_hazards.FACTOR_TITLES.values())
+  assert (tmp_path / "hz.png").stat().st_size > 10_000
+  with pytest.raises(FileNotFoundError, match="no .*missing_512.jsonl"):
+    error_hazards.policy_hazards(str(tmp_path / "missing"), 512, "lookup", seed)

@@ -259,6 +259,21 @@ def test_mixed_distractors_follow_askable_share():
     toy.generate(1, 72, 0, distractor_keys="mixed", askable_share=1.5)
 
 
+def test_late_fact_share_puts_facts_at_chunk_ends():
+  """late_fact_share moves facts into the last two fact lengths of their chunk (where the residual
+  overwrites sit), no fact crossing a boundary; 0 keeps the uniform placement."""
+  def late_frac(**kw):
+    docs = toy.generate(300, 128, 0, num_distractors=3, chunk_tokens=64, distractor_keys="askable", **kw)
+    starts = [s for d in docs for s in d["fact_starts"]]
+    assert all(s // 64 == (s + toy.FACT_TOKENS - 1) // 64 for s in starts)
+    return sum(s % 64 >= 64 - 2 * toy.FACT_TOKENS for s in starts) / len(starts)
+  assert late_frac() < 0.25 and late_frac(late_fact_share=1.0) > 0.45  # at most 2 such places per chunk
+  with pytest.raises(ValueError, match="late_fact_share=1.5"):
+    toy.generate(1, 128, 0, late_fact_share=1.5)
+  with pytest.raises(ValueError, match="late_fact_share=0.5 needs chunks"):
+    toy.generate(1, 128, 0, chunk_tokens=None, late_fact_share=0.5)
+
+
 # sha256 of json.dumps(samples, sort_keys=True) for 4 samples of 128 tokens (seed 0) and 2 of 1024
 # (seed 3) at chunk 64: the toy reproduction's data. The one-asked-key world of earlier results
 # (asked_keys=("oslo",)) keeps its digest from before the chunk size came from the config.

@@ -37,7 +37,7 @@ def _qa_file(task: str, data_dir: str | None) -> str:
 # Generator options a task takes from a config's data.options (the toy world's document makeup, e.g.
 # RL documents denser in distractors than the evaluated world); any other task takes none.
 TOY_OPTIONS = ("distractor_density", "num_distractors", "override_prob", "max_overrides", "distractor_keys",
-               "askable_share")
+               "askable_share", "late_fact_share")
 
 
 def make_samples(task: str, length: int, n: int, seed: int, tokenizer, data_dir: str | None = None, *,

@@ -102,21 +102,29 @@ def sample_rng(num_tokens: int, seed: int, index: int) -> random.Random:
   return random.Random(f"{TASK}:{num_tokens}:{seed}:{index}")
 
 
-def _fact_starts(rng: random.Random, num_tokens: int, num_facts: int, chunk_tokens: int | None) -> list[int]:
-  """Sorted, non-overlapping start positions of `num_facts` facts, none across a chunk boundary."""
+def _fact_starts(rng: random.Random, num_tokens: int, num_facts: int, chunk_tokens: int | None,
+                 late_share: float = 0.0) -> list[int]:
+  """Sorted, non-overlapping start positions of `num_facts` facts, none across a chunk boundary.
+  late_share: the chance that a fact goes into the last two fact lengths of its chunk (where the
+  memory's residual overwrites sit), when such a place is free."""
   def fits(s: int) -> bool:
     return chunk_tokens is None or s // chunk_tokens == (s + FACT_TOKENS - 1) // chunk_tokens
   starts = [s for s in range(num_tokens - FACT_TOKENS + 1) if fits(s)]
+  late = [s for s in starts if chunk_tokens and s % chunk_tokens >= chunk_tokens - 2 * FACT_TOKENS]
   taken = bytearray(num_tokens)
   out = []
   for _ in range(num_facts):
-    for _ in range(1000):
-      s = rng.choice(starts)
-      if not any(taken[s:s + FACT_TOKENS]):
-        break
+    free_late = [s for s in late if not any(taken[s:s + FACT_TOKENS])] if late_share else []
+    if free_late and rng.random() < late_share:
+      s = rng.choice(free_late)
     else:
-      raise ValueError(f"cannot place {num_facts} facts of {FACT_TOKENS} tokens in {num_tokens} tokens "
-                       f"(chunk_tokens={chunk_tokens}); lower the number of distractors")
+      for _ in range(1000):
+        s = rng.choice(starts)
+        if not any(taken[s:s + FACT_TOKENS]):
+          break
+      else:
+        raise ValueError(f"cannot place {num_facts} facts of {FACT_TOKENS} tokens in {num_tokens} tokens "
+                         f"(chunk_tokens={chunk_tokens}); lower the number of distractors")
     taken[s:s + FACT_TOKENS] = b"\x01" * FACT_TOKENS
     out.append(s)
   return sorted(out)
@@ -125,19 +133,24 @@ def _fact_starts(rng: random.Random, num_tokens: int, num_facts: int, chunk_toke
 def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
                 override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
                 chunk_tokens: int | None = CHUNK_TOKENS, asked_keys: tuple[str, ...] | None = ASKED_KEYS,
-                distractor_keys: str = "any", askable_share: float | None = None) -> dict:
+                distractor_keys: str = "any", askable_share: float | None = None,
+                late_fact_share: float = 0.0) -> dict:
   """One document of exactly `num_tokens` toy tokens, its question and answer.
 
   distractor_keys: "any" (distractors about any other key), "askable" (only about the other
   askable keys: rows where "keep the latest askable fact" fails and only matching the question's key
   to the fact's key answers right, what a lookup pretraining needs), or "mixed" (each distractor
   about another askable key with probability askable_share, default 0.5, else about an unaskable
-  one: both kinds of tempting overwrite)."""
+  one: both kinds of tempting overwrite).
+  late_fact_share: the chance that a fact sits at the end of its chunk (_fact_starts)."""
   if distractor_keys not in DISTRACTOR_KEYS:
     raise ValueError(f"distractor_keys={distractor_keys!r}: choose one of {DISTRACTOR_KEYS}")
   if askable_share is not None and (distractor_keys != "mixed" or not 0.0 <= askable_share <= 1.0):
     raise ValueError(f"askable_share={askable_share} needs distractor_keys='mixed' (given "
                      f"{distractor_keys!r}) and a value in [0, 1]")
+  if not 0.0 <= late_fact_share <= 1.0 or (late_fact_share and chunk_tokens is None):
+    raise ValueError(f"late_fact_share={late_fact_share} needs chunks (chunk_tokens={chunk_tokens}) and a "
+                     "value in [0, 1]")
   if not 0.0 <= override_prob <= 1.0:
     raise ValueError(f"override_prob={override_prob} must lie in [0, 1]")
   if num_distractors < 0 or max_overrides < 0:
@@ -170,7 +183,7 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
   if FACT_TOKENS * num_facts > num_tokens:
     raise ValueError(f"num_tokens={num_tokens} is too short for {num_facts} facts of "
                      f"{FACT_TOKENS} tokens each")
-  starts = _fact_starts(rng, num_tokens, num_facts, chunk_tokens)
+  starts = _fact_starts(rng, num_tokens, num_facts, chunk_tokens, late_fact_share)
   # The asked key's facts take random slots among the sorted ones and keep their order.
   asked_at = set(rng.sample(range(num_facts), len(asked)))
   asked_iter, distractor_iter = iter(asked), iter(distractors)
@@ -199,7 +212,7 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
              override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
              chunk_tokens: int | None = CHUNK_TOKENS,
              asked_keys: tuple[str, ...] | None = ASKED_KEYS, distractor_keys: str = "any",
-             askable_share: float | None = None) -> list[dict]:
+             askable_share: float | None = None, late_fact_share: float = 0.0) -> list[dict]:
   """n toy samples with documents of exactly `num_tokens` toy tokens.
 
   Args:
@@ -214,6 +227,7 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
     max_overrides: cap on overrides of the asked key.
     distractor_keys: "any", "askable" or "mixed" (make_sample).
     askable_share: with "mixed", the chance that a distractor names an askable key (default 0.5).
+    late_fact_share: the chance that a fact is placed at the end of its chunk, where a place is free.
 
   Returns:
     dicts with question, context, answers ([value of the last fact about key]), key, facts,
@@ -231,6 +245,7 @@ def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
   out = []
   for i in range(n):
     s = make_sample(sample_rng(num_tokens, seed, i), num_tokens, num_distractors, override_prob,
-                    max_overrides, chunk_tokens, asked_keys, distractor_keys, askable_share)
+                    max_overrides, chunk_tokens, asked_keys, distractor_keys, askable_share,
+                    late_fact_share)
     out.append({**s, "task": TASK, "length": num_tokens, "seed": seed, "index": i})
   return out

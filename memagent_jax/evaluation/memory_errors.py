@@ -130,3 +130,49 @@ def error_table(samples: list[dict], rows: list[dict], *, chunk_tokens: int) -> 
           "mean_relative_chunk": sum(chunks_at) / len(chunks_at) if chunks_at else None,
           "per_chunk": {k: (failed[k], exposed[k]) for k in CHUNK_KINDS},
           "distractor_split": {k: (split_lost[k], split_read[k]) for k in DISTRACTOR_SPLIT}}
+
+
+# What a distractor-only chunk's overwrite rate is broken down by (distractor_hazards)
+HAZARD_FACTORS = ("last_fact_offset", "facts_in_chunk", "asked_key", "distractor_value", "document_quarter",
+                  "memory_before")
+
+
+def canonical_memory(memory: str, key: str) -> bool:
+  """Whether a memory is exactly the teacher's one fact about `key` ("the code of <key> is <v> .")."""
+  words = memory.split()
+  return len(words) == 7 and words[:4] == ["the", "code", "of", key] and words[4] == "is" and words[6] == "."
+
+
+def distractor_hazards(samples: list[dict], rows: list[dict], *, chunk_tokens: int) -> dict:
+  """Overwrite rate of distractor-only chunks read while the memory was right, broken down by each of
+  HAZARD_FACTORS: {factor: {level: (lost, read)}}. It says whether the error is spread evenly or sits
+  with a fact's place in the chunk, the chunk's load, a key, a value, the place in the document, or a
+  memory already off the teacher's wording. A chunk with two values counts under each."""
+  by_index = {s["index"]: s for s in samples}
+  out: dict[str, dict] = {f: {} for f in HAZARD_FACTORS}
+
+  def count(factor, level, lost):
+    lost_read = out[factor].get(level, (0, 0))
+    out[factor][level] = (lost_read[0] + lost, lost_read[1] + 1)
+
+  quarter = max(1, chunk_tokens // 4)
+  for row in rows:
+    sample, memories = by_index[row["index"]], row["memories"]
+    facts = chunk_facts(sample, chunk_tokens)
+    offsets: dict[int, list[int]] = {}
+    for start in sample["fact_starts"]:
+      offsets.setdefault(start // chunk_tokens, []).append(start % chunk_tokens)
+    for i, kind, _, _, right in _walk(sample, memories, chunk_tokens):
+      if kind != "distractor_overwrite":
+        continue
+      lost = int(not right)
+      last = max(offsets[i]) // quarter
+      count("last_fact_offset", f"{last * quarter}-{(last + 1) * quarter - 1}", lost)
+      count("facts_in_chunk", str(min(len(facts[i]), 3)) + ("+" if len(facts[i]) >= 3 else ""), lost)
+      count("asked_key", sample["key"], lost)
+      for value in sorted({v for _, v in facts[i]}):
+        count("distractor_value", value, lost)
+      count("document_quarter", str(min(3, 4 * i // len(facts)) + 1), lost)
+      before = canonical_memory(memories[i - 1], sample["key"])  # i >= 1: the asked fact came earlier
+      count("memory_before", "the teacher's wording" if before else "other wording", lost)
+  return {f: dict(sorted(levels.items())) for f, levels in out.items()}
