@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 
 from configs import toy_memagent  # noqa: E402
-from experiments import memory_errors  # noqa: E402
+from experiments import memory_errors, toy_variants  # noqa: E402
 from memagent_jax.data import toy  # noqa: E402
 from memagent_jax.evaluation.length_sweep import wilson_interval  # noqa: E402
 from memagent_jax.evaluation.memory_errors import HAZARD_FACTORS, distractor_hazards  # noqa: E402
@@ -83,10 +83,12 @@ def plot(policies: dict[str, dict], multiple: int, path: str) -> None:
         rates.append(100 * lost / read)
         low.append(max(0.0, rates[-1] - 100 * lo))  # clipped: float rounding at 0 lost
         high.append(max(0.0, 100 * hi - rates[-1]))
-      ax.bar(xs, rates, width, yerr=[low, high], capsize=2, label=label, color=f"C{i % 10}")
+      crowded = len(levels) > 10  # many levels: intervals would hide the bars (they are in the table)
+      ax.bar(xs, rates, width, yerr=None if crowded else [low, high], capsize=2, label=label, color=f"C{i % 10}")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], levels, rotation=60 if len(levels) > 6 else 0,
                   fontsize=7 if len(levels) > 6 else 8)
-    ax.set(title=FACTOR_TITLES[factor], ylabel="overwrites per chunk (%)")
+    ax.set(title=FACTOR_TITLES[factor] + (" (intervals in the table)" if len(levels) > 10 else ""),
+           ylabel="overwrites per chunk (%)")
   axes.flat[0].legend(fontsize=8)
   fig.suptitle(f"where distractor overwrites happen at {multiple}x (95% Wilson intervals)")
   fig.tight_layout()
@@ -108,14 +110,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
-  policies = {}
-  for spec in f.policy:
-    label, sep, prefix = spec.partition("=")
-    if not sep or not label or not prefix:
-      raise app.UsageError(f"--policy={spec!r}: give LABEL=PREFIX")
-    policies[label] = policy_hazards(prefix, toy.TRAIN_TOKENS * f.multiple, f.world, f.eval_seed)
-  if not policies:
-    raise app.UsageError("give at least one --policy=LABEL=PREFIX")
+  policies = {label: policy_hazards(prefix, toy.TRAIN_TOKENS * f.multiple, f.world, f.eval_seed)
+              for label, prefix in toy_variants.policy_prefixes(f.policy).items()}
   command = "python experiments/error_hazards.py " + " ".join(
       [f"--out={f.out}", f"--multiple={f.multiple}"] + [shlex.quote(f"--policy={s}") for s in f.policy])
   write(policies, f.multiple, command, f.out)

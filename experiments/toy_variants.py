@@ -88,18 +88,26 @@ def plot(policies: dict[str, dict[int, dict]], path: str) -> None:
   fig.savefig(path, dpi=110)
 
 
+def policy_prefixes(specs: list[str]) -> dict[str, str]:
+  """{label: prefix} from --policy=LABEL=PREFIX flags (at least one)."""
+  out = {}
+  for spec in specs:
+    label, sep, prefix = spec.partition("=")
+    if not sep or not label or not prefix:
+      raise app.UsageError(f"--policy={spec!r}: give LABEL=PREFIX")
+    out[label] = prefix
+  if not out:
+    raise app.UsageError("give at least one --policy=LABEL=PREFIX")
+  return out
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
-  policies = {}
-  for spec in f.policy:
-    label, sep, prefix = spec.partition("=")
-    if not sep or not label or not prefix:
-      raise app.UsageError(f"--policy={spec!r}: give LABEL=PREFIX")
-    policies[label] = policy_rows(prefix, f.world, f.eval_seed, {toy.TRAIN_TOKENS * int(m) for m in f.multiples})
-  if not policies:
-    raise app.UsageError("give at least one --policy=LABEL=PREFIX")
+  lengths = {toy.TRAIN_TOKENS * int(m) for m in f.multiples}
+  policies = {label: policy_rows(prefix, f.world, f.eval_seed, lengths)
+              for label, prefix in policy_prefixes(f.policy).items()}
   command = "python experiments/toy_variants.py " + " ".join(
       [f"--out={f.out}"] + ([f"--multiples={','.join(f.multiples)}"] if f.multiples else [])
       + [shlex.quote(f"--policy={s}") for s in f.policy])
