@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import json
 import os
 import platform
@@ -104,6 +106,8 @@ def _training_documents(world: str, scale: str) -> str:
   told = []
   for stage in ("warm_start", "rl"):
     options = toy_memagent.get_config(f"{stage}{variant},{world}").data.get("options") or {}
+    defaults = {k: p.default for k, p in inspect.signature(toy.generate).parameters.items()}
+    options = {k: v for k, v in options.items() if k not in defaults or v != defaults[k]}  # what shapes them
     if options:
       told.append(f"{stage} on 1x documents generated with "
                   + ", ".join(f"{k}={v}" for k, v in sorted(options.items())))

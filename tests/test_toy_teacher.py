@@ -202,7 +202,10 @@ def test_lookup_world_trains_on_distractor_dense_documents_with_a_flawed_teacher
       c = toy_memagent.get_config(f"{stage},lookup{scale}")
       askable = stage == "rl" and not scale  # full-scale RL: every distractor names another askable key
       expected = {"num_distractors": toy_memagent.LOOKUP_DISTRACTORS}
-      assert c.data.options.to_dict() == ({**expected, "distractor_keys": "askable"} if askable else expected)
+      # full-scale RL also carries the ablation options at their no-op values (toy.generate's defaults)
+      ablations = {"askable_share": None, "late_fact_share": 0.0}
+      assert c.data.options.to_dict() == ({**expected, "distractor_keys": "askable", **ablations} if askable
+                                          else expected)
       pool = tasks.make_samples(c.data.task, c.data.length, 16, 0, None, chunk_tokens=c.agent.chunk_tokens,
                                 options=c.data.options)
       assert {s["num_distractors"] for s in pool} == {toy_memagent.LOOKUP_DISTRACTORS}
