@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-
 import json
 import os
 import platform
@@ -104,9 +103,9 @@ def _training_documents(world: str, scale: str) -> str:
   from configs import toy_memagent
   variant = "" if scale == "full" else f",{scale}"
   told = []
+  defaults = {k: p.default for k, p in inspect.signature(toy.generate).parameters.items()}
   for stage in ("warm_start", "rl"):
     options = toy_memagent.get_config(f"{stage}{variant},{world}").data.get("options") or {}
-    defaults = {k: p.default for k, p in inspect.signature(toy.generate).parameters.items()}
     options = {k: v for k, v in options.items() if k not in defaults or v != defaults[k]}  # what shapes them
     if options:
       told.append(f"{stage} on 1x documents generated with "
