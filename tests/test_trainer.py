@@ -149,17 +149,23 @@ def test_resume_skips_an_unreadable_newest_checkpoint(tmp_path, caplog, base2):
 
 
 def test_recompute_old_logprobs_knob(tmp_path, monkeypatch):
-  """On: old log-probs come from a training-forward pass before the updates; off: from the
-  sampler (equal to float rounding here, so the knob is checked by what runs)."""
+  """On: the first update's old log-probs come from its own forward pass (its params sampled), each
+  later mini-batch's from a forward pass before the updates; off: from the sampler (equal to float
+  rounding here, so the knob is checked by what runs). The toy rows share the template opening,
+  run once per update batch."""
   from memagent_jax.rl import update as upd
-  calls = []
-  real = upd.batch_logprobs
+  calls, specs = [], []
+  real, real_update = upd.batch_logprobs, upd.update_step
   monkeypatch.setattr(upd, "batch_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
-  assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "on")).train()
-  on = len(calls)
+  monkeypatch.setattr(upd, "update_step", lambda *a, **k: specs.append(k["spec"]) or real_update(*a, **k))
+  t = assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "on"))
+  history = t.train()["history"]
+  assert [s.old_is_current for s in specs] == [True, False]  # two mini-batches
+  assert len(calls) == 1 and history[0]["prefix_shared_frac"] == 1.0
+  calls.clear(), specs.clear()
   assembly.build_trainer(tiny(**{"train.steps": 1, "rl.recompute_old_logprobs": False}),
-                      workdir=str(tmp_path / "off")).train()
-  assert on == 2 and len(calls) == on  # one pass per mini-batch when on, none when off
+                         workdir=str(tmp_path / "off")).train()
+  assert not calls and [s.old_is_current for s in specs] == [False, False]
 
 
 def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2):

@@ -244,3 +244,87 @@ def test_update_pg_loss_is_losses_policy_loss(loss, agg, micro):
     want = losses.sft_loss(logp, mask, agg=agg)
   np.testing.assert_allclose(m["pg_loss"], float(want), rtol=2e-6, atol=1e-7)
   np.testing.assert_allclose(m["loss"], float(want), rtol=2e-6, atol=1e-7)  # no KL, no entropy bonus
+
+
+PREFIX = np.asarray([7, 3, 11, 5], np.int32)  # L = 4: a template opening shared by most rows
+
+
+def _prefixed_rows(seed=1):
+  """_rows() where every row with fewer than L slots of padding starts with PREFIX (as memory-update
+  rows start with the template's opening) and the others (final-answer rows) do not."""
+  rows = _rows(seed)
+  for row, valid in zip(rows["tokens"], rows["valid"]):
+    first = int(np.argmax(valid))
+    if first < len(PREFIX):
+      row[first:first + len(PREFIX)] = PREFIX
+  return rows
+
+
+def _shifted_model(seed=0):
+  """tiny-llama with a token shift of 2 (the toy policies'), non-zero so the history matters."""
+  cfg = dataclasses.replace(get_preset("tiny-llama"), token_shift=2)
+  model = Decoder(cfg, jnp.float32, rngs=nnx.Rngs(seed))
+  model.token_shift[...] = 0.1 * jax.random.normal(jax.random.PRNGKey(seed), model.token_shift.shape)
+  return model
+
+
+@pytest.mark.parametrize("make_model", [_model, _shifted_model])
+@pytest.mark.parametrize("remat", [False, True])
+def test_shared_prefix_gives_the_same_logprobs_and_update(make_model, remat):
+  """The opening's keys computed once for all rows (and copied into each row's cache) give the
+  per-row computation's log-probs, gradients and update, on rows that start with it at any
+  padding and on rows (padding >= L) that do not."""
+  rows = _prefixed_rows()
+  assert upd.prefix_fits(rows["tokens"], rows["valid"], PREFIX, P)
+  first = rows["valid"].argmax(1)
+  assert (first < len(PREFIX)).any() and (first >= len(PREFIX)).any()  # both kinds of row
+  t = jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"])
+  with jax.default_matmul_precision("highest"):
+    plain, _ = upd.response_logprobs(make_model(), *t, **LOGP)
+    shared, _ = upd.response_logprobs(make_model(), *t, **LOGP, prefix=jnp.asarray(PREFIX))
+    np.testing.assert_allclose(np.asarray(shared)[rows["loss_mask"]], np.asarray(plain)[rows["loss_mask"]],
+                               atol=2e-5)
+    gd, params = nnx.split(make_model())
+    tx = optax.sgd(1.0)  # the update is the gradient itself
+    batch = {k: jnp.asarray(v) for k, v in upd.split_micro(rows, 2).items()}
+    spec = _spec(remat=remat, kl_coef=0.1)
+    a, _, ma = upd.update_step(params, tx.init(params), batch, graphdef=gd, tx=tx, spec=spec)
+    b, _, mb = upd.update_step(params, tx.init(params), batch, graphdef=gd, tx=tx, spec=spec,
+                               prefix=jnp.asarray(PREFIX))
+  grad = lambda new: jax.tree_util.tree_map(lambda x, y: x - y, new, params)
+  assert _rel(grad(b), grad(a)) < 1e-4
+  assert abs(float(mb["loss"]) - float(ma["loss"])) < 1e-5
+  ref = upd.batch_logprobs(params, batch["tokens"], batch["valid"], graphdef=gd, prompt_width=P,
+                           temperature=1.0, compute_dtype="float32")
+  ref_shared = upd.batch_logprobs(params, batch["tokens"], batch["valid"], graphdef=gd, prompt_width=P,
+                                  temperature=1.0, compute_dtype="float32", prefix=jnp.asarray(PREFIX))
+  mask = np.asarray(batch["loss_mask"])
+  assert np.abs(np.asarray(ref) - np.asarray(ref_shared))[mask].max() < 1e-4
+
+
+def test_prefix_fits_only_rows_it_stands_for():
+  rows = _prefixed_rows()
+  assert upd.prefix_fits(rows["tokens"], rows["valid"], PREFIX, P)
+  assert not upd.prefix_fits(rows["tokens"], rows["valid"], None, P)
+  assert not upd.prefix_fits(rows["tokens"], rows["valid"], PREFIX, len(PREFIX))  # the loss would start inside it
+  i = int(np.argmin(rows["valid"].argmax(1)))  # a row whose opening sits in the first L slots
+  bad = rows["tokens"].copy()
+  bad[i, rows["valid"][i].argmax() + 1] += 1
+  assert not upd.prefix_fits(bad, rows["valid"], PREFIX, P)
+
+
+def test_old_log_probs_from_the_same_pass_equal_recomputed_ones():
+  """A step's first update runs on the params that sampled, so its old log-probs can come from its
+  own forward pass: ratio 1 everywhere, the same update as with a separate recomputation."""
+  rows = _rows_with_ratios()
+  model = _model()
+  with jax.default_matmul_precision("highest"):
+    rows["old_logp"] = np.array(upd.response_logprobs(model, jnp.asarray(rows["tokens"]),
+                                                        jnp.asarray(rows["valid"]), **LOGP)[0])
+    spec = _spec(clip_c=3.0, kl_coef=0.1)
+    _, a, ma = _step(_model(), rows, spec, tx=optax.sgd(1.0))
+    rows["old_logp"] = np.full_like(rows["old_logp"], 99.0)  # ignored: never read
+    p0, b, mb = _step(_model(), rows, dataclasses.replace(spec, old_is_current=True), tx=optax.sgd(1.0))
+  grad = lambda new: jax.tree_util.tree_map(lambda x, y: x - y, new, p0)
+  assert _rel(grad(b), grad(a)) < 1e-5
+  assert mb["clip_frac"] == 0.0 and mb["approx_kl_old"] == 0.0 and abs(ma["approx_kl_old"]) < 1e-6

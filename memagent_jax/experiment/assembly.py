@@ -175,8 +175,12 @@ def build_experiment(cfg, workdir: str | None = None) -> Experiment:
     evaluator = Evaluator(reader, d.task, held_out, e)
   # the loss starts at the response column; a teacher's prompt loss trains whole conversations
   loss_from = 1 if cfg.train.source == "teacher" and cfg.teacher.prompt_loss else prompt_width
+  # the memory template's opening (the same in every memory-update row) runs once per update batch,
+  # where the agent reuses it in rollouts too (`agent.template_prefix_cache`: xla attention)
+  shared = agent.memory_segments.pieces[0] if getattr(agent, "reuse_prefix", False) else None
   trainer = Trainer(cfg, workdir=workdir or cfg.train.workdir, mesh=mesh, rules=rules, policy=policy,
-                    collector=collector, batches=batches, loss_from=loss_from, evaluate=evaluator)
+                    collector=collector, batches=batches, loss_from=loss_from, evaluate=evaluator,
+                    shared_prefix=shared)
   return Experiment(cfg, mesh, policy, agent, pool, evaluator, trainer)
 
 

@@ -171,8 +171,8 @@ class Decoder(nnx.Module):
     key_valid marks the key slots holding real tokens: without a cache S == T (the row's own
     mask); with one, the first S cache slots once this call's T tokens sit at `write_index`.
     Attention is causal over slots, so no [B, T, T] mask is ever built.
-    remat=True (training, no cache) recomputes each block's activations in the backward pass
-    instead of storing them: memory per layer drops to its input."""
+    remat=True (training) recomputes each block's activations in the backward pass instead of
+    storing them: memory per layer drops to its input (and its cache, when a shared prefix is read)."""
     b, t = tokens.shape
     if cache is None and key_valid.shape != (b, t):
       raise ValueError(f"key_valid {key_valid.shape} must match tokens {(b, t)} when there is no cache")
@@ -187,11 +187,12 @@ class Decoder(nnx.Module):
     cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
     new_cache = [] if cache is not None else None
     for i, layer in enumerate(self.layers):
-      if remat and cache is None:
-        x = nnx.remat(lambda blk, h: blk(h, cos, sin, key_valid, None, 0, backend)[0])(layer, x)
-        continue
-      x, layer_cache = layer(x, cos, sin, key_valid, None if cache is None else cache[i], write_index,
-                            backend)
+      layer_cache = None if cache is None else cache[i]
+      if remat:
+        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, key_valid, c, write_index, backend))(
+            layer, x, layer_cache)
+      else:
+        x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, backend)
       if cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache

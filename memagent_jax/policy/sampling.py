@@ -115,16 +115,17 @@ def prefix_cache(model, prefix) -> list[LayerCache]:
   return cache
 
 
-def _cache_with_prefix(model, prefix: list[LayerCache], tokens, valid, cache_size: int):
+def cache_with_prefix(model, prefix: list[LayerCache], tokens, valid, cache_size: int):
   """A fresh cache [B, ., cache_size, .] whose first L slots hold each row's share of the prefix.
 
-  Row b's prompt starts at slot P - count_b, so slot s < L holds prefix token s - (P - count_b)
-  (padding where that is negative: key_valid masks it)."""
-  b, p = tokens.shape
+  Row b's real tokens start at its first valid slot f_b (left padding; a training row may also be
+  right-padded after its response), so slot s < L holds prefix token s - f_b (padding where that
+  is negative: key_valid masks it). Differentiable in the prefix's keys and values."""
+  b = tokens.shape[0]
   l = prefix[0].k.shape[2]
   cache = init_cache(model.config, b, cache_size, model.dtype)
-  index = jnp.arange(l)[None, :] - (p - jnp.sum(valid, axis=1))[:, None]  # [B, L]
-  index = jnp.clip(index, 0, l - 1)
+  first = jnp.argmax(valid, axis=1)  # [B]: first real slot (0 for an all-padding row)
+  index = jnp.clip(jnp.arange(l)[None, :] - first[:, None], 0, l - 1)  # [B, L]
 
   def put(buf, shared):  # shared [1, K, L, D] -> each row's slots 0..L-1 of buf [B, K, S, D]
     rows = jnp.take(shared[0], index, axis=1).transpose(1, 0, 2, 3)  # [B, K, L, D]
@@ -152,7 +153,7 @@ def prefill(model, tokens, valid, *, cache_size: int, prefix: list[LayerCache] |
   l = prefix[0].k.shape[2]
   if tokens.shape[1] <= l:
     raise ValueError(f"prompts of {tokens.shape[1]} slots leave nothing after the {l}-token shared prefix")
-  cache = _cache_with_prefix(model, prefix, tokens, valid, cache_size)
+  cache = cache_with_prefix(model, prefix, tokens, valid, cache_size)
   hidden, cache = model(tokens[:, l:], positions_from_mask(valid)[:, l:], valid, cache, l)
   return model.logits(hidden[:, -1]), cache
 

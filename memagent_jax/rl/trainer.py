@@ -7,6 +7,7 @@ is exactly what a checkpoint holds, so a resumed run continues bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Callable
@@ -33,9 +34,11 @@ class Trainer:
   """Owns the policy, agent, optimizer, mesh, data iterator and checkpoints of one run."""
 
   def __init__(self, cfg, *, workdir: str, mesh, rules, policy, collector, batches, loss_from: int,
-               evaluate: Callable[[], dict] | None = None):
+               evaluate: Callable[[], dict] | None = None, shared_prefix=None):
     """Parts come from `memagent_jax.experiment.build_experiment`; `loss_from` is the first token
-    column the loss reads, `evaluate` scores the current policy on the held-out set."""
+    column the loss reads, `evaluate` scores the current policy on the held-out set;
+    `shared_prefix` [L]: the template opening most rows start with, run once per update batch
+    (used on a batch only where `update.prefix_fits`)."""
     self.cfg, self.workdir, self.mesh, self.rules = cfg, workdir, mesh, rules
     self.policy, self.collector, self.batches, self.loss_from = policy, collector, batches, loss_from
     self._evaluate = evaluate
@@ -49,6 +52,7 @@ class Trainer:
                                                     tx=self.tx, batches=batches, is_chief=self.is_chief)
     self._sync_policy()
     self._nan_run = 0
+    self.shared_prefix = None if shared_prefix is None else np.asarray(shared_prefix, np.int32)
 
   # ----- one step ------------------------------------------------------------------------------
   def _seed(self, gen: int, sub: int) -> int:
@@ -74,21 +78,28 @@ class Trainer:
     batches = []
     gd = self.policy.graphdef
     tokens = int(sum(part.valid.sum() for part in parts))  # real tokens the updates process
-    for part in parts:  # old / reference log-probs: all from the params that sampled
+    recompute = cfg.rl.recompute_old_logprobs and cfg.rl.loss != "sft"  # sft reads no old log-probs
+    prefixed = 0
+    for i, part in enumerate(parts):  # old / reference log-probs: all from the params that sampled
       arrays = upd.split_micro(part.arrays(), cfg.rl.micro_batches)
       dev = self._device_batch(arrays)
+      fits = upd.prefix_fits(part.tokens, part.valid, self.shared_prefix, self.loss_from)
+      prefix = jnp.asarray(self.shared_prefix) if fits else None
+      prefixed += fits
       kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.spec.temperature,
-                compute_dtype=self.spec.compute_dtype)
-      if cfg.rl.recompute_old_logprobs and cfg.rl.loss != "sft":  # sft reads no old log-probs
+                compute_dtype=self.spec.compute_dtype, prefix=prefix)
+      # the first update runs on the params that sampled: its own forward pass gives the old log-probs
+      if recompute and i > 0:
         dev["old_logp"] = upd.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw)
       if cfg.rl.kl_coef:
         dev["ref_logp"] = upd.batch_logprobs(st.ref_params, dev["tokens"], dev["valid"], **kw)
-      batches.append(dev)
+      spec = dataclasses.replace(self.spec, old_is_current=recompute and i == 0)
+      batches.append((dev, spec, prefix))
     st.opt_state = set_learning_rate(st.opt_state, lr_at(cfg.optim, st.step, cfg.train.steps))
     update_metrics = []
-    for dev in batches:
+    for dev, spec, prefix in batches:
       st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
-                                                   spec=self.spec)
+                                                   spec=spec, prefix=prefix)
       update_metrics.append(m)
     update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars
     t2 = time.perf_counter()
@@ -106,6 +117,7 @@ class Trainer:
     for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "dual_clip_frac", "approx_kl_old", "grad_norm"):
       metrics[k] = float(np.mean([m[k] for m in good]))
     metrics.update(updates=len(parts), skipped_updates=finite.count(False), nan_run=self._nan_run,
+                   prefix_shared_frac=prefixed / len(parts),
                    update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=metrics["rollout_tokens"] / max(t1 - t0, 1e-9),
                    update_seconds=t2 - t1, step_seconds=t2 - t0)

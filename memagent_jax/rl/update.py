@@ -14,10 +14,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
 from memagent_jax.models.decoder import positions_from_mask
+from memagent_jax.policy.sampling import cache_with_prefix, prefix_cache
 from memagent_jax.rl import losses
 
 
@@ -36,6 +38,9 @@ class UpdateSpec:
   remat: bool
   temperature: float  # the rollout temperature: log-probs of the distribution that sampled
   compute_dtype: str  # forward/backward dtype; params and AdamW state stay float32
+  # the params that sampled are the ones being updated (a step's first mini-batch): the old
+  # log-probs are the current ones without gradient (ratio 1), not a separate forward pass
+  old_is_current: bool = False
 
   @classmethod
   def from_config(cls, rl, *, loss_from: int, remat: bool, compute_dtype: str) -> "UpdateSpec":
@@ -55,13 +60,42 @@ def cast_params(params, dtype):
 LOGITS_CHUNK = 512  # response positions projected on the vocabulary at a time: [r, N, V] fp32 logits never exist
 
 
-def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: bool, temperature: float):
+def prefix_fits(tokens, valid, prefix, prompt_width: int) -> bool:
+  """Host check that a shared prefix [L] can stand in for the first L slots of every row [R, W]:
+  each row either starts with it (from its first real slot) or has at least L slots of padding
+  before its first real token, and the loss starts after the prefix."""
+  if prefix is None:
+    return False
+  prefix, l = np.asarray(prefix), len(prefix)
+  if prompt_width <= l or tokens.shape[1] <= l:
+    return False
+  first = np.argmax(valid, axis=1)
+  for row, f in zip(tokens, first):
+    if f < l and not np.array_equal(row[f:l], prefix[:l - f]):
+      return False
+  return True
+
+
+def hidden_states(model, tokens, valid, *, remat: bool, prefix=None):
+  """Final hidden states of rows [r, W] -> ([r, W - L, E], L): with a shared prefix [L] (see
+  `prefix_fits`) its keys are computed once for all rows and only slots L.. run per row."""
+  positions = positions_from_mask(valid)
+  if prefix is None:
+    return model(tokens, positions, valid, remat=remat)[0], 0
+  l = prefix.shape[0]
+  cache = cache_with_prefix(model, prefix_cache(model, prefix), tokens, valid, tokens.shape[1])
+  return model(tokens[:, l:], positions[:, l:], valid, cache, l, remat=remat)[0], l
+
+
+def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: bool, temperature: float,
+                      prefix=None):
   """log p of each response token and the entropy of its distribution at the sampling
   temperature (as verl). tokens, valid [r, P+N] -> (logp [r, N], entropy [r, N]); only the N
-  response positions are projected on the vocabulary."""
-  hidden, _ = model(tokens, positions_from_mask(valid), valid, remat=remat)
+  response positions are projected on the vocabulary. prefix: see `hidden_states`."""
+  hidden, first = hidden_states(model, tokens, valid, remat=remat, prefix=prefix)
   n = tokens.shape[1] - prompt_width
-  hidden = hidden[:, prompt_width - 1:prompt_width - 1 + n]  # [r, N, E]: states that predict responses
+  start = prompt_width - 1 - first
+  hidden = hidden[:, start:start + n]  # [r, N, E]: states that predict responses
   target = tokens[:, prompt_width:]  # [r, N]
 
   def logp_entropy(h, t):  # [r, c, E], [r, c] -> ([r, c], [r, c]); logits [r, c, V] live only here
@@ -85,21 +119,22 @@ def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: bool, t
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "prompt_width", "temperature", "compute_dtype"))
 def batch_logprobs(params, tokens, valid, *, graphdef, prompt_width: int, temperature: float,
-                   compute_dtype: str):
+                   compute_dtype: str, prefix=None):
   """Log-probs of the response tokens, micro-batch by micro-batch: [M, r, L] -> [M, r, N]."""
   model = nnx.merge(graphdef, cast_params(params, compute_dtype))
   return jax.lax.map(lambda tv: response_logprobs(model, tv[0], tv[1], prompt_width=prompt_width, remat=False,
-                                                  temperature=temperature)[0], (tokens, valid))
+                                                  temperature=temperature, prefix=prefix)[0], (tokens, valid))
 
 
-def _micro_loss(params, mb, denominator, *, graphdef, spec: UpdateSpec):
+def _micro_loss(params, mb, denominator, prefix, *, graphdef, spec: UpdateSpec):
   """Loss of one micro-batch (already divided by the mini-batch denominator) + metric sums."""
   model = nnx.merge(graphdef, cast_params(params, spec.compute_dtype))
   logp, entropy = response_logprobs(model, mb["tokens"], mb["valid"], prompt_width=spec.prompt_width,
-                                    remat=spec.remat, temperature=spec.temperature)
+                                    remat=spec.remat, temperature=spec.temperature, prefix=prefix)
   mask = mb["loss_mask"]
+  old_logp = jax.lax.stop_gradient(logp) if spec.old_is_current else mb["old_logp"]
   loss_fn = losses.get_policy_loss(spec.loss)  # "ppo_clip" is losses.policy_loss, "sft" losses.sft_loss
-  pg, terms = loss_fn(logp, mb["old_logp"], mb["advantages"], mask, clip_low=spec.clip_low,
+  pg, terms = loss_fn(logp, old_logp, mb["advantages"], mask, clip_low=spec.clip_low,
                       clip_high=spec.clip_high, clip_c=spec.clip_c, agg=spec.agg, denominator=denominator)
   ent = losses.aggregate(entropy, mask, agg=spec.agg, denominator=denominator)
   total = pg - spec.entropy_coef * ent if spec.entropy_coef else pg
@@ -116,8 +151,10 @@ def _micro_loss(params, mb, denominator, *, graphdef, spec: UpdateSpec):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "tx", "spec"))
-def update_step(params, opt_state, batch, *, graphdef, tx: optax.GradientTransformation, spec: UpdateSpec):
-  """One optimizer update on a mini-batch given as micro-batches: every array [M, r, ...].
+def update_step(params, opt_state, batch, *, graphdef, tx: optax.GradientTransformation, spec: UpdateSpec,
+                prefix=None):
+  """One optimizer update on a mini-batch given as micro-batches: every array [M, r, ...];
+  prefix: a template opening [L] every row shares (`prefix_fits`), run once per micro-batch.
 
   Returns (params, opt_state, metrics); when the loss or gradients are not finite the inputs
   come back unchanged and metrics["finite"] is False."""
@@ -128,7 +165,7 @@ def update_step(params, opt_state, batch, *, graphdef, tx: optax.GradientTransfo
 
   def accumulate(carry, mb):
     grads, loss, sums = carry
-    (l, s), g = grad_fn(params, mb, denominator, graphdef=graphdef, spec=spec)
+    (l, s), g = grad_fn(params, mb, denominator, prefix, graphdef=graphdef, spec=spec)
     grads = jax.tree_util.tree_map(jnp.add, grads, g)
     return (grads, loss + l, jax.tree_util.tree_map(jnp.add, sums, s)), None
 
