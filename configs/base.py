@@ -46,6 +46,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       # generator options of the task (tasks.TOY_OPTIONS for the toy world, e.g. distractor_density);
       # training pool and held-out split only: length sweeps evaluate the task as it is
       options=ml_collections.ConfigDict(),
+      # a data curriculum: "<until step>:<option>=<value>,...;..." trains each step range on documents
+      # generated with those data.options (experiment/phases.py); "" = one phase
+      phases="",
   ))
   c.rl = ml_collections.ConfigDict(dict(
       group_size=16,  # G trajectories per question

@@ -113,14 +113,20 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
       # the flaw RL must remove (the released MemAgent run used 0.001)
       c.data.options = ml_collections.ConfigDict(dict(num_distractors=LOOKUP_DISTRACTORS))
       c.rl.kl_coef = 0.002
-      c.train.steps = 16 if demo else 120
+      c.train.steps = 16 if demo else 400
       if not demo:
-        # every distractor about another askable key: the overwrite that bent the curve (1.3-3.6% per
-        # chunk from 4x on, after 80 steps on the warm start's documents) is then offered by 62% of
-        # documents, not 26%.
-        # 120 steps: 63 -> 78.5% at 256x, 85% after 200 steps, which would put make reproduce over 45 min
-        # (toy_lookup_world.md, "RL on askable-key documents"). The demo keeps the warm start's
-        # documents: its 16 steps were measured on them.
+        # A curriculum (data.phases) of three document kinds, 400 steps in all (toy_lookup_world.md,
+        # "Two RL runs aimed at what the breakdown found"): 99.5 -> 95.0% from 1x to 256x, where 120
+        # steps of the first kind alone ended at 78.5% and 200 at 85%.
+        # 1-200: every distractor about another askable key, so the overwrite that bent the curve (1.3-3.6%
+        #   per chunk from 4x on, after 80 steps on the warm start's documents) is offered by 62% of
+        #   documents, not 26%;
+        # 201-300: distractors about askable and other keys at even odds, as evaluated (a policy trained
+        #   on askable ones only still overwrote on 0.4% of other-key chunks);
+        # 301-400: the same with every fact at the end of its chunk, where the residual overwrites sat
+        #   (0.58% of last-quarter chunks against 0 in the first quarter).
+        # The demo keeps the warm start's documents: its 16 steps were measured on them.
+        c.data.phases = "200:;300:distractor_keys=mixed;400:distractor_keys=mixed,late_fact_share=1.0"
         c.data.options.distractor_keys = "askable"
         # for ablations with distractor_keys="mixed": the share of distractors about askable keys
         # (None: even odds; toy.make_sample refuses it with any other distractor_keys)

@@ -10,7 +10,7 @@ import platform
 import numpy as np
 
 from memagent_jax.runtime.atomic_io import atomic_write, save_figure
-from memagent_jax.data import toy
+from memagent_jax.data import curriculum, toy
 from memagent_jax.rl.metrics import read_jsonl
 
 LABELS = {"rl": "RL-MemAgent", "warm_start": "warm-start only", "full_attention": "full attention"}
@@ -104,12 +104,21 @@ def _training_documents(world: str, scale: str) -> str:
   variant = "" if scale == "full" else f",{scale}"
   told = []
   defaults = {k: p.default for k, p in inspect.signature(toy.generate).parameters.items()}
+  shaping = lambda options: ", ".join(f"{k}={v}" for k, v in sorted(options.items())  # what shapes them
+                                     if k not in defaults or v != defaults[k])
   for stage in ("warm_start", "rl"):
-    options = toy_memagent.get_config(f"{stage}{variant},{world}").data.get("options") or {}
-    options = {k: v for k, v in options.items() if k not in defaults or v != defaults[k]}  # what shapes them
-    if options:
-      told.append(f"{stage} on 1x documents generated with "
-                  + ", ".join(f"{k}={v}" for k, v in sorted(options.items())))
+    cfg = toy_memagent.get_config(f"{stage}{variant},{world}")
+    options = cfg.data.get("options") or {}
+    phases = curriculum.parse_phases(cfg.data.get("phases", ""), options, cfg.train.steps)
+    if phases:  # a curriculum: each step range's documents
+      first = 1
+      ranges = []
+      for until, settings in phases:
+        ranges.append(f"steps {first}-{until} {shaping({**options, **settings})}")
+        first = until + 1
+      told.append(f"{stage} on 1x documents generated with, in turn, " + "; ".join(ranges))
+    elif shaping(options):
+      told.append(f"{stage} on 1x documents generated with {shaping(options)}")
   if not told:
     return ""
   return f" Training documents: {'; '.join(told)}; every evaluated document is the world as described."

@@ -31,9 +31,9 @@ from absl import app, flags, logging  # noqa: E402
 
 from configs import toy_memagent  # noqa: E402
 from memagent_jax.runtime.atomic_io import atomic_write  # noqa: E402
-from memagent_jax.data import toy  # noqa: E402
+from memagent_jax.data import curriculum, toy  # noqa: E402
 from memagent_jax.evaluation.length_sweep import sweep_lengths  # noqa: E402
-from memagent_jax.experiment.assembly import build_trainer, load_reader  # noqa: E402
+from memagent_jax.experiment.assembly import load_reader, train_phases  # noqa: E402
 from memagent_jax.policy.export import export_checkpoint  # noqa: E402
 
 SCALES = {  # eval samples per point, largest multiple of the training length, memagent eval batch
@@ -82,6 +82,7 @@ def stage_config(stage: str, scale: str, root: str, world: str = "one_key", step
   steps = steps_override() if steps is None else steps
   if stage in steps:
     cfg.train.steps = int(steps[stage])
+    cfg.data.phases = curriculum.with_steps(cfg.data.phases, cfg.train.steps)  # the curriculum's first steps
   return cfg
 
 
@@ -90,7 +91,7 @@ def train_stage(stage: str, scale: str, root: str, world: str) -> dict:
   cfg = stage_config(stage, scale, root, world)
   t0 = time.perf_counter()
   print(f"\n== {stage}: {cfg.train.steps} steps, logs in {cfg.train.workdir}/logs", flush=True)
-  out = build_trainer(cfg).train()
+  out = train_phases(cfg)  # the stage's data phases (RL's curriculum) one after another
   export = os.path.join(root, stage, "export")
   export_checkpoint(os.path.join(root, stage, "checkpoints"), export)
   if stage == "pretrain":  # what --base checks before a later run starts from this export
@@ -155,32 +156,56 @@ def sweep_stage(stage: str, *, scale: str, root: str, world: str, steps: dict, l
                        extra={"concurrent_sweeps": concurrent_sweeps} if concurrent_sweeps > 1 else None)
 
 
-def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str,
-             trained: list[str], workers: int = 1) -> list[dict]:
-  """The sweep of every trained stage of METHODS (make demo trains no full-attention baseline).
-
-  workers > 1 sweeps that many methods at once, each in its own process: on 2 cores two sweeps
-  take about 0.75x the time of one after the other (one sweep leaves a core half idle). CPU only: an
-  accelerator belongs to one process (and this one may hold it already)."""
+def eval_lengths(max_multiple: int) -> list[int]:
+  """1x, 2x, 4x .. max_multiple x the training length, in tokens."""
   lengths, m = [], 1
   while m <= max_multiple:
     lengths.append(toy.TRAIN_TOKENS * m)
     m *= 2
+  return lengths
+
+
+def sweep_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+  """Processes that sweep one method each, side by side; CPU only: an accelerator belongs to one process."""
+  context = multiprocessing.get_context("spawn")  # a fresh JAX runtime per process (never fork one)
+  # one process per method: its peak RSS is its own, not what an earlier method left behind
+  return concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1)
+
+
+def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str,
+             trained: list[str], workers: int = 1, pool=None, started: dict | None = None) -> list[dict]:
+  """The sweep of every trained stage of METHODS (make demo trains no full-attention baseline).
+
+  workers > 1 sweeps that many methods at once, each in its own process of `pool` (made here if
+  None): on 2 cores two sweeps take about 0.75x the time of one after the other (one sweep leaves
+  a core half idle). `started`: {stage: future} of sweeps submitted earlier (the warm start's, run
+  beside RL training)."""
   stages = [stage for stage, _ in METHODS if stage in trained]
   if workers > 1 and jax.default_backend() != "cpu":
     print(f"--eval_workers={workers} ignored on {jax.default_backend()}: one process holds the device", flush=True)
     workers = 1
   workers = min(workers, len(stages))
-  kw = dict(scale=scale, root=root, world=world, steps=steps_override(), lengths=lengths, n=n, seed=seed)
-  print(f"\n== eval {', '.join(dict(METHODS)[s] for s in stages)}: {n} documents at {len(lengths)} lengths"
+  kw = sweep_kwargs(scale, root, n, max_multiple, seed, world)
+  print(f"\n== eval {', '.join(dict(METHODS)[s] for s in stages)}: {n} documents at {len(kw['lengths'])} lengths"
         + (f", {workers} at a time" if workers > 1 else ""), flush=True)
   if workers <= 1:
     return [row for stage in stages for row in sweep_stage(stage, **kw)]
-  context = multiprocessing.get_context("spawn")  # a fresh JAX runtime per process (never fork one)
-  # one process per method: its peak RSS is its own, not what an earlier method left behind
-  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
-    futures = [pool.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers, **kw) for stage in stages]
-    return [row for f in futures for row in f.result()]
+  started = started or {}
+  own = pool is None
+  pool = pool or sweep_pool(workers)
+  try:
+    futures = {stage: started.get(stage) or pool.submit(sweep_stage, stage, progress=False,
+                                                        concurrent_sweeps=workers, **kw) for stage in stages}
+    return [row for stage in stages for row in futures[stage].result()]
+  finally:
+    if own:
+      pool.shutdown()
+
+
+def sweep_kwargs(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str) -> dict:
+  """sweep_stage's arguments shared by every method of a run."""
+  return dict(scale=scale, root=root, world=world, steps=steps_override(), lengths=eval_lengths(max_multiple),
+              n=n, seed=seed)
 
 
 def main(argv):
@@ -200,19 +225,32 @@ def main(argv):
   t0 = time.perf_counter()
   stages_path = os.path.join(root, "stages.json")
   stages = json.load(open(stages_path)) if os.path.exists(stages_path) else {}
-  for stage in TRAIN_STAGES:
-    if stage == "pretrain" and _BASE.value:
-      stages[stage] = use_base(_BASE.value, root, world)
+  # with sweeps side by side, the warm start's sweep runs beside RL training (which leaves the
+  # 2 cores part idle in its rollouts), not after it
+  workers = _EVAL_WORKERS.value if jax.default_backend() == "cpu" else 1
+  early = "eval" in _STAGES.value and workers > 1 and "rl" in _STAGES.value
+  pool, started = (sweep_pool(workers) if early else None), {}
+  try:
+    for stage in TRAIN_STAGES:
+      if stage == "pretrain" and _BASE.value:
+        stages[stage] = use_base(_BASE.value, root, world)
+      elif stage in _STAGES.value:
+        stages[stage] = train_stage(stage, scale, root, world)
+      else:
+        continue
       with atomic_write(stages_path) as f:
         json.dump(stages, f, indent=1)
-    elif stage in _STAGES.value:
-      stages[stage] = train_stage(stage, scale, root, world)
-      with atomic_write(stages_path) as f:
-        json.dump(stages, f, indent=1)
-  if "eval" not in _STAGES.value:
-    return
-  rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world, trained=list(stages),
-                  workers=_EVAL_WORKERS.value)
+      if early and stage == "warm_start":
+        print("\n== eval warm-start only, beside the next stages", flush=True)
+        started[stage] = pool.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
+                                     **sweep_kwargs(scale, root, n, max_multiple, _EVAL_SEED.value, world))
+    if "eval" not in _STAGES.value:
+      return
+    rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world, trained=list(stages),
+                    workers=workers, pool=pool, started=started)
+  finally:
+    if pool is not None:
+      pool.shutdown(cancel_futures=True)
   command = "python experiments/toy_reproduction.py " + " ".join(sys.argv[1:])
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
                                   command=command.strip(), seconds=time.perf_counter() - t0, world=world)

@@ -3,6 +3,7 @@
   python experiments/train.py --config=configs/toy_cpu.py
   python experiments/train.py --config=configs/memagent_qwen2_5_7b.py:dapo --config.rl.clip_high=0.28
   python experiments/train.py --config=configs/toy_cpu.py:tiny --workdir=/tmp/run
+  python experiments/train.py --config=configs/toy_memagent.py:rl,lookup   # a data curriculum (data.phases)
 
 Resumes from the latest complete checkpoint in <workdir>/checkpoints; metrics go to
 <workdir>/logs/metrics.jsonl and TensorBoard events in <workdir>/logs/tensorboard.
@@ -17,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from memagent_jax.experiment.assembly import build_trainer  # noqa: E402
+from memagent_jax.experiment.assembly import train_phases  # noqa: E402
 from memagent_jax.runtime.checkpointing import CheckpointCorruptError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "training config file[:variant]",
@@ -32,8 +33,8 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   cfg = _CONFIG.value
   try:
-    trainer = build_trainer(cfg, workdir=_WORKDIR.value)
-    out = trainer.train()
+    out = train_phases(cfg, workdir=_WORKDIR.value)  # one run, or its data.phases one after another
+    trainer = out["trainer"]
   except (ValueError, OSError, FloatingPointError, CheckpointCorruptError) as e:
     # bad config, missing data or model, a diverged step, no readable checkpoint: one line, exit 2
     # (the traceback with --verbosity=1)

@@ -402,7 +402,7 @@ def test_every_key_of_base_is_read_by_the_run(tmp_path, monkeypatch):
   exp = assembly.build_experiment(rl_cfg)  # no workdir argument: train.workdir is read
   exp.trainer.collector.agent = ScriptedAgent(exp.agent)
   exp.evaluator.reader = ScriptedAgent(exp.evaluator.reader)
-  history = exp.trainer.train()["history"]
+  history = assembly.train_phases(rl_cfg, build=lambda c, w: exp.trainer)["history"]  # reads data.phases
   assert history[0]["updates"] == 1 and history[0]["kept_groups"] == 2 and "eval_score" in history[0]
   teacher_cfg = rec.watch(config(**{**TEACHER, "teacher.prompt_loss": True}))
   assembly.build_experiment(teacher_cfg, workdir=str(tmp_path / "teacher"))

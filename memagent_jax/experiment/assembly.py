@@ -14,7 +14,7 @@ import os
 import jax
 
 from memagent_jax.agent import DirectReader, MemAgent
-from memagent_jax.data import pipeline, tasks
+from memagent_jax.data import curriculum, pipeline, tasks
 from memagent_jax.evaluation import run_eval
 from memagent_jax.experiment import tfds_builders
 from memagent_jax.policy.loading import load_policy
@@ -187,3 +187,24 @@ def build_experiment(cfg, workdir: str | None = None) -> Experiment:
 def build_trainer(cfg, workdir: str | None = None) -> Trainer:
   """`build_experiment(cfg, workdir).trainer`: what a training entry point needs."""
   return build_experiment(cfg, workdir).trainer
+
+
+def train_phases(cfg, workdir: str | None = None, build=None) -> dict:
+  """Trains cfg phase by phase (`data.phases`, data/curriculum.py; one plain run without it) in one
+  workdir, each phase resuming the last; returns the last trainer's train() output plus `trainer`,
+  with `history` over the phases this call ran. `build`: the trainer factory (tests)."""
+  build = build or build_trainer
+  phases = curriculum.parse_phases(cfg.data.phases, cfg.data.options, cfg.train.steps)
+  if not phases:
+    trainer = build(cfg, workdir)
+    return dict(trainer.train(), trainer=trainer)
+  history = []
+  for until, settings in phases:
+    trainer = build(curriculum.phase_config(cfg, settings), workdir)  # restores the newest readable checkpoint
+    if trainer.state.step >= until and until != phases[-1][0]:
+      continue  # finished in an earlier call
+    print(f"data phase to step {until}: " + (", ".join(f"{k}={v!r}" for k, v in settings.items()) or "data.options"),
+          flush=True)
+    out = trainer.train(until=until)
+    history += out["history"]
+  return dict(out, history=history, trainer=trainer)

@@ -136,24 +136,26 @@ class Trainer:
     return self._evaluate()
 
   # ----- the loop ------------------------------------------------------------------------------
-  def train(self) -> dict:
-    """Runs until train.steps; saves every train.save_every steps and at the end."""
+  def train(self, until: int | None = None) -> dict:
+    """Runs until step `until` (default train.steps: a data phase may stop earlier, see
+    experiment/phases.py); saves every train.save_every steps and at the end."""
     cfg, st = self.cfg, self.state
+    until = cfg.train.steps if until is None else min(until, cfg.train.steps)
     history = []
-    bar = tqdm(total=cfg.train.steps, initial=st.step, desc="train", unit="step",
+    bar = tqdm(total=until, initial=st.step, desc="train", unit="step",
                disable=not (cfg.train.progress and self.is_chief))
     try:
-      while st.step < cfg.train.steps:
+      while st.step < until:
         metrics = self.train_step()
         st.step += 1
         metrics["lr"] = float(self._lr())
-        if st.step % cfg.train.log_every == 0 or st.step == cfg.train.steps:
+        if st.step % cfg.train.log_every == 0 or st.step == until:
           self.writer.write(st.step, metrics, prefix="train/")
         if cfg.eval.every and (st.step % cfg.eval.every == 0 or st.step == cfg.train.steps):
           ev = self.evaluate()
           self.writer.write(st.step, ev, prefix="eval/")
           metrics.update({f"eval_{k}": v for k, v in ev.items()})
-        if st.step % cfg.train.save_every == 0 or st.step == cfg.train.steps:
+        if st.step % cfg.train.save_every == 0 or st.step == until:
           save_state(self.checkpointer, st, mesh=self.mesh, meta=self.checkpoint_meta())
         history.append({"step": st.step, **metrics})
         bar.update(1)
