@@ -13,13 +13,20 @@ from memagent_jax.rl.config_checks import validate_config
 LOOKUP_RL = "rl,full,lookup"
 
 
+def _curriculum_config():
+  """Full-scale lookup RL with the opt-in curriculum (configs/toy_memagent.LOOKUP_CURRICULUM)."""
+  cfg = toy_memagent.get_config(LOOKUP_RL)
+  with cfg.unlocked():
+    cfg.data.phases, cfg.train.steps = toy_memagent.LOOKUP_CURRICULUM, 400
+  return cfg
+
+
 def _options():
   return toy_memagent.get_config(LOOKUP_RL).data.options
 
 
 def test_phases_parse_into_typed_option_settings():
-  phases = curriculum.parse_phases("200:;300:distractor_keys=mixed;400:distractor_keys=mixed,late_fact_share=1.0",
-                                   _options(), 400)
+  phases = curriculum.parse_phases(toy_memagent.LOOKUP_CURRICULUM, _options(), 400)
   assert phases == [(200, {}), (300, {"distractor_keys": "mixed"}),
                     (400, {"distractor_keys": "mixed", "late_fact_share": 1.0})]
   assert curriculum.parse_phases("", _options(), 400) == []
@@ -39,7 +46,7 @@ def test_bad_phases_are_refused_with_the_reason(spec, steps, message):
 
 
 def test_a_phase_value_of_the_wrong_type_fails_validation():
-  cfg = toy_memagent.get_config(LOOKUP_RL)
+  cfg = _curriculum_config()
   validate_config(cfg)  # the shipped curriculum is valid
   with cfg.unlocked():
     cfg.data.phases = "200:;400:late_fact_share=late"
@@ -85,7 +92,7 @@ class _FakeTrainer:
 
 
 def test_train_phases_runs_each_phase_on_its_documents_and_resumes_in_its_phase():
-  cfg = toy_memagent.get_config(LOOKUP_RL)
+  cfg = _curriculum_config()
   _FakeTrainer.saved, _FakeTrainer.runs = 0, []
   out = assembly.train_phases(cfg, build=lambda c, w: _FakeTrainer(c))
   assert [(a, b, o["distractor_keys"], o["late_fact_share"]) for a, b, o in _FakeTrainer.runs] == [
@@ -121,3 +128,15 @@ def test_a_real_run_switches_documents_at_the_phase_end(tmp_path):
   assert phased[-1]["train/reward_mean"] == by_hand[-1]["train/reward_mean"]
   assert phased[-1]["train/loss"] == by_hand[-1]["train/loss"]
   assert hand["step"] == 2
+
+
+def test_the_report_names_each_phase_documents(monkeypatch):
+  """toy_report's sentence on the training documents gives a curriculum's step ranges."""
+  from experiments import toy_report
+  real = toy_memagent.get_config
+  monkeypatch.setattr(toy_memagent, "get_config",
+                      lambda v: _curriculum_config() if v == LOOKUP_RL.replace(",full", "") else real(v))
+  told = toy_report._training_documents("lookup", "full")
+  assert ("rl on 1x documents generated with, in turn, steps 1-200 distractor_keys=askable, num_distractors=3; "
+          "steps 201-300 distractor_keys=mixed, num_distractors=3; steps 301-400 distractor_keys=mixed, "
+          "late_fact_share=1.0, num_distractors=3;") in told
