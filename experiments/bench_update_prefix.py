@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 from experiments import toy_reproduction  # noqa: E402
 from memagent_jax.experiment.assembly import build_trainer  # noqa: E402
@@ -49,6 +49,7 @@ def timed(fn, repeats: int) -> float:
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint handler at INFO
   cfg = toy_reproduction.stage_config("rl", "full", _ROOT.value, "lookup", steps={})
   workdir = tempfile.mkdtemp(prefix="bench_update_prefix_")
   cfg.train.progress = False
