@@ -96,9 +96,9 @@ def test_consecutive_non_finite_updates_stop_training(tmp_path, monkeypatch):
   from memagent_jax.rl import update as upd
   real = upd.update_step
 
-  def poisoned(params, opt, batch, *, graphdef, tx, spec):
+  def poisoned(params, opt, batch, **kw):
     batch = dict(batch, advantages=batch["advantages"] * np.nan)
-    return real(params, opt, batch, graphdef=graphdef, tx=tx, spec=spec)
+    return real(params, opt, batch, **kw)
 
   monkeypatch.setattr(upd, "update_step", poisoned)
   t = assembly.build_trainer(tiny(**{"train.steps": 5, "train.max_nan_steps": 3}), workdir=str(tmp_path))
