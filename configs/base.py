@@ -47,7 +47,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       # training pool and held-out split only: length sweeps evaluate the task as it is
       options=ml_collections.ConfigDict(),
       # a data curriculum: "<until step>:<option>=<value>,...;..." trains each step range on documents
-      # generated with those data.options (experiment/phases.py); "" = one phase
+      # generated with those data.options (memagent_jax/data/curriculum.py); "" = one phase
       phases="",
   ))
   c.rl = ml_collections.ConfigDict(dict(

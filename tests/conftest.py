@@ -116,6 +116,6 @@ def torch_logits(model_dir_or_model, ids: np.ndarray, attention_mask=None) -> np
 @pytest.fixture(scope="module", autouse=True)
 def _fresh_compilation_caches():
   """Drops every module's compiled programs when it ends: one process runs the whole suite, and
-  with this session's extra update programs it segfaulted inside XLA at about 90% of it."""
+  without this it segfaulted inside XLA at about 90% of it (in test_update; cause not found)."""
   yield
   jax.clear_caches()

@@ -73,9 +73,9 @@ def with_steps(spec: str, steps: int) -> str:
     return spec
   parts = [p.strip() for p in spec.split(";")]
   out = []
-  for part in parts:
+  for i, part in enumerate(parts):
     head, _, body = part.partition(":")
-    if int(head) >= steps or part is parts[-1]:
+    if int(head) >= steps or i == len(parts) - 1:
       out.append(f"{steps}:{body}")
       break
     out.append(part)

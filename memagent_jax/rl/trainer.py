@@ -53,6 +53,7 @@ class Trainer:
     self._sync_policy()
     self._nan_run = 0
     self.shared_prefix = None if shared_prefix is None else np.asarray(shared_prefix, np.int32)
+    self._shared_prefix_dev = None if shared_prefix is None else jnp.asarray(self.shared_prefix)  # once
 
   # ----- one step ------------------------------------------------------------------------------
   def _seed(self, gen: int, sub: int) -> int:
@@ -84,7 +85,7 @@ class Trainer:
       arrays = upd.split_micro(part.arrays(), cfg.rl.micro_batches)
       dev = self._device_batch(arrays)
       fits = upd.prefix_fits(part.tokens, part.valid, self.shared_prefix, self.loss_from)
-      prefix = jnp.asarray(self.shared_prefix) if fits else None
+      prefix = self._shared_prefix_dev if fits else None
       prefixed += fits
       kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.spec.temperature,
                 compute_dtype=self.spec.compute_dtype, prefix=prefix)
@@ -138,7 +139,7 @@ class Trainer:
   # ----- the loop ------------------------------------------------------------------------------
   def train(self, until: int | None = None) -> dict:
     """Runs until step `until` (default train.steps: a data phase may stop earlier, see
-    experiment/phases.py); saves every train.save_every steps and at the end."""
+    data/curriculum.py); saves every train.save_every steps and at the end."""
     cfg, st = self.cfg, self.state
     until = cfg.train.steps if until is None else min(until, cfg.train.steps)
     history = []
