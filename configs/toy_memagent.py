@@ -26,7 +26,8 @@ LOOKUP_DISTRACTORS = 3  # lookup world's warm-start and RL documents (1x: 128 to
 # An RL data curriculum for the lookup world (data.phases; with --config.train.steps=400):
 # 1-200 every distractor about another askable key; 201-300 askable and other keys at even odds, as
 # evaluated; 301-400 the same with every fact at the end of its chunk, where the residual overwrites
-# sat. It gave 99.5 -> 95% from 1x to 256x once and drifted in a re-run (toy_lookup_world.md).
+# sat. At KL 0.002 (--config.rl.kl_coef=0.002) it gave 99.5 -> 95% from 1x to 256x once and drifted
+# in a re-run (toy_lookup_world.md); not yet run at the default KL 0.005.
 LOOKUP_CURRICULUM = "200:;300:distractor_keys=mixed;400:distractor_keys=mixed,late_fact_share=1.0"
 SCALES = ("full", "demo")
 # world -> (toy task, policy preset): the one-key world of the first reproduction, and the
@@ -114,18 +115,20 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
     c.train.update(steps=8 if demo else 80, workdir="runs/toy_memagent/rl")
     if world == "lookup":
       # the warm start's documents (more overwrite choices per rollout: a denser reward signal), and a
-      # KL 5x weaker: the reference overwrites half the time, and pulling towards it is pulling towards
-      # the flaw RL must remove (the released MemAgent run used 0.001)
+      # weaker KL: the reference overwrites half the time, and pulling towards it is pulling towards
+      # the flaw RL must remove (the released MemAgent run used 0.001). 0.002 learnt fastest but
+      # drifted on one of two warm starts (memories "the of of berlin is frog ."); 0.005 held on both,
+      # and 200 steps of it reach what 120 of 0.002 did (toy_lookup_world.md, "KL against drift").
       c.data.options = ml_collections.ConfigDict(dict(num_distractors=LOOKUP_DISTRACTORS))
-      c.rl.kl_coef = 0.002
-      c.train.steps = 16 if demo else 120
+      c.rl.kl_coef = 0.002 if demo else 0.005
+      c.train.steps = 16 if demo else 200
       if not demo:
         # every distractor about another askable key: the overwrite that bent the curve (1.3-3.6% per
         # chunk from 4x on, after 80 steps on the warm start's documents) is then offered by 62% of
         # documents, not 26%.
-        # 120 steps: 63 -> 78.5% at 256x, 85% after 200 steps (toy_lookup_world.md, "RL on askable-key
-        # documents"). LOOKUP_CURRICULUM (400 steps) once reached 95% at 256x and drifted in a re-run
-        # (toy_lookup_world.md, "The curriculum in make reproduce"), so it is opt-in, not the default.
+        # 120 steps at KL 0.002: 63 -> 78.5% at 256x, 85% after 200 steps (toy_lookup_world.md, "RL on
+        # askable-key documents"). LOOKUP_CURRICULUM (400 steps) once reached 95% at 256x and drifted in
+        # a re-run (toy_lookup_world.md, "The curriculum in make reproduce"), so it is opt-in.
         # The demo keeps the warm start's documents: its 16 steps were measured on them.
         c.data.options.distractor_keys = "askable"
         # for ablations with distractor_keys="mixed": the share of distractors about askable keys

@@ -138,8 +138,10 @@ def make_reader(stage: str, scale: str, root: str, world: str, steps: dict | Non
 
 
 def sweep_stage(stage: str, *, scale: str, root: str, world: str, steps: dict, lengths: list[int], n: int,
-                seed: int, progress: bool = True, concurrent_sweeps: int = 1) -> list[dict]:
-  """One method's accuracy-against-length rows (its own process when sweeps run side by side)."""
+                seed: int, progress: bool = True, concurrent_sweeps: int = 1,
+                warmup_length: int | None = None) -> list[dict]:
+  """One method's accuracy-against-length rows (its own process when sweeps run side by side);
+  warmup_length: where a MemAgent reader compiles when `lengths` is only part of its sweep."""
   rl_cfg = toy_memagent.get_config(f"rl,{scale},{world}")
   ev, agent = rl_cfg.eval, rl_cfg.agent
   reader = make_reader(stage, scale, root, world, steps)
@@ -152,8 +154,17 @@ def sweep_stage(stage: str, *, scale: str, root: str, world: str, steps: dict, l
                        batch_size=DIRECT_BATCH if direct else SCALES[scale]["batch"], temperature=ev.temperature,
                        top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, out_dir=os.path.join(root, "eval"),
                        warmup_each_length=direct, reader_id=reader_digest(stage, scale, root, world, steps),
-                       progress=progress, on_row=report,
+                       progress=progress, on_row=report, warmup_length=warmup_length,
                        extra={"concurrent_sweeps": concurrent_sweeps} if concurrent_sweeps > 1 else None)
+
+
+def sweep_parts(stage: str, lengths: list[int], workers: int) -> list[list[int]]:
+  """A method's lengths as pool tasks: with workers > 1 a MemAgent sweep's longest length is its own
+  task, beside the rest (its cost grows with the length: 256x costs about what 1x..128x cost together);
+  full attention, whose cost stops growing past its window, stays one task."""
+  if workers <= 1 or stage == "full_attention" or len(lengths) < 2:
+    return [lengths]
+  return [lengths[-1:], lengths[:-1]]
 
 
 def eval_lengths(max_multiple: int) -> list[int]:
@@ -176,9 +187,9 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
              trained: list[str], workers: int = 1, pool=None, started: dict | None = None) -> list[dict]:
   """The sweep of every trained stage of METHODS (make demo trains no full-attention baseline).
 
-  workers > 1 sweeps that many methods at once, each in its own process of `pool` (made here if
-  None): on 2 cores two sweeps take about 0.75x the time of one after the other (one sweep leaves
-  a core half idle). `started`: {stage: future} of sweeps submitted earlier (the warm start's, run
+  workers > 1 runs that many sweep tasks at once, each in its own process of `pool` (made here if
+  None; a MemAgent method is two tasks, `sweep_parts`): on 2 cores two sweeps take about 0.75x the
+  time of one after the other (one sweep leaves a core half idle). `started`: {stage: future} of sweeps submitted earlier (the warm start's, run
   beside RL training)."""
   stages = [stage for stage, _ in METHODS if stage in trained]
   if workers > 1 and jax.default_backend() != "cpu":
@@ -194,9 +205,16 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
   own = pool is None
   pool = pool or sweep_pool(workers)
   try:
-    futures = {stage: started.get(stage) or pool.submit(sweep_stage, stage, progress=False,
-                                                        concurrent_sweeps=workers, **kw) for stage in stages}
-    return [row for stage in stages for row in futures[stage].result()]
+    futures = {}  # stage -> its tasks (the warm start's, started beside RL training, is one)
+    for stage in stages:
+      if stage in started:
+        futures[stage] = [started[stage]]
+        continue
+      futures[stage] = [pool.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
+                                    **{**kw, "lengths": part}, warmup_length=min(kw["lengths"]))
+                        for part in sweep_parts(stage, kw["lengths"], workers)]
+    return [row for stage in stages
+            for row in sorted((r for f in futures[stage] for r in f.result()), key=lambda r: r["length"])]
   finally:
     if own:
       pool.shutdown()

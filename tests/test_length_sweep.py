@@ -75,3 +75,12 @@ def test_finished_lengths_are_reused_only_for_the_same_reader_and_settings(tmp_p
   sweep(reader_id="weights-b")
   assert reader.calls == 9 + 2  # the warm-up and length 256 only
   assert reader.lengths[-2:] == [128, 256]  # the warm-up read the shortest documents, not a 256 batch twice
+
+
+def test_a_sweep_of_long_lengths_only_warms_up_on_the_given_length():
+  """A sweep split into pool tasks (toy_reproduction.sweep_parts) compiles on short documents, not
+  by reading one batch of its longest length twice."""
+  reader = _Oracle(limit=200)
+  rows = sweep_lengths(reader, "oracle", "toy_kv", [512], n=4, seed=3, batch_size=4, temperature=0.0, top_p=1.0,
+                       chunk_tokens=64, warmup_each_length=False, progress=False, warmup_length=128)
+  assert reader.lengths == [128, 512] and [r["length"] for r in rows] == [512]

@@ -176,10 +176,21 @@ def test_eval_sweeps_only_the_trained_stages(monkeypatch, tmp_path):
   assert swept == [("rl", [128, 256]), ("warm_start", [128, 256])]
 
 
+def test_memagent_sweeps_split_their_longest_length_into_its_own_task():
+  """Side by side, a MemAgent method's longest length (as costly as all shorter ones together) runs
+  beside the rest; full attention and a one-process evaluation keep one task."""
+  from experiments.toy_reproduction import sweep_parts
+  lengths = [128, 256, 512, 1024]
+  assert sweep_parts("rl", lengths, 2) == [[1024], [128, 256, 512]]
+  assert sweep_parts("warm_start", lengths, 2) == [[1024], [128, 256, 512]]
+  assert sweep_parts("full_attention", lengths, 2) == [lengths]
+  assert sweep_parts("rl", lengths, 1) == [lengths] and sweep_parts("rl", [128], 2) == [[128]]
+
+
 @pytest.mark.slow
 def test_side_by_side_sweeps_give_the_rows_of_sequential_ones(tmp_path):
-  """evaluate(workers=2) runs each method's sweep in its own process: the same rows (accuracy, n,
-  length) as one after the other, marked with how many ran at once."""
+  """evaluate(workers=2) runs each method's sweep in its own processes (the longest length apart): the
+  same rows (accuracy, n, length), in length order, as one after the other, marked with how many ran at once."""
   from experiments import toy_reproduction
   for stage in ("rl", "warm_start"):  # the committed base stands in for both trained policies
     shutil.copytree(BASE, tmp_path / "run" / stage / "export")

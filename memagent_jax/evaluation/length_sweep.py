@@ -71,7 +71,7 @@ def _finished_row(path: str, key: dict) -> dict | None:
 def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, seed: int, batch_size: int,
                   temperature: float, top_p: float, chunk_tokens: int, out_dir: str | None = None,
                   warmup_each_length: bool = True, progress: bool = True, reader_id: str | None = None,
-                  on_row=None, extra: dict | None = None) -> list[dict]:
+                  on_row=None, extra: dict | None = None, warmup_length: int | None = None) -> list[dict]:
   """One row per length: accuracy (+ Wilson 95% interval), seconds per document, peak RSS.
 
   warmup_each_length=False warms up once, on documents of the shortest length: for readers whose
@@ -79,7 +79,8 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, s
   digest of the weights) with out_dir: a length already swept with the same reader and settings
   is read back from <out_dir>/<name>_<length>.row.json instead of run again. on_row(row) is called as each
   length finishes (e.g. a log line where progress bars would mix); extra is merged into each row this call
-  measures (not into rows read back), e.g. how many sweeps shared the machine."""
+  measures (not into rows read back), e.g. how many sweeps shared the machine. warmup_length: the length
+  of that one warm-up (default the shortest of `lengths`), for a sweep given only long lengths."""
   rows, warmed = [], False
   for length in lengths:
     key = {"reader": reader_id, "task": task, "length": length, "n": n, "seed": seed, "batch_size": batch_size,
@@ -94,7 +95,7 @@ def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, s
     if not warmed or warmup_each_length:
       # a reader whose shapes do not depend on the length warms up on the shortest documents: a resumed
       # sweep would otherwise read one batch of its first unfinished (longest so far) length twice
-      warm_length = length if warmup_each_length else min(lengths)
+      warm_length = length if warmup_each_length else (warmup_length or min(lengths))
       warm = samples[:batch_size] if warm_length == length else tasks.make_samples(
           task, warm_length, min(n, batch_size), seed + warm_length, reader.tokenizer, chunk_tokens=chunk_tokens)
       reader.answer_batch([s["question"] for s in warm], [s["context"] for s in warm],
