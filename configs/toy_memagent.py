@@ -117,8 +117,9 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
       # the warm start's documents (more overwrite choices per rollout: a denser reward signal), and a
       # weaker KL: the reference overwrites half the time, and pulling towards it is pulling towards
       # the flaw RL must remove (the released MemAgent run used 0.001). 0.002 learnt fastest but
-      # drifted on one of two warm starts (memories "the of of berlin is frog ."); 0.005 held on both,
-      # and 200 steps of it reach what 120 of 0.002 did (toy_lookup_world.md, "KL against drift").
+      # drifted on one of two warm starts (memories "the of of berlin is frog ."); 0.005 held on both.
+      # 200 steps of it gave 80.5 / 87 / 98.5% at 64x in three runs, against 93.5% for 120 steps of
+      # 0.002 where it did not drift (toy_lookup_world.md, "KL against drift", "A second seed").
       c.data.options = ml_collections.ConfigDict(dict(num_distractors=LOOKUP_DISTRACTORS))
       c.rl.kl_coef = 0.002 if demo else 0.005
       c.train.steps = 16 if demo else 200

@@ -189,8 +189,8 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
 
   workers > 1 runs that many sweep tasks at once, each in its own process of `pool` (made here if
   None; a MemAgent method is two tasks, `sweep_parts`): on 2 cores two sweeps take about 0.75x the
-  time of one after the other (one sweep leaves a core half idle). `started`: {stage: future} of sweeps submitted earlier (the warm start's, run
-  beside RL training)."""
+  time of one after the other (one sweep leaves a core half idle). `started`: {stage: future} of
+  sweeps submitted earlier (the warm start's, run beside RL training)."""
   stages = [stage for stage, _ in METHODS if stage in trained]
   if workers > 1 and jax.default_backend() != "cpu":
     print(f"--eval_workers={workers} ignored on {jax.default_backend()}: one process holds the device", flush=True)
