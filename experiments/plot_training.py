@@ -1,4 +1,5 @@
-"""Reward curve of a training run: PNG + markdown table from <workdir>/logs/metrics.jsonl.
+"""Reward curve of a training run, with its held-out score when it has one (step 0 = before
+training): PNG + markdown table from <workdir>/logs/metrics.jsonl.
 
   python experiments/plot_training.py --workdir=runs/toy_cpu --out=docs/results/train_toy_cpu
 """
@@ -24,12 +25,15 @@ def main(argv=None):
   p.add_argument("--window", type=int, default=10, help="steps per row of the table / smoothing window")
   p.add_argument("--command", default="", help="the training command, recorded in the table")
   args = p.parse_args(argv)
-  lines = [l for l in read_jsonl(os.path.join(args.workdir, "logs", "metrics.jsonl")) if "train/reward_mean" in l]
+  records = read_jsonl(os.path.join(args.workdir, "logs", "metrics.jsonl"))
+  lines = [l for l in records if "train/reward_mean" in l]
   if not lines:
     raise SystemExit(f"no training metrics in {args.workdir}/logs/metrics.jsonl")
+  held_out = [(l["step"], l["eval/score"]) for l in records if "eval/score" in l]  # step 0: before RL
   steps = np.array([l["step"] for l in lines])
   reward = np.array([l["train/reward_mean"] for l in lines])
-  entropy = np.array([l["train/entropy"] for l in lines])
+  # a step whose groups all tied (dynamic sampling kept none) made no update: no entropy
+  entropy = np.array([l.get("train/entropy", np.nan) for l in lines], np.float64)
   seconds = np.array([l["train/step_seconds"] for l in lines])
   import matplotlib
   matplotlib.use("Agg")
@@ -39,7 +43,9 @@ def main(argv=None):
   smooth = np.convolve(reward, np.ones(w) / w, mode="valid")
   ax[0].plot(steps, reward, alpha=0.35, label="mean reward per step")
   ax[0].plot(steps[w - 1:], smooth, label=f"{w}-step mean")
-  ax[0].set_xlabel("step"), ax[0].set_ylabel("reward"), ax[0].legend()
+  if held_out:
+    ax[0].plot(*zip(*held_out), "o-", color="C3", label="held-out score")
+  ax[0].set_xlabel("step"), ax[0].set_ylabel("reward / score"), ax[0].legend()
   ax[1].plot(steps, entropy, color="C2")
   ax[1].set_xlabel("step"), ax[1].set_ylabel("policy entropy (nats)")
   fig.suptitle(os.path.basename(os.path.normpath(args.workdir)))
@@ -49,8 +55,10 @@ def main(argv=None):
   rows = ["| steps | mean reward | mean entropy | seconds (cumulative) |", "|---|---|---|---|"]
   for s in range(0, len(lines), args.window):
     sl = slice(s, s + args.window)
-    rows.append(f"| {steps[sl][0]}-{steps[sl][-1]} | {reward[sl].mean():.3f} | {entropy[sl].mean():.2f} | "
+    rows.append(f"| {steps[sl][0]}-{steps[sl][-1]} | {reward[sl].mean():.3f} | {np.nanmean(entropy[sl]) if np.isfinite(entropy[sl]).any() else np.nan:.2f} | "
                 f"{seconds[:s + args.window].sum():.0f} |")
+  if held_out:
+    rows += ["", "| step | held-out score |", "|---|---|"] + [f"| {s} | {v:.3f} |" for s, v in held_out]
   with atomic_write(args.out + ".md") as f:
     f.write(f"# Training curve: {args.workdir}\n\n")
     if args.command:

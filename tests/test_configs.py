@@ -81,3 +81,23 @@ def test_sweep_summary_table(tmp_path):
   assert rows[0]["reward_first"] == 0.1 and rows[0]["reward_last"] == 0.5 and rows[0]["steps"] == 3
   table = sweep.write_table(rows, str(tmp_path))
   assert "| a | 3 |" in table and os.path.exists(tmp_path / "summary.csv")
+
+
+def test_real_model_rl_config_fits_smollm2_and_draws_8k_multikey_documents(smollm):
+  """configs/smollm2_niah_rl.py (issue 16, item 5) builds a reader on the embedded model: every
+  prompt plus its cap fits the 8192-token window, and documents are niah_multikey_1 at 8K."""
+  from memagent_jax.experiment import assembly
+  from memagent_jax.rl import rollout
+  c = _get("smollm2_niah_rl")
+  assert c.model.source == "smollm2-135m-instruct" and c.data.length >= 8192
+  assert c.rl.dynamic_sampling and c.rl.clip_high > c.rl.clip_low and c.eval.every > 0  # DAPO, curve
+  rollout.get_reward_fn(c.rl.reward)  # a registered reward
+  agent = assembly.build_reader(c.agent, smollm, training=True)  # raises when a prompt overflows
+  assert smollm.config.max_position_embeddings == 8192
+  [doc] = assembly.sample_pool(c.data, chunk_tokens=c.agent.chunk_tokens, size=1, seed=c.eval.seed,
+                               length=c.data.length, tokenizer=agent.tokenizer)
+  tokens = len(agent.tokenizer.encode(doc["context"]))
+  assert 0.9 * c.data.length <= tokens <= c.data.length, tokens
+  assert -(-tokens // c.agent.chunk_tokens) == 8  # eight memory updates per trajectory
+  with pytest.raises(ValueError, match="unknown variant"):
+    _get("smollm2_niah_rl", "nope")

@@ -139,13 +139,16 @@ class Trainer:
   # ----- the loop ------------------------------------------------------------------------------
   def train(self, until: int | None = None) -> dict:
     """Runs until step `until` (default train.steps: a data phase may stop earlier, see
-    data/curriculum.py); saves every train.save_every steps and at the end."""
+    data/curriculum.py); saves every train.save_every steps and at the end. With eval.every, a fresh
+    run evaluates its starting policy as step 0."""
     cfg, st = self.cfg, self.state
     until = cfg.train.steps if until is None else min(until, cfg.train.steps)
     history = []
     bar = tqdm(total=until, initial=st.step, desc="train", unit="step",
                disable=not (cfg.train.progress and self.is_chief))
     try:
+      if cfg.eval.every and st.step == 0 and until > 0:  # the starting policy: "before" of every curve
+        self.writer.write(0, self.evaluate(), prefix="eval/")
       while st.step < until:
         metrics = self.train_step()
         st.step += 1
