@@ -27,9 +27,10 @@ LOOKUP_DISTRACTORS = 3  # lookup world's warm-start and RL documents (1x: 128 to
 # first; then askable and other keys at even odds, as evaluated; then the same with every fact at the
 # end of its chunk, where the residual overwrites sat (toy_lookup_world.md, "Where the residual errors
 # sit"). LOOKUP_RL_PHASES (100 + 100 + 100 steps) is make reproduce's RL stage: 95 -> 97.5% from 1x to
-# 256x (seed 0). LOOKUP_CURRICULUM (200 + 100 + 100, with --config.train.steps=400) gave 99.5 -> 95%
-# and 100 -> 97% in two seeds at KL 0.005, and over 45 minutes in make reproduce (toy_lookup_world.md,
-# "The curriculum at KL 0.005"); at KL 0.002 it once drifted.
+# 256x (seed 0; make reproduce 51 min). LOOKUP_CURRICULUM (200 + 100 + 100, with
+# --config.train.steps=400) gave 99.5 -> 95% and 100 -> 97% in two seeds at KL 0.005 and would make
+# make reproduce longer still (toy_lookup_world.md, "The curriculum at KL 0.005"); at KL 0.002 it once
+# drifted.
 LOOKUP_RL_PHASES = "100:;200:distractor_keys=mixed;300:distractor_keys=mixed,late_fact_share=1.0"
 LOOKUP_CURRICULUM = "200:;300:distractor_keys=mixed;400:distractor_keys=mixed,late_fact_share=1.0"
 SCALES = ("full", "demo")
