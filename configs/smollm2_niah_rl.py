@@ -13,8 +13,8 @@ held-out set at step 0 and every eval.every steps; experiments/plot_training.py 
   python experiments/train.py --config=configs/smollm2_niah_rl.py
   python experiments/plot_training.py --workdir=runs/smollm2_niah_rl --out=docs/results/rl_smollm2_niah
 
-Sizes, lr and steps are a first guess for one H100 (about 30 minutes); this task was lent no GPU,
-so the run has not been made (docs/results/toy_lookup_world.md, last section).
+Sizes, lr and steps are a first guess for one H100, not measured; this task was lent no GPU, so the
+run has not been made (the smoke run: docs/results/rl_smollm2_niah_smoke.md).
 """
 
 import ml_collections
@@ -46,7 +46,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.eval.update(every=10, size=128, seed=12345, temperature=1.0, top_p=0.7, batch_size=128)
   if variant == "smoke":  # the whole loop on a CPU: float32, short documents, a few rows
     c.model.update(dtype="float32", remat=False)
-    # SmolLM2's answers here take 20-30 tokens (the niah_single_1 table above), so the answer cap
+    # SmolLM2's niah answers take 20-30 tokens (eval_smollm2-135m-instruct_niah_single_1_*.jsonl), so the cap
     # stays above that, or every answer would be cut and punished and no group would vary
     c.agent.update(chunk_tokens=256, memory_tokens=64, answer_tokens=48)
     c.data.update(length=512, train_size=16)

@@ -55,8 +55,9 @@ def main(argv=None):
   rows = ["| steps | mean reward | mean entropy | seconds (cumulative) |", "|---|---|---|---|"]
   for s in range(0, len(lines), args.window):
     sl = slice(s, s + args.window)
-    rows.append(f"| {steps[sl][0]}-{steps[sl][-1]} | {reward[sl].mean():.3f} | {np.nanmean(entropy[sl]) if np.isfinite(entropy[sl]).any() else np.nan:.2f} | "
-                f"{seconds[:s + args.window].sum():.0f} |")
+    updated = entropy[sl][np.isfinite(entropy[sl])]
+    rows.append(f"| {steps[sl][0]}-{steps[sl][-1]} | {reward[sl].mean():.3f} | "
+                f"{updated.mean() if updated.size else np.nan:.2f} | {seconds[:s + args.window].sum():.0f} |")
   if held_out:
     rows += ["", "| step | held-out score |", "|---|---|"] + [f"| {s} | {v:.3f} |" for s, v in held_out]
   with atomic_write(args.out + ".md") as f:
