@@ -7,8 +7,8 @@ baselines, accuracy / time / memory against document length, a table and a plot.
 Stages (each resumes from its checkpoints, eval from its finished lengths; --fresh starts over):
   pretrain        the base model: find and copy a fact in short plain texts (toy_recall teacher)
   warm_start      from the base, supervised on the imperfect memory teacher's conversations
-  rl              Multi-Conv DAPO from the exported warm start, final-answer reward only
   full_attention  from the base, supervised to answer from whole training documents
+  rl              Multi-Conv DAPO from the exported warm start, final-answer reward only
   eval            1x .. max_multiple x the training length for the three policies, n per point
 Everything is seeded: the same flags give the same table.
 """
@@ -51,7 +51,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default runs/toy
 _RESULTS = flags.DEFINE_string("results_dir", None, "table + plot directory (default: docs/results for "
                                "full, <workdir>/results for demo)")
 _FRESH = flags.DEFINE_bool("fresh", False, "delete the workdir first (a full, deterministic re-run)")
-TRAIN_STAGES = ("pretrain", "warm_start", "rl", "full_attention")
+# full attention before RL: its sweep then runs beside RL training with the warm start's, and the
+# run ends with RL's sweep alone on both cores
+TRAIN_STAGES = ("pretrain", "warm_start", "full_attention", "rl")
 _STAGES = flags.DEFINE_list("stages", [*TRAIN_STAGES, "eval"], "stages to run")
 _N = flags.DEFINE_integer("n", None, "evaluation documents per point (default per scale)")
 _MAX_MULTIPLE = flags.DEFINE_integer("max_multiple", None, "largest length / training length (power of 2)")
@@ -243,8 +245,8 @@ def main(argv):
   t0 = time.perf_counter()
   stages_path = os.path.join(root, "stages.json")
   stages = json.load(open(stages_path)) if os.path.exists(stages_path) else {}
-  # with sweeps side by side, the warm start's sweep runs beside RL training (which leaves the
-  # 2 cores part idle in its rollouts), not after it
+  # with sweeps side by side, the warm start's and full attention's sweeps run beside RL training
+  # (which leaves the 2 cores part idle in its rollouts), not after it
   workers = _EVAL_WORKERS.value if jax.default_backend() == "cpu" else 1
   early = "eval" in _STAGES.value and workers > 1 and "rl" in _STAGES.value
   pool, started = (sweep_pool(workers) if early else None), {}
@@ -258,8 +260,8 @@ def main(argv):
         continue
       with atomic_write(stages_path) as f:
         json.dump(stages, f, indent=1)
-      if early and stage == "warm_start":
-        print("\n== eval warm-start only, beside the next stages", flush=True)
+      if early and stage in ("warm_start", "full_attention"):
+        print(f"\n== eval {dict(METHODS)[stage]}, beside the next stages", flush=True)
         started[stage] = pool.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
                                      **sweep_kwargs(scale, root, n, max_multiple, _EVAL_SEED.value, world))
     if "eval" not in _STAGES.value:

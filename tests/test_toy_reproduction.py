@@ -229,7 +229,7 @@ def test_report_names_each_stage_training_documents():
   demo = toy_report._training_documents("lookup", "demo")
   assert "warm_start on 1x documents generated with num_distractors=3;" in full
   assert ("rl on 1x documents generated with, in turn, steps 1-100 distractor_keys=askable, num_distractors=3; "
-          "steps 101-200 distractor_keys=mixed, num_distractors=3; steps 201-300 distractor_keys=mixed, "
+          "steps 101-200 distractor_keys=mixed, num_distractors=3; steps 201-250 distractor_keys=mixed, "
           "late_fact_share=1.0, num_distractors=3;") in full
   assert "askable" not in demo and "rl on 1x documents generated with num_distractors=3;" in demo
   assert toy_report._training_documents("one_key", "full") == ""
