@@ -46,7 +46,8 @@ def main(argv):
   lengths = [toy.TRAIN_TOKENS * int(m) for m in _MULTIPLES.value]
   rows = sweep_lengths(reader, _NAME.value, cfg.data.task, lengths, n=n, seed=seed, batch_size=n,
                        temperature=_TEMPERATURE.value, top_p=cfg.eval.top_p, chunk_tokens=chunk,
-                       out_dir=out_dir, warmup_each_length=False)  # one warm-up, on the shortest length
+                       out_dir=out_dir, warmup_each_length=False,  # one warm-up, on 1x documents
+                       warmup_length=toy.TRAIN_TOKENS)  # (with --multiples=256 alone, not on 200 long ones)
   for length, row in zip(lengths, rows):
     multiple = length // toy.TRAIN_TOKENS
     with open(os.path.join(out_dir, f"{_NAME.value}_{length}.jsonl")) as f:

@@ -268,3 +268,24 @@ def test_installed_cli_runs_outside_the_repository(tmp_path):
                        text=True, timeout=120, cwd=tmp_path, env=env)
   assert out.returncode == 0, out.stderr
   assert "(default 5000)" in out.stdout and "(default 1024)" in out.stdout  # configs/base.py agent section
+
+
+def test_run_eval_split_over_processes_writes_no_jsonl(tmp_path):
+  """A split evaluation's lines live on their processes, so it refuses an output file; in one
+  process it reads every row of each batch with its row id, and scores as the plain run does."""
+  with pytest.raises(ValueError, match="split over processes writes no JSONL"):
+    evaluation.run_eval(StubReader(), "squad", samples(), str(tmp_path / "o.jsonl"), batch_size=2,
+                        split_over_processes=True, **GREEDY_EVAL)
+  seen = []
+
+  class RowIds(StubReader):
+    def answer_batch(self, questions, documents, **kw):
+      seen.append(list(kw["row_ids"]))
+      return super().answer_batch(questions, documents)
+
+  split = evaluation.run_eval(RowIds(), "squad", samples(), None, batch_size=2, split_over_processes=True,
+                              **GREEDY_EVAL)
+  plain = evaluation.run_eval(StubReader(), "squad", samples(), None, batch_size=2, **GREEDY_EVAL)
+  assert seen == [[0, 1], [0, 1], [0]]  # each row's place in its batch: its sampling key
+  assert {k: v for k, v in split.items() if k != "seconds"} == {k: v for k, v in plain.items() if k != "seconds"}
+  assert not os.listdir(tmp_path)

@@ -14,10 +14,13 @@ import os
 import time
 from typing import Iterable
 
+import jax
+import numpy as np
 from tqdm.auto import tqdm
 
 from memagent_jax.data import ruler, tasks, toy
 from memagent_jax.rl import rewards
+from memagent_jax.rl.process_gather import sum_over_processes, this_process_share
 from memagent_jax.runtime.registry import Registry
 
 
@@ -77,16 +80,22 @@ def _row(task: str, s: dict, r, scores: dict) -> str:
 
 
 def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, batch_size: int,
-             temperature: float, top_p: float, seed: int, progress: bool = True) -> dict:
+             temperature: float, top_p: float, seed: int, progress: bool = True,
+             split_over_processes: bool = False) -> dict:
   """Runs `reader` (MemAgent or DirectReader) over samples; one JSON line per sample.
 
   Each finished batch is appended to `<out_path>.partial` (started afresh) as it completes, so
-  a failed or interrupted run keeps what it computed; out_path is replaced by rename on success."""
+  a failed or interrupted run keeps what it computed; out_path is replaced by rename on success.
+  split_over_processes (a MemAgent on a multi-process mesh): each process reads its contiguous
+  share of every batch, each row sampled with the key it has in one process (seed + batch index,
+  its row in the batch), and the scores are summed over processes; no JSONL (out_path None)."""
   if not samples:
     raise ValueError("no samples to evaluate: n must be >= 1")
   scorer(task)  # an unknown task fails before any document is read
   if batch_size < 1:
     raise ValueError(f"batch_size={batch_size}: must be >= 1")
+  if split_over_processes and out_path:
+    raise ValueError(f"run_eval split over processes writes no JSONL; got out_path={out_path}")
   if out_path and os.path.isdir(out_path):
     raise IsADirectoryError(f"eval output {out_path} is a directory; pass a file name for the JSONL")
   t0 = time.perf_counter()
@@ -97,11 +106,16 @@ def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, ba
     os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
   done = doc_tokens = 0
-  bar = tqdm(total=len(samples), desc=f"eval {task}", unit="doc", disable=not progress)
+  mine_total = len(samples) // jax.process_count() if split_over_processes else len(samples)
+  bar = tqdm(total=mine_total, desc=f"eval {task}", unit="doc", disable=not progress)
   try:
     for b, batch in enumerate(_batches(samples, batch_size)):
+      kw = {}
+      if split_over_processes:  # rows of every process together: the one-process batch
+        mine = this_process_share(len(batch), f"held-out batch {b} ({len(batch)} rows)")
+        batch, kw = batch[mine], {"row_ids": np.arange(mine.start, mine.stop)}
       results = reader.answer_batch([s["question"] for s in batch], [s["context"] for s in batch],
-                                    temperature=temperature, top_p=top_p, seed=seed + b)
+                                    temperature=temperature, top_p=top_p, seed=seed + b, **kw)
       lines = []
       for s, r in zip(batch, results):
         scores = score(task, r, list(s["answers"]))
@@ -122,6 +136,9 @@ def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, ba
       os.close(fd)
   if partial:
     os.replace(partial, out_path)  # only now is an earlier out_path replaced
+  if split_over_processes:
+    totals = sum_over_processes({**totals, "document_tokens": doc_tokens})
+    doc_tokens = totals.pop("document_tokens")
   summary = {k: v / len(samples) for k, v in totals.items()}
   summary.update(task=task, n=len(samples), mean_document_tokens=round(doc_tokens / len(samples)),
                  seconds=round(time.perf_counter() - t0, 2))

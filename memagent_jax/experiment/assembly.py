@@ -119,16 +119,26 @@ def start_runtime(cfg):
 
 @dataclasses.dataclass
 class Evaluator:
-  """Accuracy of a reader on a fixed held-out set (the config's released validation sampling)."""
+  """Accuracy of a reader on a fixed held-out set (the config's released validation sampling).
+  On a multi-process mesh each process reads its share of every batch (the same scores as one
+  process: each row keeps its sampling key)."""
   reader: object
   task: str
   samples: list[dict]
   eval_cfg: object
 
+  def __post_init__(self):
+    self.split = jax.process_count() > 1 and getattr(self.reader, "mesh", None) is not None
+    procs, e = jax.process_count(), self.eval_cfg
+    if self.split and (len(self.samples) % procs or min(e.batch_size, len(self.samples)) % procs):
+      raise ValueError(f"eval.size={len(self.samples)} and eval.batch_size={e.batch_size} must be multiples "
+                       f"of the {procs} processes: each process reads its share of every held-out batch")
+
   def __call__(self) -> dict[str, float]:
     e = self.eval_cfg
     summary = run_eval(self.reader, self.task, self.samples, None, batch_size=e.batch_size,
-                       temperature=e.temperature, top_p=e.top_p, seed=e.seed, progress=False)
+                       temperature=e.temperature, top_p=e.top_p, seed=e.seed, progress=False,
+                       split_over_processes=self.split)
     return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k != "n"}
 
 
@@ -169,8 +179,8 @@ def build_experiment(cfg, workdir: str | None = None) -> Experiment:
     held_out = sample_pool(d, chunk_tokens=chunk, size=e.size, seed=e.seed, length=e.length or d.length,
                            tokenizer=tok, data_dir=e.data_dir)
     check_held_out(pool, held_out, d.task)
-    # multi-process params span hosts, so evaluation runs on the mesh too (each process reads the
-    # whole held-out set: duplicated work, same scores); one process keeps any batch size
+    # multi-process params span hosts, so evaluation runs on the mesh too, each process reading its
+    # share of every held-out batch (Evaluator); one process keeps any batch size
     reader = build_reader(cfg.agent, policy, training=False, mesh=mesh if jax.process_count() > 1 else None)
     evaluator = Evaluator(reader, d.task, held_out, e)
   # the loss starts at the response column; a teacher's prompt loss trains whole conversations
