@@ -27,7 +27,8 @@ LOOKUP_DISTRACTORS = 3  # lookup world's warm-start and RL documents (1x: 128 to
 # first; then askable and other keys at even odds, as evaluated; then the same with every fact at the
 # end of its chunk, where the residual overwrites sat (toy_lookup_world.md, "Where the residual errors
 # sit"). LOOKUP_RL_PHASES (100 + 100 + 50 steps) is make reproduce's RL stage: 99 -> 96% from 1x to
-# 256x (seed 0; the same run's step 300 gave 95 -> 97.5% and made make reproduce 51 min long).
+# 256x (seed 0; seed 1 fell to 92% at 128x; the seed-0 run's step 300 gave 95 -> 97.5% and made make
+# reproduce 51 min long).
 # LOOKUP_CURRICULUM (200 + 100 + 100, with --config.train.steps=400) gave 99.5 -> 95% and 100 -> 97%
 # in two seeds at KL 0.005 (toy_lookup_world.md, "The curriculum at KL 0.005"); at KL 0.002 it once
 # drifted.
