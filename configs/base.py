@@ -20,7 +20,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       source="random:tiny-smollm2",  # load_policy source: preset, HF dir, .gguf, hub id, random:<preset>
       dtype="float32",  # float32 on CPU; bfloat16 on accelerators
       seed=0,  # init seed for random:<preset>
-      remat=False,  # recompute block activations in the backward pass (saves memory)
+      # what the training forward keeps for the backward pass, per block: none (everything) | dots (matmul
+      # outputs; recompute norms, RoPE, softmax, SwiGLU) | full (only the block input: least memory)
+      remat="none",
       attention="auto",  # attention backend: auto (by platform) | xla (portable) | cudnn (GPU) | splash (TPU)
   ))
   c.agent = ml_collections.ConfigDict(dict(
@@ -98,6 +100,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1, fsdp=1, tensor=1,  # -1: the remaining devices
       rules=(),  # extra (logical, mesh axis) rules overriding the defaults in runtime/parallel.py
+      # the weight layout rollouts decode with: "train" (the training layout; FSDP-sharded weights are
+      # gathered at every decoded token) | "replicated" (re-sharded once per step: tensor-parallel over
+      # "tensor", whole over data x fsdp, so decoding moves no weights; needs params / tensor per chip)
+      rollout="train",
   ))
   # 0 / "" / -1: from JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID (or one process)
   c.distributed = ml_collections.ConfigDict(dict(num_processes=0, coordinator_address="", process_id=-1))

@@ -15,7 +15,7 @@ def released(c: ml_collections.ConfigDict, model: str, questions_per_step: int, 
   """The settings both released models share; model size picks the batch and the mesh."""
   c.model.source = model
   c.model.dtype = "bfloat16"
-  c.model.remat = True
+  c.model.remat = "full"
   c.agent.update(chunk_tokens=5000, memory_tokens=1024, answer_tokens=1024, question_tokens=1024,
                  final_template="boxed", block_chunks=8, max_chunks=8)  # training: centre-truncate to 8 chunks
   # 8192 training questions as released (they were first filtered to those Qwen2.5-7B cannot answer
@@ -32,7 +32,7 @@ def released(c: ml_collections.ConfigDict, model: str, questions_per_step: int, 
   c.train.update(steps=200, save_every=10, keep_checkpoints=3)
   c.eval.update(every=10, size=128, temperature=1.0, top_p=0.7, batch_size=64,
                 data_dir="data/hotpotqa/hotpot_dev_distractor_v1.json")
-  c.mesh.update(data=-1, fsdp=fsdp, tensor=tensor)
+  c.mesh.update(data=-1, fsdp=fsdp, tensor=tensor, rollout="replicated")
   return c
 
 

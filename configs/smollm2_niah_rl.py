@@ -26,7 +26,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant not in ("", "smoke"):
     raise ValueError(f"unknown variant {variant!r} of smollm2_niah_rl; choose '' or 'smoke'")
   c = base.get_config()
-  c.model.update(source="smollm2-135m-instruct", dtype="bfloat16", remat=True)
+  c.model.update(source="smollm2-135m-instruct", dtype="bfloat16", remat="full")
   # 8 chunks of 1024 tokens at 8K; each prompt (template + question + memory + chunk) is under 2K of
   # SmolLM2's 8192-token window, which the reader checks when it is built
   c.agent.update(chunk_tokens=1024, memory_tokens=256, answer_tokens=64, question_tokens=128,
@@ -45,7 +45,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   # the released validation sampling (T 1.0, top-p 0.7) on 128 held-out questions
   c.eval.update(every=10, size=128, seed=12345, temperature=1.0, top_p=0.7, batch_size=128)
   if variant == "smoke":  # the whole loop on a CPU: float32, short documents, a few rows
-    c.model.update(dtype="float32", remat=False)
+    c.model.update(dtype="float32", remat="none")
     # SmolLM2's niah answers take 20-30 tokens (eval_smollm2-135m-instruct_niah_single_1_*.jsonl), so the cap
     # stays above that, or every answer would be cut and punished and no group would vary
     c.agent.update(chunk_tokens=256, memory_tokens=64, answer_tokens=48)

@@ -14,7 +14,7 @@ from configs import base
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c = base.get_config()
-  c.model.update(source="random:toy-tiny", dtype="float32", seed=0, remat=False)
+  c.model.update(source="random:toy-tiny", dtype="float32", seed=0, remat="none")
   c.agent.update(chunk_tokens=64, memory_tokens=16, answer_tokens=8, question_tokens=16,
                  final_template="boxed", block_chunks=4, max_chunks=0)
   c.data.update(task="toy_kv", length=128, train_size=512, seed=0)

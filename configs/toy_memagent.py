@@ -55,7 +55,7 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
   task, preset = WORLDS[world]
   demo = scale == "demo"
   c = base.get_config()
-  c.model.update(source=f"random:{preset}", dtype="float32", seed=0, remat=False)
+  c.model.update(source=f"random:{preset}", dtype="float32", seed=0, remat="none")
   c.agent.update(chunk_tokens=toy.CHUNK_TOKENS, memory_tokens=toy.MEMORY_TOKENS,
                  answer_tokens=toy.ANSWER_TOKENS, question_tokens=16, final_template="boxed",
                  block_chunks=4, max_chunks=0)

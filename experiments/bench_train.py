@@ -62,8 +62,13 @@ def bench_update(preset: str, rows: int, length: int, prompt_width: int, dtype, 
   spec = upd.UpdateSpec(prompt_width=prompt_width, loss="ppo_clip", agg="token-mean", clip_low=0.2,
                         clip_high=0.28, clip_c=None, kl_coef=0.0, kl_kind="low_var_kl", entropy_coef=0.0,
                         remat=remat, temperature=1.0, compute_dtype=jnp.dtype(dtype).name)  # the model dtype: bf16 runs bf16
-  step = lambda: upd.update_step(params, opt, batch, graphdef=gd, tx=tx, spec=spec)[2]["loss"]
   compiled = upd.update_step.lower(params, opt, batch, graphdef=gd, tx=tx, spec=spec).compile()
+  state = [params, opt]  # update_step donates params and optimizer state: each call takes the last outputs
+
+  def step():
+    state[0], state[1], metrics = upd.update_step(*state, batch, graphdef=gd, tx=tx, spec=spec)
+    return metrics["loss"]
+
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   seconds = _time(step, repeats)

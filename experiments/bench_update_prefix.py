@@ -69,9 +69,11 @@ def main(argv):
   fwd = lambda **extra: upd.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw, **extra)
   plain_fwd, shared_fwd = timed(fwd, r), timed(lambda: fwd(prefix=prefix), r)
   spec = dataclasses.replace(t.spec, old_is_current=False)
-  plain_upd = timed(lambda: upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=t.tx, spec=spec)[2]["loss"], r)
+  copy = lambda tree: jax.tree.map(jnp.copy, tree)  # update_step donates its params and optimizer state
+  plain_upd = timed(lambda: upd.update_step(copy(st.params), copy(st.opt_state), dev, graphdef=gd, tx=t.tx,
+                                            spec=spec)[2]["loss"], r)
   spec_now = dataclasses.replace(t.spec, old_is_current=True)
-  shared_upd = timed(lambda: upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=t.tx, spec=spec_now,
+  shared_upd = timed(lambda: upd.update_step(copy(st.params), copy(st.opt_state), dev, graphdef=gd, tx=t.tx, spec=spec_now,
                                              prefix=prefix)[2]["loss"], r)
   mask = np.asarray(dev["loss_mask"])
   diff = float(np.abs(np.asarray(fwd()) - np.asarray(fwd(prefix=prefix)))[mask].max())

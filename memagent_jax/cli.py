@@ -1,9 +1,12 @@
 """`memagent` command line: `answer` reads a document with the memory agent; `eval` scores a task;
-`export` writes a training checkpoint as a transformers model directory."""
+`export` writes a training checkpoint as a transformers model directory; `compile` compiles a training
+config's RL step for a TPU topology on this machine and reports its memory, FLOPs and collectives."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib.util
 import json
 import math
 import os
@@ -16,9 +19,9 @@ import memagent_jax as mj
 from configs import base as base_config
 from memagent_jax import evaluation
 from memagent_jax.data import tasks
-from memagent_jax.experiment import assembly
+from memagent_jax.experiment import assembly, compile_report
 from memagent_jax.policy import export
-from memagent_jax.runtime import checkpointing
+from memagent_jax.runtime import checkpointing, tpu_targets
 from memagent_jax.runtime.atomic_io import atomic_directory
 
 INT_MAX = 2 ** 31 - 1  # sizes end up in int32 arrays
@@ -136,6 +139,62 @@ def cmd_export(args) -> int:
   return 0
 
 
+def load_config(spec: str, overrides: list[str]):
+  """A training config file[:variant] with `--config.<key>=<value>` overrides applied (as train.py takes)."""
+  path, _, variant = spec.partition(":")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file not found: {path}")
+  module_spec = importlib.util.spec_from_file_location("memagent_user_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  cfg = module.get_config(variant)
+  for item in overrides:
+    if not item.startswith("--config.") or "=" not in item:
+      _fail(f"unrecognized argument {item!r} (overrides look like --config.rl.clip_high=0.28)")
+    key, text = item[len("--config."):].split("=", 1)
+    *parents, leaf = key.split(".")
+    node = cfg
+    for name in parents:
+      if name not in node:
+        _fail(f"--config.{key}: the config has no section {name!r}")
+      node = node[name]
+    if leaf not in node:
+      _fail(f"--config.{key}: the config has no key {key!r}")
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text  # a bare word: a string
+    old = node[leaf]
+    if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+      value = float(value)
+    try:
+      node[leaf] = value
+    except TypeError as e:
+      _fail(f"--config.{key}={text}: {e}")
+  return cfg
+
+
+def cmd_compile(args) -> int:
+  """Compiles the config's step for the topology: a table on stdout, JSON with --json; exit 3 when a
+  program does not fit."""
+  cfg = load_config(args.config, args.overrides)
+  topology = tpu_targets.parse_topology(args.topology, args.slices)
+  programs = tuple(args.programs.split(","))
+  unknown = set(programs) - {"rollout", "answer", "logprobs", "update"}
+  if unknown:
+    _fail(f"--programs: unknown {sorted(unknown)}; choose from rollout, answer, logprobs, update")
+  try:
+    report = compile_report.compile_step(cfg, topology, programs=programs, progress=not args.quiet)
+    if args.json:
+      compile_report.write_json(report, args.json)
+    print(compile_report.format_table(report), flush=True)
+    compile_report.check_fits(report)
+  except compile_report.DoesNotFitError as e:
+    print(f"memagent compile: does not fit: {e}", file=sys.stderr)
+    return 3
+  return 0
+
+
 def _int_flag(lo: int, hi: int = INT_MAX):
   """argparse type: an integer in [lo, hi], else an error with the value and the range
   (argparse prefixes `argument --flag:`)."""
@@ -229,6 +288,19 @@ def build_parser() -> argparse.ArgumentParser:
   x.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   _debug_flag(x)
   x.set_defaults(func=cmd_export)
+  c = sub.add_parser("compile", help="compile a training config's RL step for a TPU pod on this machine: "
+                                     "memory, FLOPs, collectives and a roofline time per chip")
+  c.add_argument("--config", required=True, help="training config file[:variant], e.g. "
+                                                 "configs/memagent_qwen2_5_7b.py; --config.<key>=<value> overrides")
+  c.add_argument("--topology", required=True, help="TPU slice as pod users name it: v5p-64, v5e-256, v6e-8, "
+                                                   "v4-32, or <chip>:<AxB[xC]>")
+  c.add_argument("--slices", type=_int_flag(1), default=1, help="multi-slice: this many slices of --topology")
+  c.add_argument("--json", help="also write the report as JSON to this file")
+  c.add_argument("--programs", default="rollout,answer,logprobs,update",
+                 help="comma-separated subset of rollout, answer, logprobs, update")
+  c.add_argument("--quiet", action="store_true", help="no progress bar")
+  _debug_flag(c)
+  c.set_defaults(func=cmd_compile)
   return parser
 
 
@@ -239,7 +311,7 @@ def _is_user_error(e: BaseException) -> bool:
     return True
   if isinstance(e, KeyError):  # the project's lookups raise KeyError("unknown <kind> ...")
     return len(e.args) == 1 and isinstance(e.args[0], str) and e.args[0].startswith("unknown ")
-  return isinstance(e, checkpointing.CheckpointCorruptError)
+  return isinstance(e, (checkpointing.CheckpointCorruptError, tpu_targets.LibtpuMissingError))
 
 
 def _message(e: BaseException) -> str:
@@ -283,7 +355,11 @@ def _interrupted(args):
 def main(argv=None) -> int:
   """Parses argv and runs the command: user errors are one `memagent: error:` line (exit 2),
   internal errors one line too (exit 1); --debug adds the traceback; Ctrl-C exits 130."""
-  args = build_parser().parse_args(argv)
+  args, extra = build_parser().parse_known_args(argv)
+  if args.command == "compile":
+    args.overrides = extra
+  elif extra:
+    build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
   try:
     return _run_in_worker(args.func, args)
   except KeyboardInterrupt:

@@ -147,7 +147,7 @@ def test_training_forward_and_gradients_equal_across_backends(monkeypatch, fused
 
   run = lambda: jax.jit(jax.value_and_grad(loss, has_aux=True))(params)  # a new jit: traced anew
   (_, ref_logp), ref_grads = run()
-  monkeypatch.setattr(attention, "resolve_backend", lambda name, dtype: fused)
+  monkeypatch.setattr(attention, "resolve_backend", lambda name, dtype, platform=None: fused)
   (_, logp), grads = run()
   np.testing.assert_allclose(np.asarray(logp)[valid[:, p:]], np.asarray(ref_logp)[valid[:, p:]], atol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
@@ -169,7 +169,7 @@ def test_prefill_through_the_cudnn_glue_samples_the_same_tokens(monkeypatch):
         greedy=True, top_k=0, use_top_p=False, pad_id=0))(tokens, valid)
 
   ref = sample()
-  monkeypatch.setattr(attention, "resolve_backend", lambda name, dtype: "cudnn")
+  monkeypatch.setattr(attention, "resolve_backend", lambda name, dtype, platform=None: "cudnn")
   out = sample()
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=1e-5)
@@ -249,7 +249,7 @@ def test_fused_glue_holds_no_t_by_t_tensor(monkeypatch, fused):
   t = 4096
   stub = lambda q, k, v, **kw: q * kw["query_seq_lengths"][:, None, None, None] + k.mean() + v.mean()
   monkeypatch.setattr(jax.nn, "dot_product_attention", stub)
-  monkeypatch.setattr(attention, "resolve_backend", lambda name, dtype: fused)
+  monkeypatch.setattr(attention, "resolve_backend", lambda name, dtype, platform=None: fused)
   found = _big_intermediates(_train_jaxpr(Decoder(TINY, rngs=nnx.Rngs(0)), t), t, [])
   assert not found, f"[.., T, T] intermediates at T={t}: {found[:5]}"
 

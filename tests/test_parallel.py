@@ -296,7 +296,7 @@ DISTRIBUTED_SCRIPT = textwrap.dedent("""
     rl_spec = upd.UpdateSpec(prompt_width=P, loss="ppo_clip", agg="token-mean", clip_low=0.2, clip_high=0.28,
                              clip_c=None, kl_coef=0.01, kl_kind="low_var_kl", entropy_coef=0.0, remat=False,
                              temperature=1.0, compute_dtype="float32")
-    rl_params, _, rl_m = upd.update_step(p_s, rl_tx.init(p_s), rl_batch, graphdef=graphdef, tx=rl_tx,
+    rl_params, _, rl_m = upd.update_step(jax.tree.map(jnp.copy, p_s), rl_tx.init(p_s), rl_batch, graphdef=graphdef, tx=rl_tx,
                                          spec=rl_spec)
     rl_checksum = jax.jit(lambda t: sum(jnp.sum(jnp.abs(x)) for x in jax.tree.leaves(t)),
                           out_shardings=replicated)(rl_params)

@@ -196,7 +196,7 @@ def test_seeds_change_the_run(tmp_path, knob, base1):
 
 
 @pytest.mark.parametrize("knob,value", [
-                                        ("model.remat", True), ("rl.micro_batches", 2)])
+                                        ("model.remat", "full"), ("model.remat", "dots"), ("rl.micro_batches", 2)])
 def test_trainer_knobs_reach_the_update(tmp_path, knob, value, base1):
   """Each knob changes the params after one step, except remat and micro-batching, which must
   not change them beyond float rounding (they change how, not what, is computed)."""

@@ -53,10 +53,16 @@ def _step(model, rows, spec, micro=1, tx=None, return_opt=False):
   tx = tx or optax.adamw(1e-3, weight_decay=0.01)
   opt = tx.init(params)
   batch = {k: jnp.asarray(v) for k, v in upd.split_micro(rows, micro).items()}
-  new_params, new_opt, metrics = upd.update_step(params, opt, batch, graphdef=gd, tx=tx, spec=spec)
+  # update_step donates params and optimizer state: pass copies, keep the originals to compare with
+  new_params, new_opt, metrics = upd.update_step(_copy(params), _copy(opt), batch, graphdef=gd, tx=tx, spec=spec)
   if return_opt:
     return params, new_params, jax.device_get(metrics), opt, new_opt
   return params, new_params, jax.device_get(metrics)
+
+
+def _copy(tree):
+  """A copy of a pytree of arrays (update_step donates its inputs)."""
+  return jax.tree_util.tree_map(jnp.copy, tree)
 
 
 def _rel(a, b):
@@ -207,7 +213,7 @@ def test_bf16_compute_keeps_float32_master_weights():
   params = upd.cast_params(params, jnp.float32)
   tx = optax.adamw(1e-6)
   batch = {k: jnp.asarray(v) for k, v in upd.split_micro(_rows(), 1).items()}
-  new, _, m = upd.update_step(params, tx.init(params), batch, graphdef=gd, tx=tx,
+  new, _, m = upd.update_step(_copy(params), tx.init(params), batch, graphdef=gd, tx=tx,
                               spec=_spec(compute_dtype="bfloat16"))
   assert m["finite"]
   leaves0, leaves1 = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(new)
@@ -288,8 +294,8 @@ def test_shared_prefix_gives_the_same_logprobs_and_update(make_model, remat):
     tx = optax.sgd(1.0)  # the update is the gradient itself
     batch = {k: jnp.asarray(v) for k, v in upd.split_micro(rows, 2).items()}
     spec = _spec(remat=remat, kl_coef=0.1)
-    a, _, ma = upd.update_step(params, tx.init(params), batch, graphdef=gd, tx=tx, spec=spec)
-    b, _, mb = upd.update_step(params, tx.init(params), batch, graphdef=gd, tx=tx, spec=spec,
+    a, _, ma = upd.update_step(_copy(params), tx.init(params), batch, graphdef=gd, tx=tx, spec=spec)
+    b, _, mb = upd.update_step(_copy(params), tx.init(params), batch, graphdef=gd, tx=tx, spec=spec,
                                prefix=jnp.asarray(PREFIX))
   grad = lambda new: jax.tree_util.tree_map(lambda x, y: x - y, new, params)
   assert _rel(grad(b), grad(a)) < 1e-4

@@ -21,6 +21,7 @@ from memagent_jax.agent.placement import RowPlacement
 from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_block
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
 from memagent_jax.models.attention import resolve_backend
+from memagent_jax.runtime import parallel
 from memagent_jax.text.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
                                           TemplateSegments, answer_text_to_prediction)
 from memagent_jax.text import answers
@@ -95,6 +96,9 @@ class MemAgent:
     self.context = policy.config.max_position_embeddings
     self.check_budget(question_len=1)
     self.reuse_prefix = self._reuse_prefix(template_prefix_cache)
+    # a custom-call attention kernel (splash) runs per shard of the mesh the rows are split over
+    self._kernel_mesh = lambda: parallel.kernel_mesh(mesh, resolve_backend(
+        policy.model.attention, policy.dtype, policy.model.platform))
 
   def _reuse_prefix(self, choice: str) -> bool:
     """With "auto", reuse the template's opening piece when it is at least PREFIX_CACHE_SHARE of a
@@ -103,7 +107,7 @@ class MemAgent:
     if choice != "auto":
       return choice == "on"
     prefix = len(self.memory_segments.pieces[0])
-    backend = resolve_backend(self.policy.model.attention, self.policy.dtype)
+    backend = resolve_backend(self.policy.model.attention, self.policy.dtype, self.policy.model.platform)
     prompt = self.prompt_tokens(question_bucket(1))["memory update"]
     return backend == "xla" and prefix >= PREFIX_CACHE_SHARE * prompt
 
@@ -203,18 +207,20 @@ class MemAgent:
         break
       chunks, lengths = chunking.pack_chunks(rows, num_steps=self.block_chunks,
                                              chunk_tokens=self.chunk_tokens, pad_id=self.pad_id)
-      memory, mem_len, outs = memory_block(
-          pol.graphdef, pol.state, pieces=self._memory_pieces, question=question, q_len=q_len, memory=memory,
-          mem_len=mem_len, chunks=place.put(chunks), chunk_len=place.put(lengths), keys=keys,
-          first_chunk=jnp.int32(first_chunk), temperature=temp, top_p=tp, spec=spec)
+      with self._kernel_mesh():
+        memory, mem_len, outs = memory_block(
+            pol.graphdef, pol.state, pieces=self._memory_pieces, question=question, q_len=q_len, memory=memory,
+            mem_len=mem_len, chunks=place.put(chunks), chunk_len=place.put(lengths), keys=keys,
+            first_chunk=jnp.int32(first_chunk), temperature=temp, top_p=tp, spec=spec)
       first_chunk += self.block_chunks
       self._collect(place.local(outs, row_axis=1), conversations, memories=memories, is_final=False)
       doc_tokens += lengths.sum(axis=1)
       bar.update(int(lengths.sum()))
     bar.close()
-    prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, question=question,
-                                      q_len=q_len, memory=memory, mem_len=mem_len, keys=keys,
-                                      temperature=temp, top_p=tp, spec=spec)
+    with self._kernel_mesh():
+      prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, question=question,
+                                        q_len=q_len, memory=memory, mem_len=mem_len, keys=keys,
+                                        temperature=temp, top_p=tp, spec=spec)
     prompt, valid, gen = place.local((prompt, valid, gen))
     final = dict(response=gen.tokens[None], logprobs=gen.logprobs[None],
                  sample_logprobs=gen.sample_logprobs[None], response_len=gen.lengths[None],

@@ -9,6 +9,7 @@ score tensor for long rows. `model.attention` = auto | xla | cudnn | splash pick
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -39,12 +40,13 @@ def _has_cudnn() -> bool:
   return cuda_versions is not None
 
 
-def check_backend(name: str) -> str:
-  """Validates a `model.attention` choice against this process's platform; returns it."""
+def check_backend(name: str, platform: str | None = None) -> str:
+  """Validates a `model.attention` choice against the platform the program is compiled for (default:
+  this process's; a compile-only TPU target passes "tpu" from a CPU host); returns it."""
   if name not in BACKENDS:
     raise ValueError(f"model.attention={name!r} is not a backend; choose one of {', '.join(BACKENDS)}")
-  platform = jax.default_backend()
-  if name == "cudnn" and not _has_cudnn():
+  platform = platform or jax.default_backend()
+  if name == "cudnn" and not (platform == "gpu" and _has_cudnn()):
     where = "a GPU without cuDNN bindings" if platform == "gpu" else f"platform {platform!r}"
     raise ValueError(f"model.attention='cudnn' needs an NVIDIA GPU with cuDNN, but this process "
                      f"runs on {where}; use model.attention='xla' (portable) or 'auto' (picks by platform)")
@@ -54,15 +56,17 @@ def check_backend(name: str) -> str:
   return name
 
 
-def resolve_backend(name: str, dtype) -> str:
+def resolve_backend(name: str, dtype, platform: str | None = None) -> str:
   """'auto' -> splash on TPU, cudnn on an NVIDIA GPU for 16-bit activations, else xla (cuDNN flash
-  attention has no float32 kernel). An explicit choice the platform or dtype lacks raises."""
-  check_backend(name)
+  attention has no float32 kernel). An explicit choice the platform or dtype lacks raises.
+  platform: where the program runs (default: this process's backend)."""
+  platform = platform or jax.default_backend()
+  check_backend(name, platform)
   half = jnp.dtype(dtype) in _HALF_DTYPES
   if name == "auto":
-    if jax.default_backend() == "tpu":
+    if platform == "tpu":
       return "splash"
-    return "cudnn" if half and _has_cudnn() else "xla"
+    return "cudnn" if half and platform == "gpu" and _has_cudnn() else "xla"
   if name == "cudnn" and not half:
     raise ValueError(f"model.attention='cudnn' runs bfloat16 or float16 activations only (cuDNN flash "
                      f"attention has no {jnp.dtype(dtype).name} kernel); set model.dtype='bfloat16' or "
@@ -71,13 +75,14 @@ def resolve_backend(name: str, dtype) -> str:
 
 
 def attend(q, k, v, key_valid, *, q_offset=0, backend: str = "auto", query_block: int = QUERY_BLOCK,
-           scan_from: int = SCAN_PREFILL_FROM):
+           scan_from: int = SCAN_PREFILL_FROM, platform: str | None = None):
   """Causal attention over slots. q [B, T, H, D]; k, v [B, K, S, D] (H = G * K); key_valid [B, S]
   -> [B, T, H, D]. Query t sits at slot q_offset + t and sees the valid keys at slots <= its own.
 
   T == S (a whole row, q_offset 0: training, prefill) runs on the chosen backend; T < S (decoding
   against a cache) always runs on xla, whose mask is then only [B, T, S] for a few queries.
-  Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
+  Outputs at padding queries are unspecified (finite); nothing downstream reads them.
+  platform: where the program will run (the model's target; default this process's backend)."""
   b, t, h, d = q.shape
   s = k.shape[2]
   if k.shape[0] != b or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
@@ -89,11 +94,11 @@ def attend(q, k, v, key_valid, *, q_offset=0, backend: str = "auto", query_block
     raise ValueError(f"attend: {t} queries but only {s} key slots; queries must be slots of the keys")
   if t == s and isinstance(q_offset, int) and q_offset:
     raise ValueError(f"attend: T == S == {t} means the queries are slots 0..{t - 1}; got q_offset={q_offset}")
-  kind = resolve_backend(backend, q.dtype)
+  kind = resolve_backend(backend, q.dtype, platform)
   if t == s and kind == "cudnn":
     return cudnn_attention(q, k, v, key_valid)
   if t == s and kind == "splash":
-    return splash_attention(q, k, v, key_valid)
+    return _per_shard(splash_attention, q, k, v, key_valid)
   return xla_attention(q, k, v, key_valid, q_offset=q_offset, query_block=query_block,
                        scan_from=scan_from)
 
@@ -182,7 +187,26 @@ def cudnn_attention(q, k, v, key_valid):
   return jnp.where(key_valid[:, :, None, None], out, 0).astype(q.dtype)
 
 
-# --- splash: segment ids --------------------------------------------------------------------
+# --- splash: segment ids ---
+
+def _per_shard(kernel, q, k, v, key_valid):
+  """Runs a custom-call kernel on each device's rows and kv heads (shard_map over the mesh in context,
+  `jax.set_mesh`): XLA cannot partition a Mosaic call, and would otherwise gather every row to every
+  device. Rows split over ("data", "fsdp"), heads over "tensor" where the sizes divide."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return kernel(q, k, v, key_valid)
+  P = jax.sharding.PartitionSpec
+  rows = tuple(a for a in ("data", "fsdp") if mesh.shape.get(a, 1) > 1)
+  if q.shape[0] % math.prod(mesh.shape[a] for a in rows):
+    rows = ()
+  tp = mesh.shape.get("tensor", 1)
+  heads = "tensor" if tp > 1 and k.shape[1] % tp == 0 else None
+  rows = rows or None
+  return jax.shard_map(kernel, mesh=mesh, in_specs=(P(rows, None, heads, None), P(rows, heads, None, None),
+                                                    P(rows, heads, None, None), P(rows, None)),
+                       out_specs=P(rows, None, heads, None), check_vma=False)(q, k, v, key_valid)
+
 
 _SPLASH_LANE = 128  # splash tiles the sequence in multiples of this
 

@@ -91,7 +91,8 @@ class Attention(nnx.Module):
     else:
       self.q_bias = self.k_bias = self.v_bias = None
 
-  def __call__(self, x, cos, sin, key_valid, cache: LayerCache | None, write_index, backend: str):
+  def __call__(self, x, cos, sin, key_valid, cache: LayerCache | None, write_index, backend: str,
+               platform: str | None = None):
     """x [B, T, E]; key_valid [B, S]: key slots holding real tokens. Keys are the first S cache
     slots after writing this call's T keys at `write_index`; without a cache S == T. Queries sit
     at slots write_index.. and attend causally over slots (see attention.attend)."""
@@ -109,7 +110,7 @@ class Attention(nnx.Module):
       s = key_valid.shape[-1]
       k, v = cache.k[:, :, :s].astype(x.dtype), cache.v[:, :, :s].astype(x.dtype)
     out = attend(q, k, v, key_valid, q_offset=write_index, backend=backend,
-                 query_block=QUERY_BLOCK, scan_from=SCAN_PREFILL_FROM)
+                 query_block=QUERY_BLOCK, scan_from=SCAN_PREFILL_FROM, platform=platform)
     b, t = out.shape[:2]
     return dense(out.reshape(b, t, -1), self.o[...].reshape(-1, self.o.shape[-1])), cache
 
@@ -137,21 +138,41 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
     self.mlp = MLP(cfg, dtype, rngs)
 
-  def __call__(self, x, cos, sin, key_valid, cache, write_index, backend: str):
-    h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, backend)
+  def __call__(self, x, cos, sin, key_valid, cache, write_index, backend: str, platform: str | None = None):
+    h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, backend, platform)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), cache
+
+
+# model.remat: what a training forward keeps for the backward pass, per transformer block.
+#   none: everything (fastest, most memory); full: only each block's input (jax.checkpoint with
+#   nothing_saveable); dots: matmul outputs without batch dims (dots_with_no_batch_dims_saveable), so
+#   the backward pass recomputes norms, RoPE, attention softmax and SwiGLU but no projection.
+REMAT_POLICIES = ("none", "dots", "full")
+
+
+def remat_policy(remat: str | bool):
+  """A model.remat value -> the jax checkpoint policy (None: no remat). True/False mean full/none."""
+  name = {True: "full", False: "none"}.get(remat, remat) if isinstance(remat, bool) else remat
+  if name not in REMAT_POLICIES:
+    raise ValueError(f"model.remat={remat!r}; choose one of {', '.join(REMAT_POLICIES)}")
+  return {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+          "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
 
 
 class Decoder(nnx.Module):
   """Token ids -> final hidden states; `logits` projects them onto the vocabulary."""
 
-  def __init__(self, cfg: ModelConfig, dtype=jnp.float32, *, attention: str = "auto", rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, dtype=jnp.float32, *, attention: str = "auto", platform: str | None = None,
+               rngs: nnx.Rngs):
     self.config = cfg
     self.dtype = jnp.dtype(dtype)
+    # The platform the model's programs are compiled for (default: this process's backend; "tpu" when
+    # compiling for compile-only TPU devices from a CPU host). Static, like the backend.
+    self.platform = platform or jax.default_backend()
     # Attention backend (auto | xla | cudnn | splash, see attention.py); static, checked here so an
     # unavailable choice fails at load time. Set it on a built model with `set_attention`.
-    self.attention = check_backend(attention)
+    self.attention = check_backend(attention, self.platform)
     self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
     self.layers = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
@@ -161,25 +182,29 @@ class Decoder(nnx.Module):
     self.token_shift = (_param(None, (cfg.token_shift, cfg.vocab_size, cfg.hidden_size),
                                (None, "vocab", "embed"), dtype, init="zeros") if cfg.token_shift else None)
 
-  def set_attention(self, backend: str):
-    """Switches the attention backend (after loading weights into a model built with the default)."""
-    self.attention = check_backend(backend)
+  def set_attention(self, backend: str, platform: str | None = None):
+    """Switches the attention backend (after loading weights into a model built with the default),
+    and the target platform when given."""
+    self.platform = platform or self.platform
+    self.attention = check_backend(backend, self.platform)
 
-  def __call__(self, tokens, positions, key_valid, cache=None, write_index=0, remat: bool = False):
+  def __call__(self, tokens, positions, key_valid, cache=None, write_index=0, remat: str | bool = "none"):
     """tokens, positions [B, T]; key_valid [B, S] -> (hidden [B, T, E], new cache list or None).
 
     key_valid marks the key slots holding real tokens: without a cache S == T (the row's own
     mask); with one, the first S cache slots once this call's T tokens sit at `write_index`.
     Attention is causal over slots, so no [B, T, T] mask is ever built.
-    remat=True (training) recomputes each block's activations in the backward pass instead of
-    storing them: memory per layer drops to its input (and its cache, when a shared prefix is read)."""
+    remat (training; see REMAT_POLICIES): "full" (or True) recomputes each block's activations in the
+    backward pass instead of storing them: memory per layer drops to its input (and its cache, when a
+    shared prefix is read); "dots" keeps the matmul outputs and recomputes only what lies between."""
+    policy = remat_policy(remat)
     b, t = tokens.shape
     if cache is None and key_valid.shape != (b, t):
       raise ValueError(f"key_valid {key_valid.shape} must match tokens {(b, t)} when there is no cache")
     if cache is not None and not (key_valid.shape[0] == b and t <= key_valid.shape[1] <= cache[0].k.shape[2]):
       raise ValueError(f"key_valid {key_valid.shape} must be [B={b}, S] with {t} <= S <= "
                        f"{cache[0].k.shape[2]} (the cache slots)")
-    backend = self.attention
+    backend, platform = self.attention, self.platform
     x = jnp.take(self.embed[...], tokens, axis=0)
     if self.token_shift is not None:
       shifted, cache = self._shifted_embeddings(tokens, key_valid, cache, write_index)
@@ -188,11 +213,11 @@ class Decoder(nnx.Module):
     new_cache = [] if cache is not None else None
     for i, layer in enumerate(self.layers):
       layer_cache = None if cache is None else cache[i]
-      if remat:
-        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, key_valid, c, write_index, backend))(
-            layer, x, layer_cache)
+      if policy is not None:
+        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, key_valid, c, write_index, backend, platform),
+                                   policy=policy)(layer, x, layer_cache)
       else:
-        x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, backend)
+        x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, backend, platform)
       if cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache

@@ -7,6 +7,8 @@ import math
 import numbers
 
 from memagent_jax.agent.memagent import PREFIX_CACHE_CHOICES
+from memagent_jax.models.decoder import REMAT_POLICIES
+from memagent_jax.runtime.parallel import ROLLOUT_LAYOUTS
 from memagent_jax.data import curriculum
 from memagent_jax.models import attention
 from memagent_jax.rl import advantages, losses, rollout
@@ -71,7 +73,7 @@ RANGES = (
     ("distributed.num_processes", True, 0, _INF, False, False, (), " (0 = from JAX_NUM_PROCESSES)"),
     ("distributed.process_id", True, 0, _INF, False, False, (-1,), " (or -1 for JAX_PROCESS_ID)"),
 )
-BOOLS = ("model.remat", "rl.recompute_old_logprobs", "rl.dynamic_sampling", "rl.mask_truncated",
+BOOLS = ("rl.recompute_old_logprobs", "rl.dynamic_sampling", "rl.mask_truncated",
          "rl.overlong.enable", "teacher.prompt_loss", "train.async_checkpoint", "train.progress")
 
 
@@ -149,6 +151,10 @@ def validate_config(cfg):
   if (t.source == "teacher") != (rl.loss == "sft"):
     _fail(f"train.source={t.source!r} with rl.loss={rl.loss!r}: teacher rows train with the 'sft' loss "
           "and only they do (a policy-gradient loss needs rollouts and rewards)")
+  if cfg.model.remat not in REMAT_POLICIES:
+    _fail(f"model.remat={cfg.model.remat!r}; choose one of {list(REMAT_POLICIES)}")
+  if cfg.mesh.rollout not in ROLLOUT_LAYOUTS:
+    _fail(f"mesh.rollout={cfg.mesh.rollout!r}; choose one of {list(ROLLOUT_LAYOUTS)}")
   if cfg.model.attention not in attention.BACKENDS:  # the platform check comes with load_policy
     _fail(f"model.attention={cfg.model.attention!r}; choose one of {list(attention.BACKENDS)}")
   if cfg.agent.kind not in ("memagent", "direct"):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from memagent_jax.models.attention import resolve_backend
 from memagent_jax.runtime import parallel
 from memagent_jax.rl import update as upd
 from memagent_jax.rl.batching import mini_batches
@@ -50,6 +51,13 @@ class Trainer:
     self.writer = MetricWriter(os.path.join(workdir, "logs"), enabled=self.is_chief)
     self.state, self.checkpointer = restore_or_init(cfg, workdir=workdir, policy=policy, mesh=mesh, rules=rules,
                                                     tx=self.tx, batches=batches, is_chief=self.is_chief)
+    # a custom-call attention kernel (splash) runs per shard of the mesh (models/attention.py)
+    backend = resolve_backend(policy.model.attention, self.spec.compute_dtype, policy.model.platform)
+    self._kernel_mesh = lambda: parallel.kernel_mesh(mesh, backend)
+    # rollouts decode with their own weight layout (mesh.rollout), re-sharded once per step
+    layout_rules = parallel.rollout_rules(rules, cfg.mesh.rollout)
+    self.rollout_shardings = (None if cfg.mesh.rollout == "train" else
+                              parallel.param_shardings(policy.state, mesh, layout_rules))
     self._sync_policy()
     self._nan_run = 0
     self.shared_prefix = None if shared_prefix is None else np.asarray(shared_prefix, np.int32)
@@ -90,17 +98,19 @@ class Trainer:
       kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.spec.temperature,
                 compute_dtype=self.spec.compute_dtype, prefix=prefix)
       # the first update runs on the params that sampled: its own forward pass gives the old log-probs
-      if recompute and i > 0:
-        dev["old_logp"] = upd.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw)
-      if cfg.rl.kl_coef:
-        dev["ref_logp"] = upd.batch_logprobs(st.ref_params, dev["tokens"], dev["valid"], **kw)
+      with self._kernel_mesh():
+        if recompute and i > 0:
+          dev["old_logp"] = upd.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw)
+        if cfg.rl.kl_coef:
+          dev["ref_logp"] = upd.batch_logprobs(st.ref_params, dev["tokens"], dev["valid"], **kw)
       spec = dataclasses.replace(self.spec, old_is_current=recompute and i == 0)
       batches.append((dev, spec, prefix))
     st.opt_state = set_learning_rate(st.opt_state, lr_at(cfg.optim, st.step, cfg.train.steps))
     update_metrics = []
     for dev, spec, prefix in batches:
-      st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
-                                                   spec=spec, prefix=prefix)
+      with self._kernel_mesh():
+        st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
+                                                     spec=spec, prefix=prefix)
       update_metrics.append(m)
     update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars
     t2 = time.perf_counter()
@@ -126,8 +136,13 @@ class Trainer:
     return metrics
 
   def _sync_policy(self):
-    """Rollouts run the current params in the model's dtype (bf16 on accelerators)."""
-    self.policy.state = upd.cast_params(self.state.params, self.cfg.model.dtype)
+    """Rollouts run the current params in the model's dtype (bf16 on accelerators), in the rollout
+    weight layout. In float32 they may share the params' buffers: nothing reads them between the
+    (donating) updates and this call."""
+    state = upd.cast_params(self.state.params, self.cfg.model.dtype)
+    if self.rollout_shardings is not None:
+      state = jax.device_put(state, self.rollout_shardings)
+    self.policy.state = state
 
   # ----- evaluation ----------------------------------------------------------------------------
   def evaluate(self) -> dict[str, float]:

@@ -35,7 +35,7 @@ class UpdateSpec:
   kl_coef: float
   kl_kind: str
   entropy_coef: float
-  remat: bool
+  remat: str | bool  # models.decoder.REMAT_POLICIES (True/False: full/none)
   temperature: float  # the rollout temperature: log-probs of the distribution that sampled
   compute_dtype: str  # forward/backward dtype; params and AdamW state stay float32
   # the params that sampled are the ones being updated (a step's first mini-batch): the old
@@ -43,7 +43,7 @@ class UpdateSpec:
   old_is_current: bool = False
 
   @classmethod
-  def from_config(cls, rl, *, loss_from: int, remat: bool, compute_dtype: str) -> "UpdateSpec":
+  def from_config(cls, rl, *, loss_from: int, remat: str | bool, compute_dtype: str) -> "UpdateSpec":
     """The spec of a config's `rl` section; the loss reads token columns from `loss_from` on."""
     return cls(prompt_width=loss_from, loss=rl.loss, agg=rl.agg, clip_low=rl.clip_low, clip_high=rl.clip_high,
                clip_c=rl.clip_c if rl.clip_c else None, kl_coef=rl.kl_coef, kl_kind=rl.kl_kind,
@@ -76,7 +76,7 @@ def prefix_fits(tokens, valid, prefix, prompt_width: int) -> bool:
   return True
 
 
-def hidden_states(model, tokens, valid, *, remat: bool, prefix=None):
+def hidden_states(model, tokens, valid, *, remat: str | bool, prefix=None):
   """Final hidden states of rows [r, W] -> ([r, W - L, E], L): with a shared prefix [L] (see
   `prefix_fits`) its keys are computed once for all rows and only slots L.. run per row."""
   positions = positions_from_mask(valid)
@@ -87,7 +87,7 @@ def hidden_states(model, tokens, valid, *, remat: bool, prefix=None):
   return model(tokens[:, l:], positions[:, l:], valid, cache, l, remat=remat)[0], l
 
 
-def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: bool, temperature: float,
+def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: str | bool, temperature: float,
                       prefix=None):
   """log p of each response token and the entropy of its distribution at the sampling
   temperature (as verl). tokens, valid [r, P+N] -> (logp [r, N], entropy [r, N]); only the N
@@ -150,7 +150,9 @@ def _micro_loss(params, mb, denominator, prefix, *, graphdef, spec: UpdateSpec):
   return total, sums
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "spec"))
+# params and optimizer state are donated: the updated ones reuse their buffers, so a step holds one
+# copy of each (the caller must not read the arrays it passed in again)
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "spec"), donate_argnames=("params", "opt_state"))
 def update_step(params, opt_state, batch, *, graphdef, tx: optax.GradientTransformation, spec: UpdateSpec,
                 prefix=None):
   """One optimizer update on a mini-batch given as micro-batches: every array [M, r, ...];

@@ -9,6 +9,7 @@ spans processes every process holds the whole batch and places its rows from the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -39,6 +40,11 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", BATCH_AXES),
     ("length", None),
 )
+
+# mesh.rollout: the weight layout rollouts decode with. "train": the training layout (FSDP-sharded
+# weights are all-gathered at every decoded token); "replicated": tensor-parallel over "tensor" and whole
+# on every data x fsdp device, re-sharded once per step, so a decoded token moves activations only.
+ROLLOUT_LAYOUTS = ("train", "replicated")
 
 _log = logging.getLogger(__name__)
 
@@ -121,6 +127,17 @@ def axis_rules(overrides=None) -> tuple[tuple[str, Any], ...]:
     pairs.append((str(name), target))
   named = {name for name, _ in pairs}
   return tuple(pairs) + tuple(r for r in DEFAULT_RULES if r[0] not in named)
+
+
+def rollout_rules(rules, layout: str) -> tuple[tuple[str, Any], ...]:
+  """The axis rules of a rollout weight layout (see ROLLOUT_LAYOUTS) derived from training's `rules`."""
+  if layout not in ROLLOUT_LAYOUTS:
+    raise ValueError(f"mesh.rollout={layout!r}; choose one of {ROLLOUT_LAYOUTS}")
+  rules = tuple(rules) if rules is not None else DEFAULT_RULES
+  if layout == "train":
+    return rules
+  batch = set(BATCH_AXES)
+  return tuple((name, None if name != "batch" and batch.intersection(_axes_tuple(t)) else t) for name, t in rules)
 
 
 def logical_to_spec(logical_axes: Sequence[str | None], rules=DEFAULT_RULES) -> PartitionSpec:
@@ -267,6 +284,14 @@ def shard_opt_state(opt_state, params, shardings, mesh: Mesh):
 # ---------------------------------------------------------------------------------------
 # Batches
 # ---------------------------------------------------------------------------------------
+
+
+def kernel_mesh(mesh: Mesh | None, backend: str):
+  """Context for tracing programs whose attention is a custom-call kernel (splash): the kernel runs per
+  shard of `mesh` (models/attention.py), which it reads from the abstract mesh in context."""
+  if mesh is None or backend != "splash" or mesh.size == 1:
+    return contextlib.nullcontext()
+  return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 
 
 def batch_shards(mesh: Mesh) -> int:

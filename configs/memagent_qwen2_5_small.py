@@ -1,0 +1,39 @@
+"""MemAgent RL on one 8-chip TPU host: Qwen2.5-0.5B / 1.5B / 3B with the released reader and rewards.
+
+  --config=configs/memagent_qwen2_5_small.py:0.5b      (also 1.5b, 3b), for v5p-8 or v5e-8
+The released workflow (5000-token chunks, 1024-token memory and answer, 8 chunks per training
+document) and DAPO-style objective, with batches sized for 8 chips instead of 32-64 GPUs; the mesh
+splits rows and weights over all chips (fsdp), the 3B also over tensor = 2 so rollout weights fit a
+16 GB v5e chip. Check a variant on your pod with `memagent compile --config ... --topology v5e-8`.
+"""
+
+import ml_collections
+
+from configs import base
+
+# (preset, questions per step, questions per update, micro-batches, rollout rows, fsdp, tensor)
+SIZES = {"0.5b": ("qwen2.5-0.5b-instruct", 32, 4, 8, 128, 8, 1),
+         "1.5b": ("qwen2.5-1.5b-instruct", 32, 4, 8, 128, 8, 1),
+         "3b": ("qwen2.5-3b-instruct", 32, 4, 16, 64, 4, 2)}
+
+
+def get_config(variant: str = "0.5b") -> ml_collections.ConfigDict:
+  if variant not in SIZES:
+    raise ValueError(f"unknown variant {variant!r} of memagent_qwen2_5_small; choose one of {sorted(SIZES)}")
+  model, questions, mini, micro, rollout_rows, fsdp, tensor = SIZES[variant]
+  c = base.get_config()
+  c.model.update(source=model, dtype="bfloat16", remat="full")
+  c.agent.update(chunk_tokens=5000, memory_tokens=1024, answer_tokens=1024, question_tokens=1024,
+                 final_template="boxed", block_chunks=8, max_chunks=8)
+  c.data.update(task="hotpotqa", length=28000, data_dir="data/hotpotqa/hotpot_train_v1.1.json", train_size=8192)
+  c.rl.update(group_size=8, questions_per_step=questions, ppo_mini_batch=mini, micro_batches=micro,
+              rollout_batch=rollout_rows, temperature=1.0, top_p=1.0, reward="memagent_verifier",
+              advantage="grpo", loss="ppo_clip", agg="token-mean", clip_low=0.2, clip_high=0.28, clip_c=0.0,
+              kl_coef=0.0, dynamic_sampling=True, max_extra_gen_batches=2, on_insufficient="proceed")
+  c.rl.overlong.update(enable=True, max_tokens=1024, cache_tokens=256)
+  c.optim.update(lr=1e-6, schedule="constant", warmup_steps=10, weight_decay=0.01, grad_clip=1.0)
+  c.train.update(steps=200, save_every=10, keep_checkpoints=3, workdir=f"runs/memagent_qwen2_5_{variant}")
+  c.eval.update(every=10, size=128, temperature=1.0, top_p=0.7, batch_size=64,
+                data_dir="data/hotpotqa/hotpot_dev_distractor_v1.json")
+  c.mesh.update(data=-1, fsdp=fsdp, tensor=tensor, rollout="replicated")
+  return c

@@ -1,0 +1,176 @@
+"""`memagent compile`: will this config's RL step fit my pod, and how long would it take?
+
+Every program of one step is compiled by the real XLA TPU compiler for compile-only devices of a
+topology (runtime/tpu_targets.py) at the config's shapes (compile_plan.py). Per chip it reports
+memory (arguments, outputs, donated, temporaries, code: their peak against HBM), matmul FLOPs and
+bytes with loop trip counts multiplied in, collectives (in total and per iteration of the innermost
+loop: the decode loop for rollouts), and a roofline time. A compiler's estimate, not a measured run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from memagent_jax.experiment import compile_plan
+from memagent_jax.rl.config_checks import validate_config
+from memagent_jax.runtime import hlo_stats, parallel, tpu_targets
+
+GIB = 1024 ** 3
+FIT_SHARE = 0.9  # a program "fits comfortably" at <= 90% of HBM; over 100% it does not fit at all
+
+
+class DoesNotFitError(RuntimeError):
+  """A program needs more memory per chip than the chip has (exit code 3 in the CLI)."""
+
+
+def tpu_mesh(cfg, topology: tpu_targets.Topology):
+  """The config's ("data", "fsdp", "tensor") mesh over the topology's compile-only devices."""
+  devices = tpu_targets.compile_only_devices(topology)
+  try:
+    return parallel.make_mesh(cfg.mesh, devices), devices
+  except ValueError as e:
+    raise ValueError(f"{e} of topology {topology.name} ({len(devices)} devices); set --config.mesh.data/"
+                     "fsdp/tensor to fit it") from None
+
+
+def program_report(compiled, chip: tpu_targets.Chip, *, backend: str) -> dict:
+  """The JSON entry `P` of one compiled program (per chip)."""
+  mem = compiled.memory_analysis()
+  stats = hlo_stats.ProgramStats(compiled.as_text())
+  args, out, alias = mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes
+  temp, code = mem.temp_size_in_bytes, mem.generated_code_size_in_bytes
+  peak = args + out - alias + temp + code
+  t = stats.total
+  times = {"compute": t.flops / chip.peak_flops, "hbm": t.bytes_accessed / chip.hbm_bandwidth,
+           "ici": t.collective_bytes / chip.ici_bandwidth}
+  return {"argument_bytes": args, "output_bytes": out, "alias_bytes": alias, "temp_bytes": temp, "code_bytes": code,
+          "peak_bytes": peak, "fits": peak <= chip.hbm_bytes, "hbm_share": peak / chip.hbm_bytes,
+          "flops": t.flops, "bytes_accessed": t.bytes_accessed, "collective_bytes": t.collective_bytes,
+          "collectives": {k: {"count": c, "bytes": b} for k, (c, b) in sorted(t.collectives.items())},
+          "loop_collective_bytes_per_iteration": stats.max_loop_collective_bytes(),
+          "loops": [{"trip_count": l.trip_count, "innermost": l.innermost,
+                     "flops_per_iteration": l.per_iteration.flops,
+                     "collective_bytes_per_iteration": l.per_iteration.collective_bytes} for l in stats.loops],
+          "roofline_s": max(times.values()), "bound_by": max(times, key=times.get),
+          "xla_cost_flops_loop_bodies_once": float((compiled.cost_analysis() or {}).get("flops", 0.0)),
+          "attention_backend": backend, "custom_calls": stats.custom_calls(),
+          "unknown_trip_counts": stats.unknown_trip_counts()}
+
+
+def precheck(programs, facts, chip: tpu_targets.Chip):
+  """Fails before compiling when the arguments alone (weights, optimizer state) exceed a chip's HBM."""
+  need = {"rollout": facts["rollout_param_bytes"], "logprobs": facts["param_bytes"],
+          "update": facts["param_bytes"] + facts["opt_bytes"]}
+  for name, b in need.items():
+    if b > chip.hbm_bytes:
+      raise DoesNotFitError(f"{name} needs {b / GIB:.1f} GiB per chip, {chip.name} has "
+                            f"{chip.hbm_bytes / GIB:.1f} GiB")  # its weights (and optimizer state) alone
+
+
+def step_estimate(reports: dict, shapes: compile_plan.StepShapes) -> tuple[float, list[str]]:
+  """Roofline seconds of one whole step and the assumptions behind them."""
+  s = shapes
+  blocks = s.memory_updates / s.block_chunks  # a block with fewer live chunks skips the rest (lax.cond)
+  rollout = s.rollout_calls * (blocks * reports["rollout"]["roofline_s"] + reports["answer"]["roofline_s"])
+  logp = s.logprob_passes * reports["logprobs"]["roofline_s"]
+  update = s.mini_batches * reports["update"]["roofline_s"]
+  assumptions = [
+      f"{s.rollout_calls} agent calls of {s.rollout_rows} trajectories; each reads {s.memory_updates} chunks "
+      f"(data.length / agent.chunk_tokens, capped by agent.max_chunks) = {blocks:g} memory blocks, then answers",
+      "every memory update and answer decodes its full token cap (the decode loop's worst case; rows that stop "
+      "early end a loop only when all rows of the batch have stopped)",
+      f"conversations per trajectory = {s.memory_updates} memory updates + 1 final answer",
+      f"{s.mini_batches} optimizer updates of {s.micro_batches} micro-batches x {s.micro_rows} rows "
+      "(rows bucketed and padded as the trainer pads them)",
+      f"{s.logprob_passes} log-prob passes over a mini-batch (recomputed old log-probs after the first update, "
+      "reference log-probs when rl.kl_coef > 0)",
+      "no dynamic-sampling regeneration; no host time, checkpointing or evaluation",
+      "roofline per program = max(FLOPs / peak bf16 FLOP/s, bytes / HBM bandwidth, collective bytes / ICI "
+      "bandwidth); programs do not overlap",
+      "FLOPs count matmuls (dot, convolution) only; loop bodies are multiplied by trip counts read from the "
+      "compiled loop conditions"]
+  return rollout + logp + update, assumptions
+
+
+def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "answer", "logprobs", "update"),
+                 progress: bool = True) -> dict:
+  """Compiles the chosen programs of cfg's step for `topology`; returns the report dict (JSON)."""
+  validate_config(cfg)
+  jax.default_backend()  # this host's backend first, so the TPU plugin never becomes the default
+  mesh, devices = tpu_mesh(cfg, topology)
+  rules = parallel.axis_rules([tuple(r) for r in cfg.mesh.rules] or None)
+  chip = topology.chip
+  built, shapes, facts = compile_plan.build_programs(cfg, mesh, rules, platform="tpu")
+  precheck(built, facts, chip)
+  reports, seconds = {}, {}
+  bar = tqdm([p for p in built if p.name in programs], desc="compile", unit="program", disable=not progress)
+  for prog in bar:
+    bar.set_postfix(program=prog.name)
+    t0 = time.perf_counter()
+    with parallel.kernel_mesh(mesh, facts["backend"]):  # the splash kernel runs per shard of the mesh
+      compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
+    seconds[prog.name] = time.perf_counter() - t0
+    reports[prog.name] = dict(program_report(compiled, chip, backend=facts["backend"]), call=prog.note,
+                              compile_s=seconds[prog.name])
+  total, assumptions = (step_estimate(reports, shapes) if len(reports) == 4 else (None, []))
+  m = dict(zip(mesh.axis_names, mesh.devices.shape))
+  return {"topology": topology.name, "chip": chip.name, "chips": topology.chips, "devices": len(devices),
+          "slices": topology.slices, "hbm_bytes_per_chip": chip.hbm_bytes, "mesh": m,
+          "model": {"source": cfg.model.source, "params": facts["params"], "dtype": cfg.model.dtype,
+                    "remat": cfg.model.remat, "rollout_layout": cfg.mesh.rollout},
+          "shapes": dataclasses.asdict(shapes), "programs": reports, "step_estimate_s": total,
+          "assumptions": assumptions + facts["notes"] + [
+              f"{chip.name} per device: {chip.hbm_bytes / GIB:.1f} GiB HBM, {chip.peak_flops / 1e12:g} TFLOP/s bf16, "
+              f"{chip.hbm_bandwidth / 1e9:g} GB/s HBM, {chip.ici_bandwidth / 1e9:g} GB/s ICI"],
+          "per_device_weight_bytes": {"train": facts["param_bytes"], "rollout": facts["rollout_param_bytes"]}}
+
+
+def _gib(x) -> str:
+  return f"{x / GIB:.2f}"
+
+
+def format_table(report: dict) -> str:
+  """The report as a Markdown table, one row per program, per chip."""
+  lines = [f"{report['topology']} ({report['devices']} devices of {report['chip']}, mesh "
+           + " x ".join(f"{k} {v}" for k, v in report["mesh"].items())
+           + f"), {report['model']['source']} ({report['model']['params'] / 1e9:.2f}B params, "
+           f"{report['model']['dtype']}, remat {report['model']['remat']}, rollout layout "
+           f"{report['model']['rollout_layout']}); per chip, GiB unless said",
+           "", "| program | args | out | aliased | temp | code | peak | % HBM | TFLOP | GB moved | "
+           "collective GB | per-iteration collective MB | roofline s | bound | attention | compile s |",
+           "|---|" + "---|" * 15]
+  for name, p in report["programs"].items():
+    lines.append(f"| {name} | {_gib(p['argument_bytes'])} | {_gib(p['output_bytes'])} | {_gib(p['alias_bytes'])} | "
+                 f"{_gib(p['temp_bytes'])} | {_gib(p['code_bytes'])} | {_gib(p['peak_bytes'])} | "
+                 f"{100 * p['hbm_share']:.0f}% | {p['flops'] / 1e12:.2f} | {p['bytes_accessed'] / 1e9:.1f} | "
+                 f"{p['collective_bytes'] / 1e9:.2f} | {p['loop_collective_bytes_per_iteration'] / 1e6:.1f} | "
+                 f"{p['roofline_s']:.3g} | {p['bound_by']} | {p['attention_backend']} | {p['compile_s']:.0f} |")
+  w = report["per_device_weight_bytes"]
+  lines += ["", f"weights per chip: training {_gib(w['train'])} GiB (fp32 master), rollout {_gib(w['rollout'])} GiB"]
+  if report["step_estimate_s"] is not None:
+    lines.append(f"step estimate (roofline): {report['step_estimate_s']:.0f} s")
+  return "\n".join(lines)
+
+
+def check_fits(report: dict):
+  """Raises DoesNotFitError naming the first program whose peak exceeds the chip's HBM."""
+  for name, p in report["programs"].items():
+    if not p["fits"]:
+      raise DoesNotFitError(f"{name} needs {p['peak_bytes'] / GIB:.1f} GiB per chip, {report['chip']} has "
+                            f"{report['hbm_bytes_per_chip'] / GIB:.1f} GiB")
+
+
+def write_json(report: dict, path: str):
+  with open(path, "w") as f:
+    json.dump(report, f, indent=1, default=lambda x: float(x) if isinstance(x, np.floating) else str(x))
+  print(f"wrote {path}", file=sys.stderr)
+
+
+

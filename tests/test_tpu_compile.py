@@ -1,0 +1,133 @@
+"""`memagent compile`: the tiny model's RL step compiled for compile-only TPU devices (libtpu, no TPU),
+its report's numbers checked against what the shapes imply, and its errors."""
+
+import json
+import re
+
+
+import pytest
+
+from memagent_jax import cli
+from memagent_jax.models.config import ModelConfig, get_preset
+from memagent_jax.runtime import tpu_targets
+
+TINY = "configs/toy_cpu.py:tiny"
+
+
+def test_topology_names_resolve_as_pod_users_write_them():
+  t = tpu_targets.parse_topology("v5p-64")
+  assert (t.desc, t.chips, t.chip.name) == ("v5p:2x4x4", 32, "v5p")
+  assert tpu_targets.parse_topology("v5e-256").desc == "v5e:16x16"
+  assert tpu_targets.parse_topology("v6e-8").desc == "v6e:2x4"
+  assert tpu_targets.parse_topology("v5p:2x2x1", slices=2).chips == 8
+  with pytest.raises(tpu_targets.UnknownTopologyError, match=r"known: .*v5e-256.*v5p-64"):
+    tpu_targets.parse_topology("v5p-63")
+
+
+def test_missing_libtpu_names_the_package_and_the_command(tmp_path):
+  with pytest.raises(tpu_targets.LibtpuMissingError, match=r"libtpu.*pip install --target .*libtpu==0\.0\.42"):
+    tpu_targets.libtpu_path([str(tmp_path / "libtpu.so")])
+
+
+def test_setup_installed_libtpu():
+  assert tpu_targets.libtpu_path().endswith("libtpu.so")
+
+
+def _compile(tmp_path, capsys, *args):
+  out = tmp_path / "report.json"
+  code = cli.main(["compile", "--config", TINY, "--json", str(out), "--quiet", *args])
+  return code, json.loads(out.read_text()), capsys.readouterr()
+
+
+# A 2-layer Llama whose every sharded dimension is a multiple of 128, so TPU tiling adds no padding and
+# the argument bytes can be checked against the parameter count (toy-tiny's 16-wide heads pad 8x).
+SMALL = ModelConfig(arch="llama", vocab_size=2048, hidden_size=512, intermediate_size=1024, num_layers=2,
+                    num_heads=4, num_kv_heads=4, head_dim=128, max_position_embeddings=4096,
+                    tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("topology,mesh", [("v5e:2x2", ["--config.mesh.fsdp=4"]),
+                                           ("v5p:2x2x1", ["--config.mesh.fsdp=2", "--config.mesh.data=2"])])
+def test_small_step_compiles_for_tpu(tmp_path, capsys, topology, mesh):
+  model_dir = tmp_path / "model"
+  model_dir.mkdir()
+  (model_dir / "config.json").write_text(json.dumps(SMALL.to_hf_dict()))
+  code, r, out = _compile(tmp_path, capsys, "--topology", topology, f"--config.model.source={model_dir}", *mesh)
+  assert code == 0
+  assert set(r["programs"]) == {"rollout", "answer", "logprobs", "update"}
+  assert "| update |" in out.out and "step estimate" in out.out
+  fsdp = r["mesh"]["fsdp"]
+  params = SMALL.num_params
+  for name, p in r["programs"].items():
+    assert p["fits"] and 0 < p["peak_bytes"] < r["hbm_bytes_per_chip"], name
+    assert p["attention_backend"] == "splash"
+    assert p["flops"] > 0 and p["bytes_accessed"] > 0 and p["roofline_s"] > 0
+  up = r["programs"]["update"]
+  # the splash kernel (a Mosaic custom call) runs inside the update and the rollout's prefill
+  assert up["custom_calls"].get("tpu_custom_call", 0) >= 1
+  assert r["programs"]["rollout"]["custom_calls"].get("tpu_custom_call", 0) >= 1
+  # arguments: fp32 params + AdamW's two moments, split over fsdp (norm scales are replicated), + the batch
+  s = r["shapes"]
+  rows = s["micro_batches"] * s["micro_rows"] // (r["mesh"]["data"] * fsdp)
+  width = s["prompt_width"] + s["response_width"]
+  batch = rows * (width * (4 + 1) + s["response_width"] * (1 + 4 + 4) + 4)
+  expected = 3 * 4 * params / fsdp + batch
+  assert abs(up["argument_bytes"] - expected) / expected < 0.10, (up["argument_bytes"], expected)
+  # donation: the updated params and optimizer state reuse the input buffers
+  weights = r["per_device_weight_bytes"]["train"] * 3
+  assert up["alias_bytes"] >= 0.95 * weights
+  # the rollout's scan and decode loops are multiplied in: more than XLA's count of each body once
+  ro = r["programs"]["rollout"]
+  assert ro["flops"] > 2 * ro["xla_cost_flops_loop_bodies_once"]
+  assert sorted(l["trip_count"] for l in ro["loops"])[-1] == s["response_width"] or any(
+      l["trip_count"] == 16 for l in ro["loops"])  # the decode loop: memory_tokens new tokens at most
+
+
+def test_rollout_layout_stops_moving_weights(tmp_path, capsys):
+  """With the training (FSDP) layout every decoded token and every prefill reduces partial products
+  over the sharded weights; the replicated rollout layout decodes without collectives on weights
+  (rows are independent: with tensor = 1 nothing is exchanged at all)."""
+  per_token, total = {}, {}
+  for layout in ("train", "replicated"):
+    code, r, _ = _compile(tmp_path, capsys, "--topology", "v5e:2x2", "--programs", "rollout",
+                          "--config.mesh.fsdp=4", f"--config.mesh.rollout={layout}")
+    assert code == 0
+    per_token[layout] = r["programs"]["rollout"]["loop_collective_bytes_per_iteration"]
+    total[layout] = r["programs"]["rollout"]["collective_bytes"]
+    weights = r["per_device_weight_bytes"]["rollout"]
+  assert per_token["train"] > 0 and total["train"] > 0
+  assert per_token["replicated"] <= 0.1 * weights
+  assert total["replicated"] <= 0.1 * total["train"]
+
+
+def test_a_config_that_cannot_fit_exits_3_with_one_line(tmp_path, capsys):
+  code = cli.main(["compile", "--config", "configs/memagent_qwen2_5_14b.py", "--topology", "v5e-4", "--quiet",
+                   "--config.mesh.fsdp=4", "--config.mesh.tensor=1"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 3
+  assert len(err) == 1
+  assert re.fullmatch(r"memagent compile: does not fit: (rollout|update) needs [0-9.]+ GiB per chip, "
+                      r"v5e has 14\.9 GiB", err[0]), err[0]
+
+
+def test_unknown_topology_lists_the_known_ones(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["compile", "--config", TINY, "--topology", "v9z-8"])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert "unknown TPU topology 'v9z-8'" in err and "v5p-64" in err and "v6e-8" in err
+
+
+def test_a_mesh_that_does_not_match_the_topology_is_named(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["compile", "--config", TINY, "--topology", "v5e:2x2", "--config.mesh.data=3", "--quiet"])
+  assert e.value.code == 2
+  assert "topology v5e:2x2 (4 devices)" in capsys.readouterr().err
+
+
+def test_overrides_are_checked(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["compile", "--config", TINY, "--topology", "v5e:2x2", "--config.mesh.nosuch=1"])
+  assert e.value.code == 2
+  assert "no key 'mesh.nosuch'" in capsys.readouterr().err
+
