@@ -70,22 +70,78 @@ def table(reports: dict[str, dict]) -> list[str]:
   return lines
 
 
+# Measured before this code existed (issue 32's report, the same 2-core CPU): the update donated nothing.
+BEFORE = [
+    "| Qwen2.5-0.5B update, 64 rows x 2048 tokens, 4 micro-batches, remat, v5p-8 (fsdp 4) | 1.4 | 1.4 | **0** | "
+    "9.2 | about 5.5 min |",
+    "| Qwen2.5-7B update, 64 rows x 8192 tokens, 8 micro-batches, v5p-64 (fsdp 8 x tensor 4) | 2.66 | 2.66 | **0** | "
+    "9.6 | 20 min |",
+]
+# The released 7B trainer: 4 nodes x 8 GPUs, "3~4 days to converge" over about 200 steps.
+REFERENCE_STEP_S = (1500, 2400)
+
+
+def _p(r, prog):
+  return r["programs"].get(prog)
+
+
+def comparisons(reports: dict[str, dict]) -> list[str]:
+  """The before/after lines: rollout layout, remat policies, donation, the 7B step against the reference."""
+  out = []
+  after, before = reports.get("7b_v5p-64"), reports.get("7b_v5p-64_train_layout")
+  if after and before:
+    w_after, w_before = after["per_device_weight_bytes"]["rollout"], before["per_device_weight_bytes"]["rollout"]
+    a, b = _p(after, "rollout"), _p(before, "rollout")
+    out += ["## Rollout weight layout (7B, v5p-64, one memory_block of 512 rows x 8 chunks)", "",
+            "| layout | rollout weights / chip GiB | collective bytes per decoded token MB | % of the weights / chip | "
+            "collective GB per block | peak GiB | roofline s |", "|---|---|---|---|---|---|---|"]
+    for name, r, p, w in (("train (FSDP, before)", before, b, w_before), ("replicated (after)", after, a, w_after)):
+      out.append(f"| {name} | {w / GIB:.2f} | {p['loop_collective_bytes_per_iteration'] / 1e6:.1f} | "
+                 f"{100 * p['loop_collective_bytes_per_iteration'] / w:.1f}% | {p['collective_bytes'] / 1e9:.0f} | "
+                 f"{p['peak_bytes'] / GIB:.1f} | {p['roofline_s']:.1f} |")
+    out.append("")
+  remat = {k: reports.get(f"7b_v5p-64{s}") for k, s in (("none", "_remat_none"), ("dots", "_remat_dots"), ("full", ""))}
+  if all(remat.values()):
+    out += ["## Remat policy (7B update, one mini-batch of 16 micro-batches, v5p-64)", "",
+            "| model.remat | peak GiB / chip | temp GiB | TFLOP / chip | roofline s | compile s |", "|---|---|---|---|---|---|"]
+    for k, r in remat.items():
+      p = _p(r, "update")
+      out.append(f"| {k} | {p['peak_bytes'] / GIB:.1f} | {p['temp_bytes'] / GIB:.1f} | {p['flops'] / 1e12:.0f} | "
+                 f"{p['roofline_s']:.1f} | {p['compile_s']:.0f} |")
+    out.append("")
+  if after and after.get("step_estimate_s"):
+    lo, hi = REFERENCE_STEP_S
+    out += ["## The released 7B step against the reference", "",
+            f"Roofline estimate of one step on v5p-64 (32 chips): **{after['step_estimate_s']:.0f} s**; the "
+            f"released trainer (4 nodes x 8 GPUs, 3-4 days over about 200 steps) takes roughly {lo}-{hi} s per step. "
+            "Assumptions:", ""]
+    out += [f"- {a}" for a in after["assumptions"]] + [""]
+  return out
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names")
-  parser.add_argument("--out", default="docs/results/tpu_compile_rows.md")
+  parser.add_argument("--out", default="docs/results/tpu_compile.md")
   parser.add_argument("--folder", default="runs/tpu_compile")
   args = parser.parse_args(argv)
   os.makedirs(args.folder, exist_ok=True)
   reports = {name: run_row(name, args.folder) for name in args.rows.split(",")}
-  lines = ["# Compiled for TPU on a 2-core CPU: one `memagent compile` per row", "",
-           "Commands (from the repository root, after `make setup`):", ""]
+  lines = ["# The RL step compiled for TPU pods on a 2-core CPU", "",
+           "Every number below comes from the real XLA TPU compiler (libtpu 0.0.42, jax 0.10.2) run on this "
+           "CPU for compile-only devices: `memagent compile`, one command per row. Per chip; a compiler's "
+           "estimate, not a measured run (see README, \"Will it fit my pod?\"). Regenerate with "
+           "`python -m experiments.tpu_compile_table` (about an hour).", "",
+           "## Before", "", "The update before donation (aliased = the bytes the outputs reuse from the inputs):", "",
+           "| program | args GiB | out GiB | aliased GiB | temp GiB | compile |", "|---|---|---|---|---|---|", *BEFORE, "",
+           "The released 7B config's rollout had never been compiled for an accelerator.", "",
+           "## After: every program of a step, per chip", "", *table(reports), ""]
+  lines += [f"- {name}: step estimate (roofline) {r['step_estimate_s']:.0f} s" for name, r in reports.items()
+            if r.get("step_estimate_s")] + [""]
+  lines += comparisons(reports)
+  lines += ["## Commands", ""]
   lines += [f"- `{name}` ({ROWS[name][3]}): `{' '.join(command(name, f'{args.folder}/{name}.json'))}` "
-            f"({reports[name].get('wall_s', float('nan')):.0f} s)" for name in reports]
-  lines += ["", *table(reports), ""]
-  for name, r in reports.items():
-    if r.get("step_estimate_s"):
-      lines.append(f"- {name}: step estimate (roofline) {r['step_estimate_s']:.0f} s")
+            f"({reports[name].get('wall_s', float('nan')):.0f} s wall on 2 cores)" for name in reports]
   with open(args.out, "w") as f:
     f.write("\n".join(lines) + "\n")
   print(f"wrote {args.out}")

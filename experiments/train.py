@@ -6,7 +6,10 @@
   python experiments/train.py --config=configs/toy_memagent.py:rl,lookup   # a data curriculum (data.phases)
 
 Resumes from the latest complete checkpoint in <workdir>/checkpoints; metrics go to
-<workdir>/logs/metrics.jsonl and TensorBoard events in <workdir>/logs/tensorboard.
+<workdir>/logs/metrics.jsonl and TensorBoard events in <workdir>/logs/tensorboard. SIGTERM (a
+scheduler's preemption) or Ctrl-C stops the run after the step in flight, saves it and exits 143
+or 130; running the same command again resumes it exactly. A second run on a workdir that a live
+run holds (<workdir>/run.lock) is refused.
 """
 
 import json
@@ -20,6 +23,8 @@ from ml_collections import config_flags  # noqa: E402
 
 from memagent_jax.experiment.assembly import train_phases  # noqa: E402
 from memagent_jax.runtime.checkpointing import CheckpointCorruptError  # noqa: E402
+from memagent_jax.runtime.preemption import Preempted  # noqa: E402
+from memagent_jax.runtime.workdir_lock import WorkdirLockedError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "training config file[:variant]",
                                           lock_config=True)
@@ -35,9 +40,12 @@ def main(argv):
   try:
     out = train_phases(cfg, workdir=_WORKDIR.value)  # one run, or its data.phases one after another
     trainer = out["trainer"]
-  except (ValueError, OSError, FloatingPointError, CheckpointCorruptError) as e:
-    # bad config, missing data or model, a diverged step, no readable checkpoint: one line, exit 2
-    # (the traceback with --verbosity=1)
+  except Preempted as e:  # SIGTERM / SIGINT: the step reached is saved
+    print(f"train: {e}", file=sys.stderr, flush=True)
+    sys.exit(e.exit_code)
+  except (ValueError, OSError, FloatingPointError, CheckpointCorruptError, WorkdirLockedError) as e:
+    # bad config, missing data or model, a diverged step, no readable checkpoint, a workdir in use:
+    # one line, exit 2 (the traceback with --verbosity=1)
     if flags.FLAGS.verbosity >= logging.INFO:
       raise
     print(f"train: error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -192,11 +192,12 @@ def test_auto_picks_xla_on_cpu_and_cudnn_only_for_16_bit_on_gpu(monkeypatch):
   for dtype in (jnp.float32, jnp.bfloat16):
     assert attention.resolve_backend("auto", dtype) == "xla"
   assert mj.load_policy("random:tiny-llama").model.attention == "auto"
+  assert attention.resolve_backend("auto", jnp.bfloat16, "tpu") == "splash"  # by the target, not this host
   monkeypatch.setattr(attention, "_has_cudnn", lambda: True)  # as on an NVIDIA GPU
-  assert attention.resolve_backend("auto", jnp.bfloat16) == "cudnn"
-  assert attention.resolve_backend("auto", jnp.float32) == "xla"  # cuDNN has no fp32 flash kernel
+  assert attention.resolve_backend("auto", jnp.bfloat16, "gpu") == "cudnn"
+  assert attention.resolve_backend("auto", jnp.float32, "gpu") == "xla"  # cuDNN has no fp32 flash kernel
   with pytest.raises(ValueError, match="model.attention='cudnn' runs bfloat16 or float16.*float32"):
-    attention.resolve_backend("cudnn", jnp.float32)
+    attention.resolve_backend("cudnn", jnp.float32, "gpu")
 
 
 def test_decoder_refuses_a_dense_mask():

@@ -131,3 +131,12 @@ def test_overrides_are_checked(capsys):
   assert e.value.code == 2
   assert "no key 'mesh.nosuch'" in capsys.readouterr().err
 
+
+
+def test_multi_slice_puts_data_across_slices(tmp_path, capsys):
+  code, r, _ = _compile(tmp_path, capsys, "--topology", "v5e:2x2", "--slices", "2", "--programs", "update",
+                        "--config.mesh.fsdp=4")
+  assert code == 0
+  assert (r["devices"], r["slices"], r["chips"]) == (8, 2, 8)
+  assert r["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+  assert r["programs"]["update"]["fits"]

@@ -66,12 +66,14 @@ def test_tiny_run_logs_every_metric_and_saves(tmp_path):
   train = [l for l in lines if "train/reward_mean" in l]
   assert [l["step"] for l in train] == [1, 2]
   for name in ("reward_mean", "accuracy", "kept_group_frac", "clip_frac", "kl", "entropy", "grad_norm",
-               "memory_tokens", "update_tokens_per_s", "rollout_tokens_per_s", "step_seconds", "lr"):
+               "memory_tokens", "update_tokens_per_s", "rollout_tokens_per_s", "step_seconds", "lr",
+               "perf/host_rss_bytes"):
     assert f"train/{name}" in train[-1], name
   assert [l["step"] for l in lines if "eval/score" in l] == [0, 2]  # the starting policy, then every 2
   events = os.listdir(tmp_path / "logs" / "tensorboard")
   assert events and os.path.getsize(tmp_path / "logs" / "tensorboard" / events[0]) > 0
   assert checkpointing.Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 2
+  assert train[-1]["train/perf/host_rss_bytes"] > 1e7  # a live Python with jax: tens of MB at least
 
 
 def test_bad_configs_fail_before_any_work(tmp_path):
@@ -210,10 +212,37 @@ def test_trainer_knobs_reach_the_update(tmp_path, knob, value, base1):
     assert diff > 0
 
 
-def _train_cmd(workdir, steps):
+def _train_cmd(workdir, steps, save_every=1):
   return [sys.executable, os.path.join(REPO, "experiments", "train.py"), "--config=configs/toy_cpu.py:tiny",
-          f"--workdir={workdir}", f"--config.train.steps={steps}", "--config.train.save_every=1",
+          f"--workdir={workdir}", f"--config.train.steps={steps}", f"--config.train.save_every={save_every}",
           "--config.rl.clip_high=0.31"]
+
+
+def _cache_env(cache_dir) -> dict:
+  """A CLI run's environment sharing a persistent compile cache with the other runs of a test: a
+  restart skips most compiles (the same programs; the resume under test is the state's)."""
+  return dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+_TIMING = ("seconds", "per_s", "perf/")  # metrics of how fast, not what, a step computed
+
+
+def _assert_resumed_exactly(ref_dir, run_dir, steps: int):
+  """The interrupted-then-resumed run in run_dir ended exactly as the uninterrupted one in ref_dir:
+  final checkpoint bit for bit, data position, final-step metrics, every step logged once."""
+  ref, ref_meta = checkpointing.Checkpointer(str(ref_dir / "checkpoints")).restore()
+  got, meta = checkpointing.Checkpointer(str(run_dir / "checkpoints")).restore()
+  assert ref_meta["step"] == meta["step"] == steps
+  for name in ("params", "opt_state", "rng"):
+    for x, y in zip(_leaves(ref[name]), _leaves(got[name])):
+      assert np.array_equal(x, y), name  # bit for bit
+  assert meta["data_state"] == ref_meta["data_state"]
+  assert meta["config"] and json.loads(meta["config"])["rl"]["clip_high"] == 0.31  # the CLI override
+  ref_lines, lines = ([json.loads(l) for l in open(d / "logs" / "metrics.jsonl")] for d in (ref_dir, run_dir))
+  assert [l["step"] for l in lines] == list(range(1, steps + 1))  # re-run steps are not logged twice
+  untimed = lambda line: {k: v for k, v in line.items() if not any(t in k for t in _TIMING)}  # noqa: E731
+  assert untimed(lines[-1]) == untimed(ref_lines[-1])
 
 
 def _committed_step(ckpt_dir: str) -> int:
@@ -228,10 +257,7 @@ def _committed_step(ckpt_dir: str) -> int:
 @pytest.mark.slow
 def test_sigkill_mid_run_resumes_bit_exact(tmp_path):
   steps = 6
-  # the three processes share a persistent compile cache: the killed run and its restart skip
-  # most compiles (the same programs; the resume under test is the state's, not the compiler's)
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  env = _cache_env(tmp_path / "xla_cache")  # shared by the three runs
   ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
   subprocess.run(_train_cmd(ref_dir, steps), cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
   proc = subprocess.Popen(_train_cmd(run_dir, steps), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
@@ -249,16 +275,7 @@ def test_sigkill_mid_run_resumes_bit_exact(tmp_path):
   out = subprocess.run(_train_cmd(run_dir, steps), cwd=REPO, env=env, check=True, capture_output=True,
                        text=True, timeout=600)
   assert json.loads(out.stdout.strip().splitlines()[-1])["step"] == steps
-  ref, ref_meta = checkpointing.Checkpointer(str(ref_dir / "checkpoints")).restore()
-  got, meta = checkpointing.Checkpointer(ckpt_dir).restore()
-  assert ref_meta["step"] == meta["step"] == steps
-  for name in ("params", "opt_state", "rng"):
-    for x, y in zip(_leaves(ref[name]), _leaves(got[name])):
-      assert np.array_equal(x, y), name  # bit for bit
-  assert meta["data_state"] == ref_meta["data_state"]
-  assert meta["config"] and json.loads(meta["config"])["rl"]["clip_high"] == 0.31  # the CLI override
-  steps_logged = [json.loads(l)["step"] for l in open(run_dir / "logs" / "metrics.jsonl")]
-  assert steps_logged == list(range(1, steps + 1))  # re-run steps are not logged twice
+  _assert_resumed_exactly(ref_dir, run_dir, steps)
 
 
 @pytest.mark.slow

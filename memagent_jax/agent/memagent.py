@@ -96,9 +96,8 @@ class MemAgent:
     self.context = policy.config.max_position_embeddings
     self.check_budget(question_len=1)
     self.reuse_prefix = self._reuse_prefix(template_prefix_cache)
-    # a custom-call attention kernel (splash) runs per shard of the mesh the rows are split over
-    self._kernel_mesh = lambda: parallel.kernel_mesh(mesh, resolve_backend(
-        policy.model.attention, policy.dtype, policy.model.platform))
+    # programs are traced on the mesh the rows are split over (activation sharding, splash per shard)
+    self._trace_mesh = lambda: parallel.trace_mesh(mesh)
 
   def _reuse_prefix(self, choice: str) -> bool:
     """With "auto", reuse the template's opening piece when it is at least PREFIX_CACHE_SHARE of a
@@ -207,7 +206,7 @@ class MemAgent:
         break
       chunks, lengths = chunking.pack_chunks(rows, num_steps=self.block_chunks,
                                              chunk_tokens=self.chunk_tokens, pad_id=self.pad_id)
-      with self._kernel_mesh():
+      with self._trace_mesh():
         memory, mem_len, outs = memory_block(
             pol.graphdef, pol.state, pieces=self._memory_pieces, question=question, q_len=q_len, memory=memory,
             mem_len=mem_len, chunks=place.put(chunks), chunk_len=place.put(lengths), keys=keys,
@@ -217,7 +216,7 @@ class MemAgent:
       doc_tokens += lengths.sum(axis=1)
       bar.update(int(lengths.sum()))
     bar.close()
-    with self._kernel_mesh():
+    with self._trace_mesh():
       prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, question=question,
                                         q_len=q_len, memory=memory, mem_len=mem_len, keys=keys,
                                         temperature=temp, top_p=tp, spec=spec)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
+import sys
 
 
 class MetricWriter:
@@ -46,3 +48,13 @@ class MetricWriter:
 def read_jsonl(path: str) -> list[dict]:
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def host_rss_bytes() -> int:
+  """This process's resident host memory in bytes (Linux: current, from /proc; elsewhere: the peak)."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except OSError:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere

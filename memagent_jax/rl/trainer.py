@@ -2,7 +2,9 @@
 checkpoint/resume, periodic held-out evaluation, metrics and a progress bar.
 
 A step is deterministic given (params, optimizer state, step, PRNG key, data position), which
-is exactly what a checkpoint holds, so a resumed run continues bit for bit.
+is exactly what a checkpoint holds, so a resumed run continues bit for bit. A run holds its workdir
+(runtime/workdir_lock.py); SIGTERM / SIGINT stop it after the step in flight, saved
+(runtime/preemption.py).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from memagent_jax.models.attention import resolve_backend
 from memagent_jax.runtime import parallel
+from memagent_jax.runtime.preemption import Preempted, StopSignals
+from memagent_jax.runtime.workdir_lock import WorkdirLock
 from memagent_jax.rl import update as upd
 from memagent_jax.rl.batching import mini_batches
-from memagent_jax.rl.metrics import MetricWriter
+from memagent_jax.rl.metrics import MetricWriter, host_rss_bytes
 from memagent_jax.rl.optim import lr_at, make_optimizer, set_learning_rate
 from memagent_jax.rl.train_state import (NonFiniteStateError, check_finite, model_meta,  # noqa: F401
                                          restore_or_init, save_state)
@@ -48,12 +51,12 @@ class Trainer:
     self.tx = make_optimizer(cfg.optim, cfg.train.steps)
     self.row_multiple = cfg.rl.micro_batches * parallel.batch_shards(mesh)
     self.is_chief = jax.process_index() == 0
+    self.lock = WorkdirLock(workdir).acquire()  # before anything in the workdir is read or written
     self.writer = MetricWriter(os.path.join(workdir, "logs"), enabled=self.is_chief)
     self.state, self.checkpointer = restore_or_init(cfg, workdir=workdir, policy=policy, mesh=mesh, rules=rules,
                                                     tx=self.tx, batches=batches, is_chief=self.is_chief)
-    # a custom-call attention kernel (splash) runs per shard of the mesh (models/attention.py)
-    backend = resolve_backend(policy.model.attention, self.spec.compute_dtype, policy.model.platform)
-    self._kernel_mesh = lambda: parallel.kernel_mesh(mesh, backend)
+    # programs are traced on the mesh: activation rows on the batch axes, splash per shard (models/)
+    self._trace_mesh = lambda: parallel.trace_mesh(mesh)
     # rollouts decode with their own weight layout (mesh.rollout), re-sharded once per step
     layout_rules = parallel.rollout_rules(rules, cfg.mesh.rollout)
     self.rollout_shardings = (None if cfg.mesh.rollout == "train" else
@@ -98,7 +101,7 @@ class Trainer:
       kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.spec.temperature,
                 compute_dtype=self.spec.compute_dtype, prefix=prefix)
       # the first update runs on the params that sampled: its own forward pass gives the old log-probs
-      with self._kernel_mesh():
+      with self._trace_mesh():
         if recompute and i > 0:
           dev["old_logp"] = upd.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw)
         if cfg.rl.kl_coef:
@@ -108,7 +111,7 @@ class Trainer:
     st.opt_state = set_learning_rate(st.opt_state, lr_at(cfg.optim, st.step, cfg.train.steps))
     update_metrics = []
     for dev, spec, prefix in batches:
-      with self._kernel_mesh():
+      with self._trace_mesh():
         st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
                                                      spec=spec, prefix=prefix)
       update_metrics.append(m)
@@ -155,19 +158,23 @@ class Trainer:
   def train(self, until: int | None = None) -> dict:
     """Runs until step `until` (default train.steps: a data phase may stop earlier, see
     data/curriculum.py); saves every train.save_every steps and at the end. With eval.every, a fresh
-    run evaluates its starting policy as step 0."""
+    run evaluates its starting policy as step 0. SIGTERM / SIGINT (on any process) stop every
+    process after the same step: it is saved, then `Preempted` is raised."""
     cfg, st = self.cfg, self.state
     until = cfg.train.steps if until is None else min(until, cfg.train.steps)
     history = []
+    self.lock.acquire()  # again, if an earlier train() released it
+    stop = StopSignals().install()
     bar = tqdm(total=until, initial=st.step, desc="train", unit="step",
                disable=not (cfg.train.progress and self.is_chief))
     try:
       if cfg.eval.every and st.step == 0 and until > 0:  # the starting policy: "before" of every curve
         self.writer.write(0, self.evaluate(), prefix="eval/")
-      while st.step < until:
+      while not (signum := stop.agreed()) and st.step < until:  # a step runs whole or not at all
         metrics = self.train_step()
         st.step += 1
         metrics["lr"] = float(self._lr())
+        metrics["perf/host_rss_bytes"] = host_rss_bytes()
         if st.step % cfg.train.log_every == 0 or st.step == until:
           self.writer.write(st.step, metrics, prefix="train/")
         if cfg.eval.every and (st.step % cfg.eval.every == 0 or st.step == cfg.train.steps):
@@ -180,10 +187,16 @@ class Trainer:
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", kept=f"{metrics['kept_group_frac']:.2f}",
                         loss=f"{metrics.get('loss', float('nan')):.3g}")
+      if signum:
+        save_state(self.checkpointer, st, mesh=self.mesh, meta=self.checkpoint_meta())  # skipped if saved
+        self.checkpointer.wait()
+        raise Preempted(signum, st.step, str(self.checkpointer.directory))
     finally:
+      stop.restore()
       bar.close()
       self.checkpointer.wait()
       self.writer.close()
+      self.lock.release()
     return {"history": history, "step": st.step}
 
   def checkpoint_meta(self) -> dict:

@@ -5,4 +5,6 @@
   orbax_quiet   orbax's log noise silenced, its errors on one line
   parallel      device mesh, logical-axis sharding rules, batch sharding, multi-host start
   checkpointing orbax checkpoints: async, keep-N, atomic, damaged steps skipped
+  preemption    SIGTERM / SIGINT -> a flag the training loop reads between steps, agreed by all processes
+  workdir_lock  one run per workdir: <workdir>/run.lock names the holder; a dead holder's lock is taken over
 """

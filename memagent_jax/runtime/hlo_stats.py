@@ -37,6 +37,12 @@ def shape_bytes(shape: str) -> int:
   return total
 
 
+def _largest_array(shape: str) -> int:
+  """Bytes of the largest array in an HLO shape string (a tuple's largest member)."""
+  sizes = [DTYPE_BYTES.get(d, 0) * math.prod(int(x) for x in dims.split(",") if x) for d, dims in _ARRAY.findall(shape)]
+  return max(sizes, default=0)
+
+
 def _dims(shape: str) -> list[int]:
   m = _ARRAY.search(shape)
   return [int(d) for d in m.group(2).split(",") if d] if m else []
@@ -202,14 +208,40 @@ def _lt_bound(comp: Computation, comps: dict[str, Computation]) -> int | None:
   return None
 
 
+def _induction_step(cond: Computation, body: Computation) -> int:
+  """How much a loop's counter grows per iteration: the counter is the tuple element the condition
+  compares, and the body's root tuple sets it to `add(counter, c)` (XLA's own loops, e.g. a collective
+  matmul unrolled by 2, step by more than 1). 1 when that cannot be read."""
+  compare = next((i for i in cond.instrs if i.opcode in ("compare", "fusion") and len(i.operands) == 2), None)
+  gte = next((i for i in cond.instrs if compare and i.name == compare.operands[0] and i.opcode == "get-tuple-element"),
+             None)
+  index = re.search(r"index=(\d+)", gte.attrs) if gte else None
+  root = body.instrs[-1] if body.instrs else None
+  if not index or root is None or root.opcode != "tuple" or int(index.group(1)) >= len(root.operands):
+    return 1
+  by_name = {i.name: i for i in body.instrs}
+  update = by_name.get(root.operands[int(index.group(1))])
+  if update is None or update.opcode != "add":
+    return 1
+  for o in update.operands:
+    c = by_name.get(o)
+    if c is not None and c.opcode == "constant" and c.args.strip().lstrip("-").isdigit() and int(c.args) > 0:
+      return int(c.args)
+  return 1
+
+
 def trip_count(loop: Instr, comps: dict[str, Computation]) -> int | None:
   """Iterations of a while loop: XLA's known_trip_count when it printed one, else N of its condition
-  `i < N` (JAX loops count from 0; the decode loop's `step < max_new_tokens` is its worst case)."""
+  `i < N` over the counter's step (JAX loops count from 0 by 1; the decode loop's `step <
+  max_new_tokens` is its worst case)."""
   m = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', loop.attrs)
   if m:
     return int(m.group(1))
-  cond = comps.get(_attr(loop, "condition") or "")
-  return _lt_bound(cond, comps) if cond else None
+  cond, body = comps.get(_attr(loop, "condition") or ""), comps.get(_attr(loop, "body") or "")
+  n = _lt_bound(cond, comps) if cond else None
+  if n is None or body is None:
+    return n
+  return -(-n // _induction_step(cond, body))
 
 
 class ProgramStats:
@@ -230,9 +262,9 @@ class ProgramStats:
       t.flops += matmul_flops(ins, comp.shapes)
       kind = _collective_kind(ins.opcode)
       if kind:
-        size = max([shape_bytes(ins.shape)] + [shape_bytes(comp.shapes.get(o, "")) for o in ins.operands])
-        if ins.opcode.endswith("-start"):  # a tuple of (operands, results): count the larger array
-          size = max(shape_bytes(s) for s in [ins.shape] + [comp.shapes.get(o, "") for o in ins.operands])
+        # the larger of what goes in and what comes out (a reduce-scatter's input, an all-gather's
+        # output; an async -start's shape is a tuple of both: its largest array counts)
+        size = max([_largest_array(ins.shape)] + [shape_bytes(comp.shapes.get(o, "")) for o in ins.operands])
         c = t.collectives.setdefault(kind, [0.0, 0.0])
         c[0] += 1
         c[1] += size

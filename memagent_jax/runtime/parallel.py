@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -90,6 +91,12 @@ def make_mesh(mesh_cfg=None, devices: Sequence[Any] | None = None) -> Mesh:
   """
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(mesh_cfg if mesh_cfg is not None else {"data": -1}, len(devices))
+  slices = len({getattr(d, "slice_index", 0) for d in devices})
+  if slices > 1:  # multi-slice: the outer `data` axis crosses slices (DCN), the rest stays inside one
+    if shape[0] % slices:
+      raise ValueError(f"mesh data={shape[0]} must be a multiple of the {slices} slices (data spans slices)")
+    grid = mesh_utils.create_hybrid_device_mesh((shape[0] // slices, *shape[1:]), (slices, 1, 1), devices)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                        devices=devices)
 
@@ -286,10 +293,11 @@ def shard_opt_state(opt_state, params, shardings, mesh: Mesh):
 # ---------------------------------------------------------------------------------------
 
 
-def kernel_mesh(mesh: Mesh | None, backend: str):
-  """Context for tracing programs whose attention is a custom-call kernel (splash): the kernel runs per
-  shard of `mesh` (models/attention.py), which it reads from the abstract mesh in context."""
-  if mesh is None or backend != "splash" or mesh.size == 1:
+def trace_mesh(mesh: Mesh | None):
+  """Context for tracing the model's programs on `mesh`: the decoder keeps activation rows on the batch
+  axes (FSDP gathers weights instead of reducing activations over fsdp) and a custom-call attention
+  kernel (splash) runs per shard, both read from the abstract mesh in context (models/)."""
+  if mesh is None or mesh.size == 1:
     return contextlib.nullcontext()
   return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 
