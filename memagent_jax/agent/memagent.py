@@ -96,7 +96,7 @@ class MemAgent:
     self.context = policy.config.max_position_embeddings
     self.check_budget(question_len=1)
     self.reuse_prefix = self._reuse_prefix(template_prefix_cache)
-    # programs are traced on the mesh the rows are split over (activation sharding, splash per shard)
+    # programs are traced on the mesh the rows are split over (a splash kernel runs per shard)
     self._trace_mesh = lambda: parallel.trace_mesh(mesh)
 
   def _reuse_prefix(self, choice: str) -> bool:

@@ -7,17 +7,14 @@ names (`out_sharding` metadata) that `parallel.py` maps to mesh axes.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import PartitionSpec
 
 from memagent_jax.models.attention import QUERY_BLOCK, SCAN_PREFILL_FROM, attend, check_backend
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.runtime.parallel import BATCH_AXES
 
 # QUERY_BLOCK and SCAN_PREFILL_FROM (the xla backend's tiling) are read from this module at trace
 # time and passed to `attend`, so tests can shrink them to send short inputs down the long paths.
@@ -61,19 +58,6 @@ def dense(x, w):
   out = w.shape[1:]
   y = x.reshape(-1, e) @ w.reshape(e, -1)
   return y.reshape(*lead, *out)
-
-
-def rows_on_batch_axes(x):
-  """x [B, ...] constrained to rows split over the batch mesh axes (data, fsdp) of the mesh in context
-  (`runtime.parallel.trace_mesh`), so XLA keeps FSDP's pattern: gather each weight, never reduce
-  activations over the fsdp axis. No mesh in context (or rows that do not divide): x unchanged."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return x
-  axes = tuple(a for a in BATCH_AXES if mesh.shape.get(a, 1) > 1)
-  if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
-    return x
-  return jax.lax.with_sharding_constraint(x, PartitionSpec(axes, *([None] * (x.ndim - 1))))
 
 
 def rope_tables(positions, head_dim: int, theta: float, dtype):
@@ -225,7 +209,6 @@ class Decoder(nnx.Module):
     if self.token_shift is not None:
       shifted, cache = self._shifted_embeddings(tokens, key_valid, cache, write_index)
       x = x + shifted
-    x = rows_on_batch_axes(x)
     cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
     new_cache = [] if cache is not None else None
     for i, layer in enumerate(self.layers):
@@ -235,7 +218,6 @@ class Decoder(nnx.Module):
                                    policy=policy)(layer, x, layer_cache)
       else:
         x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, backend, platform)
-      x = rows_on_batch_axes(x)
       if cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache

@@ -55,7 +55,7 @@ class Trainer:
     self.writer = MetricWriter(os.path.join(workdir, "logs"), enabled=self.is_chief)
     self.state, self.checkpointer = restore_or_init(cfg, workdir=workdir, policy=policy, mesh=mesh, rules=rules,
                                                     tx=self.tx, batches=batches, is_chief=self.is_chief)
-    # programs are traced on the mesh: activation rows on the batch axes, splash per shard (models/)
+    # programs are traced on the mesh: a splash attention kernel runs per shard (models/attention.py)
     self._trace_mesh = lambda: parallel.trace_mesh(mesh)
     # rollouts decode with their own weight layout (mesh.rollout), re-sharded once per step
     layout_rules = parallel.rollout_rules(rules, cfg.mesh.rollout)

@@ -294,9 +294,8 @@ def shard_opt_state(opt_state, params, shardings, mesh: Mesh):
 
 
 def trace_mesh(mesh: Mesh | None):
-  """Context for tracing the model's programs on `mesh`: the decoder keeps activation rows on the batch
-  axes (FSDP gathers weights instead of reducing activations over fsdp) and a custom-call attention
-  kernel (splash) runs per shard, both read from the abstract mesh in context (models/)."""
+  """Context for tracing the model's programs on `mesh`: a custom-call attention kernel (splash) runs per
+  shard of the abstract mesh in context (models/attention.py)."""
   if mesh is None or mesh.size == 1:
     return contextlib.nullcontext()
   return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
