@@ -14,7 +14,7 @@ from configs import base
 # (preset, questions per step, questions per update, micro-batches, rollout rows, fsdp, tensor)
 SIZES = {"0.5b": ("qwen2.5-0.5b-instruct", 32, 4, 8, 128, 8, 1),
          "1.5b": ("qwen2.5-1.5b-instruct", 32, 4, 8, 128, 8, 1),
-         "3b": ("qwen2.5-3b-instruct", 32, 4, 16, 64, 4, 2)}
+         "3b": ("qwen2.5-3b-instruct", 32, 4, 32, 64, 4, 2)}
 
 
 def get_config(variant: str = "0.5b") -> ml_collections.ConfigDict:

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from memagent_jax.runtime import tpu_targets
+
 GIB = 1024 ** 3
 Q7, Q14, SMALL = "configs/memagent_qwen2_5_7b.py", "configs/memagent_qwen2_5_14b.py", "configs/memagent_qwen2_5_small.py"
 # name -> (config, topology, overrides, what the row shows)
@@ -77,12 +79,35 @@ BEFORE = [
     "| Qwen2.5-7B update, 64 rows x 8192 tokens, 8 micro-batches, v5p-64 (fsdp 8 x tensor 4) | 2.66 | 2.66 | **0** | "
     "9.6 | 20 min |",
 ]
+# Tried and not adopted (measured with the same command as row 7b_v5p-64, with the decoder pinning each
+# block's activation rows to the (data, fsdp) axes through with_sharding_constraint).
+TRIED = [
+    "## Tried, not adopted: pinning activation rows to the batch axes", "",
+    "Without constraints XLA partitions the 7B log-prob pass and update partly by reducing activations over "
+    "the fsdp axis instead of gathering weights. Pinning every block's activations to rows over (data, fsdp) "
+    "made it gather weights (FSDP's pattern): collective bytes per chip fell from 5,723 to 498 GB for one "
+    "log-prob mini-batch and from 15,796 to 1,277 GB for one update, but the update's temporaries grew from "
+    "36.4 to 102.1 GiB (peak 105 GiB, 111% of a v5p chip: it no longer fit). Leaving the other dims "
+    "unconstrained changed nothing. Unconstrained, the collectives are below the compute and HBM time in every "
+    "program's roofline (the update: 13 s of ICI against 28 s of matmuls), so the constraint is left out; a "
+    "per-layer choice (rows pinned in the forward only, or activations sharded over tensor in between) is "
+    "the lead to follow.", ""]
 # The released 7B trainer: 4 nodes x 8 GPUs, "3~4 days to converge" over about 200 steps.
 REFERENCE_STEP_S = (1500, 2400)
 
 
 def _p(r, prog):
   return r["programs"].get(prog)
+
+
+def compute_bound_step(r: dict) -> float:
+  """The step's seconds if every program ran its matmuls at the chip's peak and nothing else cost time."""
+  peak = tpu_targets.CHIPS[r["chip"]].peak_flops
+  s, p = r["shapes"], r["programs"]
+  t = lambda name: p[name]["flops"] / peak
+  blocks = s["memory_updates"] / s["block_chunks"]
+  return (s["rollout_calls"] * (blocks * t("rollout") + t("answer")) + s["logprob_passes"] * t("logprobs")
+          + s["mini_batches"] * t("update"))
 
 
 def comparisons(reports: dict[str, dict]) -> list[str]:
@@ -112,9 +137,11 @@ def comparisons(reports: dict[str, dict]) -> list[str]:
   if after and after.get("step_estimate_s"):
     lo, hi = REFERENCE_STEP_S
     out += ["## The released 7B step against the reference", "",
-            f"Roofline estimate of one step on v5p-64 (32 chips): **{after['step_estimate_s']:.0f} s**; the "
-            f"released trainer (4 nodes x 8 GPUs, 3-4 days over about 200 steps) takes roughly {lo}-{hi} s per step. "
-            "Assumptions:", ""]
+            f"Roofline estimate of one step on v5p-64 (32 chips): **{after['step_estimate_s']:.0f} s** (matmuls "
+            f"alone at peak: {compute_bound_step(after):.0f} s); the released trainer (4 nodes x 8 GPUs, 3-4 days "
+            f"over about 200 steps) takes roughly {lo}-{hi} s per step. Most programs are bound by the bytes they "
+            "move, an upper bound (operands counted whole; XLA's collective matmuls re-read activations once per "
+            "weight shard). Assumptions:", ""]
     out += [f"- {a}" for a in after["assumptions"]] + [""]
   return out
 
@@ -136,9 +163,10 @@ def main(argv=None):
            "| program | args GiB | out GiB | aliased GiB | temp GiB | compile |", "|---|---|---|---|---|---|", *BEFORE, "",
            "The released 7B config's rollout had never been compiled for an accelerator.", "",
            "## After: every program of a step, per chip", "", *table(reports), ""]
-  lines += [f"- {name}: step estimate (roofline) {r['step_estimate_s']:.0f} s" for name, r in reports.items()
-            if r.get("step_estimate_s")] + [""]
-  lines += comparisons(reports)
+  lines += [f"- {name}: step estimate (roofline) {r['step_estimate_s']:.0f} s; matmuls alone at peak "
+            f"{compute_bound_step(r):.0f} s; largest program peak {max(p['hbm_share'] for p in r['programs'].values()):.0%} "
+            "of HBM" for name, r in reports.items() if r.get("step_estimate_s")] + [""]
+  lines += comparisons(reports) + TRIED
   lines += ["## Commands", ""]
   lines += [f"- `{name}` ({ROWS[name][3]}): `{' '.join(command(name, f'{args.folder}/{name}.json'))}` "
             f"({reports[name].get('wall_s', float('nan')):.0f} s wall on 2 cores)" for name in reports]

@@ -140,3 +140,16 @@ def test_multi_slice_puts_data_across_slices(tmp_path, capsys):
   assert (r["devices"], r["slices"], r["chips"]) == (8, 2, 8)
   assert r["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
   assert r["programs"]["update"]["fits"]
+
+
+def test_compiler_out_of_memory_is_a_does_not_fit_line(tmp_path, capsys):
+  """A program whose temporaries exceed HBM is refused by the TPU compiler itself: reported as not
+  fitting (exit 3, one line), not as an internal error."""
+  code = cli.main(["compile", "--config", TINY, "--topology", "v5e:2x2", "--quiet", "--programs", "update",
+                   "--config.mesh.fsdp=4", "--config.rl.rollout_batch=4096", "--config.rl.questions_per_step=2048",
+                   "--config.rl.ppo_mini_batch=2048", "--config.agent.chunk_tokens=2048",
+                   "--config.data.length=32768", "--config.agent.max_chunks=16", "--config.data.train_size=4096"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 3
+  assert len(err) == 1 and re.fullmatch(r"memagent compile: does not fit: update needs [0-9.]+ GiB per chip, "
+                                        r"v5e has 14\.9 GiB", err[0]), err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import time
 
@@ -64,6 +65,25 @@ def program_report(compiled, chip: tpu_targets.Chip, *, backend: str) -> dict:
           "unknown_trip_counts": stats.unknown_trip_counts()}
 
 
+_OOM = re.compile(r"Ran out of memory.*?required for HLO temporaries \(([0-9.]+)([KMGT])\)")
+
+
+def out_of_memory_report(message: str, chip: tpu_targets.Chip, *, backend: str) -> dict:
+  """The entry of a program the TPU compiler refused for lack of HBM (its temporaries alone exceed it):
+  does not fit, with the temporaries it asked for; nothing else is known."""
+  m = _OOM.search(message)
+  if not m:
+    raise RuntimeError(message)
+  temp = float(m.group(1)) * 1024 ** "KMGT".index(m.group(2)) * 1024
+  nan = float("nan")
+  return {"argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": temp, "code_bytes": 0,
+          "peak_bytes": temp, "fits": False, "hbm_share": temp / chip.hbm_bytes, "flops": nan, "bytes_accessed": nan,
+          "collective_bytes": nan, "collectives": {}, "loop_collective_bytes_per_iteration": nan, "loops": [],
+          "roofline_s": nan, "bound_by": "does not fit", "xla_cost_flops_loop_bodies_once": nan,
+          "attention_backend": backend, "custom_calls": {}, "unknown_trip_counts": 0,
+          "compile_error": " ".join(message.split())[:500]}
+
+
 def precheck(programs, facts, chip: tpu_targets.Chip):
   """Fails before compiling when the arguments alone (weights, optimizer state) exceed a chip's HBM."""
   need = {"rollout": facts["rollout_param_bytes"], "logprobs": facts["param_bytes"],
@@ -114,12 +134,16 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
   for prog in bar:
     bar.set_postfix(program=prog.name)
     t0 = time.perf_counter()
-    with parallel.trace_mesh(mesh):  # activation rows on the batch axes; the splash kernel per shard
-      compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
+    try:
+      with parallel.trace_mesh(mesh):  # the splash kernel runs per shard of the mesh
+        compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
+      report = program_report(compiled, chip, backend=facts["backend"])
+    except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program over HBM
+      report = out_of_memory_report(str(e), chip, backend=facts["backend"])
     seconds[prog.name] = time.perf_counter() - t0
-    reports[prog.name] = dict(program_report(compiled, chip, backend=facts["backend"]), call=prog.note,
-                              compile_s=seconds[prog.name])
-  total, assumptions = (step_estimate(reports, shapes) if len(reports) == 4 else (None, []))
+    reports[prog.name] = dict(report, call=prog.note, compile_s=seconds[prog.name])
+  complete = len(reports) == 4 and all(p["fits"] for p in reports.values())
+  total, assumptions = step_estimate(reports, shapes) if complete else (None, [])
   m = dict(zip(mesh.axis_names, mesh.devices.shape))
   return {"topology": topology.name, "chip": chip.name, "chips": topology.chips, "devices": len(devices),
           "slices": topology.slices, "hbm_bytes_per_chip": chip.hbm_bytes, "mesh": m,
@@ -167,9 +191,20 @@ def check_fits(report: dict):
                             f"{report['hbm_bytes_per_chip'] / GIB:.1f} GiB")
 
 
+def _plain(x):
+  """JSON-safe: numpy floats as floats, NaN (unknown: a program that did not compile) as null."""
+  if isinstance(x, dict):
+    return {k: _plain(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_plain(v) for v in x]
+  if isinstance(x, (float, np.floating)):
+    return None if x != x else float(x)
+  return x
+
+
 def write_json(report: dict, path: str):
   with open(path, "w") as f:
-    json.dump(report, f, indent=1, default=lambda x: float(x) if isinstance(x, np.floating) else str(x))
+    json.dump(_plain(report), f, indent=1, default=str)
   print(f"wrote {path}", file=sys.stderr)
 
 
