@@ -20,7 +20,6 @@ from memagent_jax.agent import chunking
 from memagent_jax.agent.placement import RowPlacement
 from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_block
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
-from memagent_jax.models.attention import resolve_backend
 from memagent_jax.runtime import parallel
 from memagent_jax.text.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
                                           TemplateSegments, answer_text_to_prediction)
@@ -106,7 +105,7 @@ class MemAgent:
     if choice != "auto":
       return choice == "on"
     prefix = len(self.memory_segments.pieces[0])
-    backend = resolve_backend(self.policy.model.attention, self.policy.dtype, self.policy.model.platform)
+    backend = self.policy.model.attention.resolve(self.policy.dtype)
     prompt = self.prompt_tokens(question_bucket(1))["memory update"]
     return backend == "xla" and prefix >= PREFIX_CACHE_SHARE * prompt
 

@@ -7,17 +7,15 @@ names (`out_sharding` metadata) that `parallel.py` maps to mesh axes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models.attention import QUERY_BLOCK, SCAN_PREFILL_FROM, attend, check_backend
+from memagent_jax.models.attention import AttentionSpec, attend
 from memagent_jax.models.config import ModelConfig
-
-# QUERY_BLOCK and SCAN_PREFILL_FROM (the xla backend's tiling) are read from this module at trace
-# time and passed to `attend`, so tests can shrink them to send short inputs down the long paths.
 
 
 class LayerCache(NamedTuple):
@@ -91,8 +89,7 @@ class Attention(nnx.Module):
     else:
       self.q_bias = self.k_bias = self.v_bias = None
 
-  def __call__(self, x, cos, sin, key_valid, cache: LayerCache | None, write_index, backend: str,
-               platform: str | None = None):
+  def __call__(self, x, cos, sin, key_valid, cache: LayerCache | None, write_index, spec: AttentionSpec):
     """x [B, T, E]; key_valid [B, S]: key slots holding real tokens. Keys are the first S cache
     slots after writing this call's T keys at `write_index`; without a cache S == T. Queries sit
     at slots write_index.. and attend causally over slots (see attention.attend)."""
@@ -109,8 +106,7 @@ class Attention(nnx.Module):
                              v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
       s = key_valid.shape[-1]
       k, v = cache.k[:, :, :s].astype(x.dtype), cache.v[:, :, :s].astype(x.dtype)
-    out = attend(q, k, v, key_valid, q_offset=write_index, backend=backend,
-                 query_block=QUERY_BLOCK, scan_from=SCAN_PREFILL_FROM, platform=platform)
+    out = attend(q, k, v, key_valid, q_offset=write_index, spec=spec)
     b, t = out.shape[:2]
     return dense(out.reshape(b, t, -1), self.o[...].reshape(-1, self.o.shape[-1])), cache
 
@@ -138,8 +134,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
     self.mlp = MLP(cfg, dtype, rngs)
 
-  def __call__(self, x, cos, sin, key_valid, cache, write_index, backend: str, platform: str | None = None):
-    h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, backend, platform)
+  def __call__(self, x, cos, sin, key_valid, cache, write_index, spec: AttentionSpec):
+    h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, spec)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -163,16 +159,15 @@ def remat_policy(remat: str | bool):
 class Decoder(nnx.Module):
   """Token ids -> final hidden states; `logits` projects them onto the vocabulary."""
 
-  def __init__(self, cfg: ModelConfig, dtype=jnp.float32, *, attention: str = "auto", platform: str | None = None,
-               rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, dtype=jnp.float32, *, attention: str | AttentionSpec = "auto",
+               platform: str | None = None, rngs: nnx.Rngs):
     self.config = cfg
     self.dtype = jnp.dtype(dtype)
-    # The platform the model's programs are compiled for (default: this process's backend; "tpu" when
-    # compiling for compile-only TPU devices from a CPU host). Static, like the backend.
-    self.platform = platform or jax.default_backend()
-    # Attention backend (auto | xla | cudnn | splash, see attention.py); static, checked here so an
-    # unavailable choice fails at load time. Set it on a built model with `set_attention`.
-    self.attention = check_backend(attention, self.platform)
+    # How attention is traced (backend auto | xla | cudnn | splash, the platform the programs are
+    # compiled for: this process's backend, or "tpu" for compile-only TPU devices from a CPU host,
+    # the xla tiling; see attention.AttentionSpec). Static, checked here so an unavailable choice
+    # fails at load time. Set it on a built model with `set_attention`.
+    self.attention = _attention_spec(attention, platform)
     self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
     self.layers = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
@@ -182,11 +177,17 @@ class Decoder(nnx.Module):
     self.token_shift = (_param(None, (cfg.token_shift, cfg.vocab_size, cfg.hidden_size),
                                (None, "vocab", "embed"), dtype, init="zeros") if cfg.token_shift else None)
 
-  def set_attention(self, backend: str, platform: str | None = None):
-    """Switches the attention backend (after loading weights into a model built with the default),
-    and the target platform when given."""
-    self.platform = platform or self.platform
-    self.attention = check_backend(backend, self.platform)
+  @property
+  def platform(self) -> str:
+    """The platform the model's programs are compiled for."""
+    return self.attention.platform
+
+  def set_attention(self, attention: str | AttentionSpec, platform: str | None = None):
+    """Switches the attention backend or the whole spec (after loading weights into a model built
+    with the default), and the target platform when given."""
+    if isinstance(attention, str):
+      attention = dataclasses.replace(self.attention, backend=attention)
+    self.attention = _attention_spec(attention, platform or attention.platform)
 
   def __call__(self, tokens, positions, key_valid, cache=None, write_index=0, remat: str | bool = "none"):
     """tokens, positions [B, T]; key_valid [B, S] -> (hidden [B, T, E], new cache list or None).
@@ -204,7 +205,7 @@ class Decoder(nnx.Module):
     if cache is not None and not (key_valid.shape[0] == b and t <= key_valid.shape[1] <= cache[0].k.shape[2]):
       raise ValueError(f"key_valid {key_valid.shape} must be [B={b}, S] with {t} <= S <= "
                        f"{cache[0].k.shape[2]} (the cache slots)")
-    backend, platform = self.attention, self.platform
+    spec = self.attention
     x = jnp.take(self.embed[...], tokens, axis=0)
     if self.token_shift is not None:
       shifted, cache = self._shifted_embeddings(tokens, key_valid, cache, write_index)
@@ -214,10 +215,10 @@ class Decoder(nnx.Module):
     for i, layer in enumerate(self.layers):
       layer_cache = None if cache is None else cache[i]
       if policy is not None:
-        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, key_valid, c, write_index, backend, platform),
+        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, key_valid, c, write_index, spec),
                                    policy=policy)(layer, x, layer_cache)
       else:
-        x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, backend, platform)
+        x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, spec)
       if cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache
@@ -250,6 +251,12 @@ class Decoder(nnx.Module):
       flat = jnp.einsum("ne,ve->nv", hidden.reshape(-1, hidden.shape[-1]), self.embed[...])
       return flat.reshape(*lead, -1).astype(jnp.float32)
     return dense(hidden, self.lm_head[...]).astype(jnp.float32)
+
+
+def _attention_spec(attention: str | AttentionSpec, platform: str | None) -> AttentionSpec:
+  """A backend name or spec -> a checked spec whose platform is set (default: this process's)."""
+  spec = AttentionSpec(backend=attention) if isinstance(attention, str) else attention
+  return dataclasses.replace(spec, platform=platform or spec.platform or jax.default_backend()).check()
 
 
 def init_cache(cfg: ModelConfig, batch: int, size: int, dtype) -> list[LayerCache]:

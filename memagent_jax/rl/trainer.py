@@ -99,7 +99,7 @@ class Trainer:
       prefix = self._shared_prefix_dev if fits else None
       prefixed += fits
       kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.spec.temperature,
-                compute_dtype=self.spec.compute_dtype, prefix=prefix)
+                compute_dtype=self.spec.compute_dtype, logits_chunk=self.spec.logits_chunk, prefix=prefix)
       # the first update runs on the params that sampled: its own forward pass gives the old log-probs
       with self._trace_mesh():
         if recompute and i > 0:
