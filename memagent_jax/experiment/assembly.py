@@ -21,7 +21,7 @@ from memagent_jax.policy.loading import load_policy
 from memagent_jax.rl.config_checks import validate_config
 from memagent_jax.rl.rollout import RolloutCollector
 from memagent_jax.rl.teacher_rows import TeacherCollector
-from memagent_jax.rl.trainer import Trainer
+from memagent_jax.rl.trainer import StepPrograms, Trainer
 from memagent_jax.runtime import parallel
 
 
@@ -154,10 +154,10 @@ class Experiment:
   trainer: Trainer
 
 
-def build_experiment(cfg, workdir: str | None = None) -> Experiment:
+def build_experiment(cfg, workdir: str | None = None, *, programs: StepPrograms = StepPrograms()) -> Experiment:
   """The config turned into its parts, once: validate, start the runtime, load the policy, build
   the reader, draw the data, pick the collector (RL rollouts or teacher rows), the evaluator and
-  the trainer (which restores the newest readable checkpoint of workdir)."""
+  the trainer (which restores the newest readable checkpoint of workdir; `programs`: what its steps run)."""
   validate_config(cfg)
   mesh, rules = start_runtime(cfg)
   policy = load_policy_of(cfg)
@@ -190,13 +190,13 @@ def build_experiment(cfg, workdir: str | None = None) -> Experiment:
   shared = agent.memory_segments.pieces[0] if getattr(agent, "reuse_prefix", False) else None
   trainer = Trainer(cfg, workdir=workdir or cfg.train.workdir, mesh=mesh, rules=rules, policy=policy,
                     collector=collector, batches=batches, loss_from=loss_from, evaluate=evaluator,
-                    shared_prefix=shared)
+                    shared_prefix=shared, programs=programs)
   return Experiment(cfg, mesh, policy, agent, pool, evaluator, trainer)
 
 
-def build_trainer(cfg, workdir: str | None = None) -> Trainer:
+def build_trainer(cfg, workdir: str | None = None, *, programs: StepPrograms = StepPrograms()) -> Trainer:
   """`build_experiment(cfg, workdir).trainer`: what a training entry point needs."""
-  return build_experiment(cfg, workdir).trainer
+  return build_experiment(cfg, workdir, programs=programs).trainer
 
 
 def train_phases(cfg, workdir: str | None = None, build=None) -> dict:

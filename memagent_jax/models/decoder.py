@@ -156,6 +156,12 @@ def remat_policy(remat: str | bool):
           "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
 
 
+def _attention_spec(attention: str | AttentionSpec, platform: str | None) -> AttentionSpec:
+  """A backend name or spec -> a checked spec whose platform is set (default: this process's)."""
+  spec = AttentionSpec(backend=attention) if isinstance(attention, str) else attention
+  return dataclasses.replace(spec, platform=platform or spec.platform or jax.default_backend()).check()
+
+
 class Decoder(nnx.Module):
   """Token ids -> final hidden states; `logits` projects them onto the vocabulary."""
 
@@ -251,12 +257,6 @@ class Decoder(nnx.Module):
       flat = jnp.einsum("ne,ve->nv", hidden.reshape(-1, hidden.shape[-1]), self.embed[...])
       return flat.reshape(*lead, -1).astype(jnp.float32)
     return dense(hidden, self.lm_head[...]).astype(jnp.float32)
-
-
-def _attention_spec(attention: str | AttentionSpec, platform: str | None) -> AttentionSpec:
-  """A backend name or spec -> a checked spec whose platform is set (default: this process's)."""
-  spec = AttentionSpec(backend=attention) if isinstance(attention, str) else attention
-  return dataclasses.replace(spec, platform=platform or spec.platform or jax.default_backend()).check()
 
 
 def init_cache(cfg: ModelConfig, batch: int, size: int, dtype) -> list[LayerCache]:

@@ -34,15 +34,26 @@ class NonFiniteLossError(FloatingPointError):
   """Too many consecutive optimizer updates had a NaN/inf loss or gradient."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepPrograms:
+  """What a step runs: the jitted log-prob pass and update (rl/update.py) and the learning-rate
+  schedule (rl/optim.py). A caller may pass wrapped ones to observe or fault a step."""
+  batch_logprobs: Callable = upd.batch_logprobs
+  update_step: Callable = upd.update_step
+  lr_at: Callable = lr_at
+
+
 class Trainer:
   """Owns the policy, agent, optimizer, mesh, data iterator and checkpoints of one run."""
 
   def __init__(self, cfg, *, workdir: str, mesh, rules, policy, collector, batches, loss_from: int,
-               evaluate: Callable[[], dict] | None = None, shared_prefix=None):
+               evaluate: Callable[[], dict] | None = None, shared_prefix=None,
+               programs: StepPrograms = StepPrograms()):
     """Parts come from `memagent_jax.experiment.build_experiment`; `loss_from` is the first token
     column the loss reads, `evaluate` scores the current policy on the held-out set;
     `shared_prefix` [L]: the template opening most rows start with, run once per update batch
-    (used on a batch only where `update.prefix_fits`)."""
+    (used on a batch only where `update.prefix_fits`); `programs`: what a step runs."""
+    self.programs = programs
     self.cfg, self.workdir, self.mesh, self.rules = cfg, workdir, mesh, rules
     self.policy, self.collector, self.batches, self.loss_from = policy, collector, batches, loss_from
     self._evaluate = evaluate
@@ -103,17 +114,17 @@ class Trainer:
       # the first update runs on the params that sampled: its own forward pass gives the old log-probs
       with self._trace_mesh():
         if recompute and i > 0:
-          dev["old_logp"] = upd.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw)
+          dev["old_logp"] = self.programs.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw)
         if cfg.rl.kl_coef:
-          dev["ref_logp"] = upd.batch_logprobs(st.ref_params, dev["tokens"], dev["valid"], **kw)
+          dev["ref_logp"] = self.programs.batch_logprobs(st.ref_params, dev["tokens"], dev["valid"], **kw)
       spec = dataclasses.replace(self.spec, old_is_current=recompute and i == 0)
       batches.append((dev, spec, prefix))
-    st.opt_state = set_learning_rate(st.opt_state, lr_at(cfg.optim, st.step, cfg.train.steps))
+    st.opt_state = set_learning_rate(st.opt_state, self.programs.lr_at(cfg.optim, st.step, cfg.train.steps))
     update_metrics = []
     for dev, spec, prefix in batches:
       with self._trace_mesh():
-        st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
-                                                     spec=spec, prefix=prefix)
+        st.params, st.opt_state, m = self.programs.update_step(st.params, st.opt_state, dev, graphdef=gd,
+                                                               tx=self.tx, spec=spec, prefix=prefix)
       update_metrics.append(m)
     update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars
     t2 = time.perf_counter()
@@ -206,4 +217,4 @@ class Trainer:
 
   def _lr(self):
     """The learning rate of the step just taken."""
-    return lr_at(self.cfg.optim, self.state.step - 1, self.cfg.train.steps)
+    return self.programs.lr_at(self.cfg.optim, self.state.step - 1, self.cfg.train.steps)
