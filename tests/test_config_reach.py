@@ -12,6 +12,7 @@ built, take a train step and evaluate.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -28,7 +29,6 @@ from memagent_jax.agent.results import AgentResult, Conversation
 from memagent_jax.data import pipeline, toy
 from memagent_jax.experiment import assembly
 from memagent_jax.rl import losses, rollout, toy_teacher
-from memagent_jax.rl import update as upd
 
 
 def config(**overrides) -> ml_collections.ConfigDict:
@@ -123,7 +123,7 @@ class Run:
     passes ran before it (one per mini-batch when old log-probs are recomputed)."""
     def go():
       c, seen = self.trainer.collector, []
-      saved = c.agent, upd.batch_logprobs, upd.update_step
+      saved = c.agent, self.trainer.programs
 
       def logprobs(params, tokens, valid, *, prompt_width, **_):
         seen.append(tuple(tokens.shape))
@@ -131,13 +131,14 @@ class Run:
 
       def update(*a, **k):
         raise _Stop
-      c.agent, upd.batch_logprobs, upd.update_step = ScriptedAgent(c.agent), logprobs, update
+      c.agent = ScriptedAgent(c.agent)
+      self.trainer.programs = dataclasses.replace(saved[1], batch_logprobs=logprobs, update_step=update)
       try:
         self.trainer.train_step()
       except _Stop:
         pass
       finally:
-        c.agent, upd.batch_logprobs, upd.update_step = saved
+        c.agent, self.trainer.programs = saved
       return {"logprob_passes": seen}
     return self._once("step", go)
 
