@@ -140,7 +140,8 @@ def attention_ms(name: str, b: int, t: int, heads, repeats: int):
     k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, T, K, D], its native layout
     fn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
   else:
-    fn = lambda q, k, v: attention.attend(q, k, v, valid, backend=name.split()[-1])
+    spec = attention.AttentionSpec(backend=name.split()[-1])
+    fn = lambda q, k, v: attention.attend(q, k, v, valid, spec=spec)
   grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum((fn(q, k, v) * cot).astype(jnp.float32)), argnums=(0, 1, 2)))
   return 1e3 * timed(lambda: jax.block_until_ready(grad(q, k, v)), repeats)
 

@@ -275,7 +275,7 @@ DISTRIBUTED_SCRIPT = textwrap.dedent("""
     import os
     from memagent_jax.runtime import parallel as par
     dist = {"num_processes": int(os.environ["NPROC"]), "process_id": int(os.environ["PID"]),
-            "coordinator_address": os.environ["COORD"], "initialization_timeout": 60}
+            "coordinator_address": os.environ["COORD"]}
     started = par.initialize_distributed(dist)
     assert par.initialize_distributed(dist) == started  # idempotent
 """) + STEP_CODE + textwrap.dedent("""
