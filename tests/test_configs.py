@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from memagent_jax.rl.config_checks import validate_config
+from memagent_jax.experiment.config_checks import validate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ["base", "toy_cpu", "memagent_qwen2_5_7b", "memagent_qwen2_5_14b"]

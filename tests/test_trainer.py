@@ -186,7 +186,7 @@ def test_max_chunks_truncates_training_documents_only(tmp_path):
   m = t.train()["history"][0]
   assert m["chunks_per_doc"] == 1.0
   assert run.evaluator is None and run.agent.max_chunks == 1
-  assert assembly.build_reader(t.cfg.agent, t.policy, training=False).max_chunks is None
+  assert assembly.build_reader(run.cfg.agent, t.policy, training=False).max_chunks is None
 
 
 @pytest.mark.parametrize("knob", ["train.seed", "data.seed", "model.seed"])
