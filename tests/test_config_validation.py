@@ -7,8 +7,8 @@ import math
 import pytest
 
 from configs import toy_cpu
-from memagent_jax.rl import config_checks
-from memagent_jax.rl.config_checks import RANGES, validate_config
+from memagent_jax.experiment import config_checks
+from memagent_jax.experiment.config_checks import RANGES, validate_config
 
 from test_trainer import tiny
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from memagent_jax.rl.config_checks import validate_config
+from memagent_jax.experiment.config_checks import validate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ["base", "toy_cpu", "memagent_qwen2_5_7b", "memagent_qwen2_5_14b"]
@@ -132,6 +132,7 @@ def test_every_configs_sharding_rules_shard_every_param_without_a_collision():
   from flax import nnx
   from jax.sharding import AbstractMesh
   from memagent_jax.models.config import get_preset
+  from memagent_jax.experiment import specs
   from memagent_jax.models.decoder import Decoder
   from memagent_jax.runtime import parallel
   states = [nnx.state(nnx.eval_shape(lambda p=p: Decoder(get_preset(p), jnp.float32, rngs=nnx.Rngs(0))), nnx.Param)
@@ -139,9 +140,9 @@ def test_every_configs_sharding_rules_shard_every_param_without_a_collision():
   mesh = AbstractMesh((2, 2, 2), parallel.MESH_AXES)
   seen = 0
   for name, variant in _variants():
-    c = _get(name, variant)
-    rules = parallel.axis_rules([tuple(r) for r in c.mesh.rules] or None)
-    for layout in {"train", c.mesh.rollout}:
+    mesh_spec = specs.mesh_spec(_get(name, variant))
+    rules = mesh_spec.axis_rules()
+    for layout in {"train", mesh_spec.rollout}:
       for state in states:
         parallel.param_shardings(state, mesh, parallel.rollout_rules(rules, layout))
     seen += 1

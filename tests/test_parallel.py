@@ -150,25 +150,25 @@ def test_non_divisible_dim_falls_back_to_replication(caplog):
 
 
 def test_mesh_shape_and_bad_mesh():
-  assert par.mesh_shape({"data": -1, "fsdp": 1, "tensor": 2}, 8) == (4, 1, 2)
-  assert par.mesh_shape(ml_collections.ConfigDict({"data": 2, "fsdp": -1, "tensor": 1}), 8) == (2, 4, 1)
+  assert par.mesh_shape(par.MeshSpec(data=-1, fsdp=1, tensor=2), 8) == (4, 1, 2)
+  assert par.mesh_shape(par.MeshSpec(data=2, fsdp=-1, tensor=1), 8) == (2, 4, 1)
   with pytest.raises(ValueError, match=r"mesh data=3 x fsdp=1 x tensor=1 = 3 does not match "
                                        r"the 8 available devices"):
-    par.mesh_shape({"data": 3, "fsdp": 1, "tensor": 1}, 8)
+    par.mesh_shape(par.MeshSpec(data=3, fsdp=1, tensor=1), 8)
   with pytest.raises(ValueError, match="do not divide the 8 available devices"):
-    par.mesh_shape({"data": -1, "fsdp": 3, "tensor": 1}, 8)
+    par.mesh_shape(par.MeshSpec(data=-1, fsdp=3, tensor=1), 8)
   with pytest.raises(ValueError, match="at most one axis may be -1"):
-    par.mesh_shape({"data": -1, "fsdp": -1}, 8)
+    par.mesh_shape(par.MeshSpec(data=-1, fsdp=-1), 8)
   with pytest.raises(ValueError, match=r"data=2 x fsdp=1 x tensor=1 = 2 does not match the 1 "):
-    par.make_mesh({"data": 2, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
-  mesh = par.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+    par.make_mesh(par.MeshSpec(data=2, fsdp=1, tensor=1), devices=jax.devices()[:1])
+  mesh = par.make_mesh(par.MeshSpec(data=-1, fsdp=1, tensor=1), devices=jax.devices()[:1])
   assert mesh.axis_names == par.MESH_AXES and mesh.devices.size == 1
 
 
 def test_opt_state_mirrors_param_shardings():
   model = Decoder(get_preset("tiny-llama"), jnp.float32, rngs=nnx.Rngs(0))
   params = nnx.state(model, nnx.Param)
-  mesh = par.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+  mesh = par.make_mesh(par.MeshSpec(data=1, fsdp=1, tensor=1), devices=jax.devices()[:1])
   shardings = par.param_shardings(params, mesh)
   for tx in (optax.adam(1e-3), optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))):
     opt = tx.init(params)
@@ -213,7 +213,7 @@ SHARDED_STEP_SCRIPT = STEP_CODE + textwrap.dedent("""
     # Reference: everything on one device, no shardings.
     ref_loss, ref_params, _ = jax.jit(step)(params, opt, jnp.asarray(tokens))
 
-    mesh = par.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    mesh = par.make_mesh(par.MeshSpec(data=1, fsdp=4, tensor=2))
     shardings = par.param_shardings(params, mesh)
     opt_sh = par.opt_state_shardings(opt, params, shardings, mesh)
     p_s = par.shard_params(params, mesh)
@@ -282,7 +282,7 @@ DISTRIBUTED_SCRIPT = textwrap.dedent("""
     from jax.experimental import multihost_utils
     graphdef, params, tx = tiny_model()
     opt = tx.init(params)
-    mesh = par.make_mesh({"data": -1, "fsdp": 1, "tensor": int(os.environ["TENSOR"])})
+    mesh = par.make_mesh(par.MeshSpec(data=-1, fsdp=1, tensor=int(os.environ["TENSOR"])))
     shardings = par.param_shardings(params, mesh)
     opt_sh = par.opt_state_shardings(opt, params, shardings, mesh)
     p_s = par.shard_params(params, mesh)
@@ -424,7 +424,7 @@ RL_UPDATE_SCRIPT = textwrap.dedent("""
       split = [tuple(x.sharding.shard_shape(x.shape)) != tuple(x.shape) for x in jax.tree_util.tree_leaves(params)]
       return [np.asarray(x) for x in jax.tree_util.tree_leaves(params)], float(m["loss"]), sum(split)
 
-    mesh = parallel.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    mesh = parallel.make_mesh(parallel.MeshSpec(data=1, fsdp=4, tensor=2))
     out = {"devices": jax.device_count()}
     for name, tx in (("sgd", sgd), ("adamw", adamw)):
       one, loss1, _ = run(None, tx)

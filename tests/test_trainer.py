@@ -114,7 +114,7 @@ def test_non_finite_params_stop_the_run_before_their_checkpoint(tmp_path):
   """A NaN learning rate (validation bypassed) gives finite losses and gradients but NaN params:
   the run stops at that step, naming it and a param leaf, and writes no checkpoint of it."""
   from memagent_jax.rl.optim import lr_at
-  nan_from_step_1 = lambda o, step, total: float("nan") if step >= 1 else lr_at(o, step, total)
+  nan_from_step_1 = lambda optim, step: float("nan") if step >= 1 else lr_at(optim, step)
   t = assembly.build_trainer(tiny(**{"train.steps": 3, "train.save_every": 1}), workdir=str(tmp_path),
                              programs=trainer_lib.StepPrograms(lr_at=nan_from_step_1))
   with pytest.raises(trainer_lib.NonFiniteStateError, match=r"step 2: \d+ leaves .* not finite \(params/embed"):
@@ -186,7 +186,7 @@ def test_max_chunks_truncates_training_documents_only(tmp_path):
   m = t.train()["history"][0]
   assert m["chunks_per_doc"] == 1.0
   assert run.evaluator is None and run.agent.max_chunks == 1
-  assert assembly.build_reader(t.cfg.agent, t.policy, training=False).max_chunks is None
+  assert assembly.build_reader(run.cfg.agent, t.policy, training=False).max_chunks is None
 
 
 @pytest.mark.parametrize("knob", ["train.seed", "data.seed", "model.seed"])

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from memagent_jax.models.decoder import positions_from_mask
+from memagent_jax.models.decoder import positions_from_mask, remat_policy
 from memagent_jax.policy.sampling import cache_with_prefix, prefix_cache
 from memagent_jax.rl import losses
 
@@ -43,13 +43,17 @@ class UpdateSpec:
   old_is_current: bool = False
   logits_chunk: int = 512  # response positions projected on the vocabulary at a time (`response_logprobs`)
 
-  @classmethod
-  def from_config(cls, rl, *, loss_from: int, remat: str | bool, compute_dtype: str) -> "UpdateSpec":
-    """The spec of a config's `rl` section; the loss reads token columns from `loss_from` on."""
-    return cls(prompt_width=loss_from, loss=rl.loss, agg=rl.agg, clip_low=rl.clip_low, clip_high=rl.clip_high,
-               clip_c=rl.clip_c if rl.clip_c else None, kl_coef=rl.kl_coef, kl_kind=rl.kl_kind,
-               entropy_coef=rl.entropy_coef, remat=remat, temperature=rl.temperature,
-               compute_dtype=compute_dtype)
+  def __post_init__(self):
+    losses.get_policy_loss(self.loss)  # unknown names raise, listing the known ones
+    remat_policy(self.remat)
+    if self.agg not in losses.AGG_MODES:
+      raise ValueError(f"UpdateSpec.agg={self.agg!r}; choose one of {losses.AGG_MODES}")
+    if losses.KL_ALIASES.get(self.kl_kind, self.kl_kind) not in losses.KL_KINDS:
+      raise ValueError(f"UpdateSpec.kl_kind={self.kl_kind!r}; choose one of {losses.KL_KINDS}")
+    if not (self.prompt_width >= 1 and self.clip_low >= 0 and self.clip_high >= 0 and self.kl_coef >= 0
+            and self.temperature > 0 and (self.clip_c is None or self.clip_c > 1)):
+      raise ValueError("UpdateSpec needs prompt_width >= 1, clip_low, clip_high, kl_coef >= 0, temperature > 0 "
+                       f"and clip_c None or > 1; got {self}")
 
 
 def cast_params(params, dtype):
