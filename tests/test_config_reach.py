@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 
 from configs import base, toy_cpu
-from memagent_jax.agent import memagent as memagent_lib
 from memagent_jax.agent.results import AgentResult, Conversation
 from memagent_jax.data import pipeline, toy
 from memagent_jax.experiment import assembly
@@ -145,21 +144,20 @@ class Run:
   def blocks(self) -> dict:
     """What the MemAgent hands its compiled memory block for two training documents (stopped there)."""
     def go():
-      seen = {}
-      real = memagent_lib.memory_block
+      seen, agent = {}, self.exp.agent
 
       def block(graphdef, state, **kw):
         seen.update(chunks=tuple(kw["chunks"].shape), tokens_read=np.asarray(kw["chunk_len"]).sum(1).tolist(),
                     memory=tuple(kw["memory"].shape))
         raise _Stop
-      memagent_lib.memory_block = block
+      agent.memory_block = block  # this agent's block only
       pool = self.exp.train_pool[:2]
       try:
-        self.exp.agent.answer_batch([s["question"] for s in pool], [s["context"] for s in pool], temperature=1.0)
+        agent.answer_batch([s["question"] for s in pool], [s["context"] for s in pool], temperature=1.0)
       except _Stop:
         pass
       finally:
-        memagent_lib.memory_block = real
+        del agent.memory_block
       return seen
     return self._once("blocks", go)
 

@@ -62,6 +62,9 @@ class MemAgent:
   and over processes: each process passes its own questions and documents and gets its own
   results, while the policy's params stay sharded as in training."""
 
+  # the compiled memory block (agent/recurrence.py) the reader runs; an instance may wrap its own
+  memory_block = staticmethod(memory_block)
+
   # The documented call `mj.MemAgent(policy, chunk_tokens=, memory_tokens=, answer_tokens=)` names the
   # three budgets; the rest default to the released reader (trainer: configs/base.py agent section).
   def __init__(self, policy, *, chunk_tokens: int, memory_tokens: int, answer_tokens: int,
@@ -206,7 +209,7 @@ class MemAgent:
       chunks, lengths = chunking.pack_chunks(rows, num_steps=self.block_chunks,
                                              chunk_tokens=self.chunk_tokens, pad_id=self.pad_id)
       with self._trace_mesh():
-        memory, mem_len, outs = memory_block(
+        memory, mem_len, outs = self.memory_block(
             pol.graphdef, pol.state, pieces=self._memory_pieces, question=question, q_len=q_len, memory=memory,
             mem_len=mem_len, chunks=place.put(chunks), chunk_len=place.put(lengths), keys=keys,
             first_chunk=jnp.int32(first_chunk), temperature=temp, top_p=tp, spec=spec)
