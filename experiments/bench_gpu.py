@@ -160,13 +160,13 @@ def bench_attention(s: Shapes, repeats: int) -> str:
 
 
 # --- 2. update -------------------------------------------------------------------------------
-def update_batch(s: Shapes, vocab: int) -> dict:
+def update_batch(s: Shapes, vocab: int) -> upd.UpdateBatch:
   """One micro-batch: tokens, valid [1, R, L]; loss_mask, old_logp, ref_logp [1, R, N]; advantages [1, R]."""
   rng, r, n = np.random.default_rng(0), s.rows, s.response
   b = dict(tokens=rng.integers(0, vocab, (r, s.length)).astype(np.int32), valid=np.ones((r, s.length), bool),
            loss_mask=np.ones((r, n), bool), old_logp=np.zeros((r, n), np.float32),
            ref_logp=np.zeros((r, n), np.float32), advantages=rng.standard_normal(r).astype(np.float32))
-  return {k: jnp.asarray(v) for k, v in upd.split_micro(b, 1).items()}
+  return jax.tree.map(jnp.asarray, upd.split_micro(b, 1))
 
 
 def jax_update(s: Shapes, repeats: int) -> tuple[float, float]:
@@ -186,7 +186,7 @@ def jax_update(s: Shapes, repeats: int) -> tuple[float, float]:
 
   def step():  # params and opt_state are donated: only the returned ones are used again
     carry[0], carry[1], metrics = compiled(*carry, batch)
-    jax.block_until_ready(metrics["loss"])
+    jax.block_until_ready(metrics.loss)
 
   return timed(step, repeats), gib
 

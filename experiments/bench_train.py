@@ -58,7 +58,7 @@ def bench_update(preset: str, rows: int, length: int, prompt_width: int, dtype, 
                valid=np.ones((rows, length), bool), loss_mask=np.ones((rows, n), bool),
                old_logp=np.full((rows, n), -5.0, np.float32), ref_logp=np.full((rows, n), -5.0, np.float32),
                advantages=rng.standard_normal(rows).astype(np.float32))
-  batch = {k: jnp.asarray(v) for k, v in upd.split_micro(batch, micro).items()}
+  batch = jax.tree.map(jnp.asarray, upd.split_micro(batch, micro))
   spec = upd.UpdateSpec(prompt_width=prompt_width, loss="ppo_clip", agg="token-mean", clip_low=0.2,
                         clip_high=0.28, clip_c=None, kl_coef=0.0, kl_kind="low_var_kl", entropy_coef=0.0,
                         remat=remat, temperature=1.0, compute_dtype=jnp.dtype(dtype).name)  # the model dtype: bf16 runs bf16
@@ -67,7 +67,7 @@ def bench_update(preset: str, rows: int, length: int, prompt_width: int, dtype, 
 
   def step():
     state[0], state[1], metrics = upd.update_step(*state, batch, graphdef=gd, tx=tx, spec=spec)
-    return metrics["loss"]
+    return metrics.loss
 
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost

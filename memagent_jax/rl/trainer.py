@@ -106,8 +106,8 @@ class Trainer:
     key = jax.random.fold_in(jax.random.fold_in(self.state.rng, self.state.step), gen * 4096 + sub)
     return int(jax.random.randint(key, (), 0, 2 ** 31 - 1))
 
-  def _device_batch(self, arrays: dict) -> dict:
-    return {k: parallel.shard_micro_batches(v, self.mesh) for k, v in arrays.items()}
+  def _device_batch(self, batch: upd.UpdateBatch) -> upd.UpdateBatch:
+    return jax.tree.map(lambda v: parallel.shard_micro_batches(v, self.mesh), batch)
 
   def train_step(self) -> dict[str, float]:
     """Rollouts, then `updates_per_step` optimizer updates; returns the step's metrics."""
@@ -128,8 +128,7 @@ class Trainer:
     recompute = spec.recompute_old_logprobs and self.update_spec.loss != "sft"  # sft reads no old log-probs
     prefixed = 0
     for i, part in enumerate(parts):  # old / reference log-probs: all from the params that sampled
-      arrays = upd.split_micro(part.arrays(), spec.micro_batches)
-      dev = self._device_batch(arrays)
+      dev = self._device_batch(upd.split_micro(part.arrays(), spec.micro_batches))
       fits = upd.prefix_fits(part.tokens, part.valid, self.shared_prefix, self.loss_from)
       prefix = self._shared_prefix_dev if fits else None
       prefixed += fits
@@ -138,9 +137,9 @@ class Trainer:
       # the first update runs on the params that sampled: its own forward pass gives the old log-probs
       with self._trace_mesh():
         if recompute and i > 0:
-          dev["old_logp"] = upd.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw)
+          dev = dev.replace(old_logp=upd.batch_logprobs(st.params, dev.tokens, dev.valid, **kw))
         if self.update_spec.kl_coef:
-          dev["ref_logp"] = upd.batch_logprobs(st.ref_params, dev["tokens"], dev["valid"], **kw)
+          dev = dev.replace(ref_logp=upd.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
       update_spec = dataclasses.replace(self.update_spec, old_is_current=recompute and i == 0)
       batches.append((dev, update_spec, prefix))
     st.opt_state = set_learning_rate(st.opt_state, lr_at(self.optim, st.step))
@@ -152,19 +151,19 @@ class Trainer:
       update_metrics.append(m)
     update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars
     t2 = time.perf_counter()
-    finite = [bool(m["finite"]) for m in update_metrics]
+    finite = [bool(m.finite) for m in update_metrics]
     for ok, m in zip(finite, update_metrics):
       self._nan_run = 0 if ok else self._nan_run + 1
       if self._nan_run >= spec.max_nan_steps:
         raise NonFiniteLossError(
             f"step {st.step + 1}: {self._nan_run} consecutive updates had a non-finite loss or gradient "
-            f"(last: loss={float(m['loss'])}, grad_norm={float(m['grad_norm'])}); stopping without saving "
+            f"(last: loss={float(m.loss)}, grad_norm={float(m.grad_norm)}); stopping without saving "
             f"this step (train.max_nan_steps={spec.max_nan_steps}). Lower optim.lr or check the data.")
     # a NaN/inf learning rate (or an overflowing update) leaves loss and gradients finite
     check_finite(st, self.mesh, st.step + 1)
-    good = [m for m in update_metrics if bool(m["finite"])] or update_metrics
-    for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "dual_clip_frac", "approx_kl_old", "grad_norm"):
-      metrics[k] = float(np.mean([m[k] for m in good]))
+    good = [m for m in update_metrics if bool(m.finite)] or update_metrics
+    for name in upd.UpdateMetrics.mean_names():
+      metrics[name] = float(np.mean([getattr(m, name) for m in good]))
     metrics.update(updates=len(parts), skipped_updates=finite.count(False), nan_run=self._nan_run,
                    prefix_shared_frac=prefixed / len(parts),
                    update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
