@@ -20,6 +20,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from memagent_jax.runtime import parallel
+from memagent_jax.runtime.device_clock import DeviceClock
 from memagent_jax.runtime.preemption import Preempted, StopSignals
 from memagent_jax.runtime.workdir_lock import WorkdirLock
 from memagent_jax.rl import update as upd
@@ -98,6 +99,7 @@ class Trainer:
                               parallel.param_shardings(policy.state, mesh, layout_rules))
     self._sync_policy()
     self._nan_run = 0
+    self.clock = DeviceClock()  # seconds in the update's programs and transfers (perf/host_s)
     self.shared_prefix = None if shared_prefix is None else np.asarray(shared_prefix, np.int32)
     self._shared_prefix_dev = None if shared_prefix is None else jnp.asarray(self.shared_prefix)  # once
 
@@ -112,12 +114,16 @@ class Trainer:
   def train_step(self) -> dict[str, float]:
     """Rollouts, then `updates_per_step` optimizer updates; returns the step's metrics."""
     spec, st = self.spec, self.state
+    agent_clock = getattr(self.collector.agent, "device_clock", None)  # a teacher's agent runs no programs
+    device0 = self.clock.seconds + (agent_clock.seconds if agent_clock else 0.0)
     t0 = time.perf_counter()
     roll = self.collector.collect(self.batches, self._seed)
     metrics = dict(roll.metrics)
     t1 = time.perf_counter()
+    device_seconds = lambda: self.clock.seconds + (agent_clock.seconds if agent_clock else 0.0) - device0
     if roll.rows is None:  # dynamic sampling proceeded with nothing to learn from
-      metrics.update(updates=0, step_seconds=time.perf_counter() - t0)
+      wall = time.perf_counter() - t0
+      metrics.update(updates=0, step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
       return metrics
     parts = mini_batches(roll.rows, num_questions=roll.num_questions,
                          questions_per_mini_batch=spec.ppo_mini_batch, multiple=self.row_multiple,
@@ -128,28 +134,31 @@ class Trainer:
     recompute = spec.recompute_old_logprobs and self.update_spec.loss != "sft"  # sft reads no old log-probs
     prefixed = 0
     for i, part in enumerate(parts):  # old / reference log-probs: all from the params that sampled
-      dev = self._device_batch(upd.split_micro(part.arrays(), spec.micro_batches))
+      with self.clock.section():
+        dev = jax.block_until_ready(self._device_batch(upd.split_micro(part.arrays(), spec.micro_batches)))
       fits = upd.prefix_fits(part.tokens, part.valid, self.shared_prefix, self.loss_from)
       prefix = self._shared_prefix_dev if fits else None
       prefixed += fits
       kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.update_spec.temperature,
                 compute_dtype=self.update_spec.compute_dtype, prefix=prefix)
       # the first update runs on the params that sampled: its own forward pass gives the old log-probs
-      with self._trace_mesh():
+      with self._trace_mesh(), self.clock.section():
         if recompute and i > 0:
           dev = dev.replace(old_logp=upd.batch_logprobs(st.params, dev.tokens, dev.valid, **kw))
         if self.update_spec.kl_coef:
           dev = dev.replace(ref_logp=upd.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
+        jax.block_until_ready(dev)
       update_spec = dataclasses.replace(self.update_spec, old_is_current=recompute and i == 0)
       batches.append((dev, update_spec, prefix))
     st.opt_state = set_learning_rate(st.opt_state, lr_at(self.optim, st.step))
     update_metrics = []
-    for dev, update_spec, prefix in batches:
-      with self._trace_mesh():
-        st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
-                                                     spec=update_spec, prefix=prefix)
-      update_metrics.append(m)
-    update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars
+    with self.clock.section():
+      for dev, update_spec, prefix in batches:
+        with self._trace_mesh():
+          st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
+                                                       spec=update_spec, prefix=prefix)
+        update_metrics.append(m)
+      update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars: waits for the updates
     t2 = time.perf_counter()
     finite = [bool(m.finite) for m in update_metrics]
     for ok, m in zip(finite, update_metrics):
@@ -168,8 +177,12 @@ class Trainer:
                    prefix_shared_frac=prefixed / len(parts),
                    update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=metrics["rollout_tokens"] / max(t1 - t0, 1e-9),
-                   update_seconds=t2 - t1, step_seconds=t2 - t0)
-    self._sync_policy()
+                   update_seconds=t2 - t1)
+    with self.clock.section():
+      self._sync_policy()
+      jax.block_until_ready(self.policy.state)
+    wall = time.perf_counter() - t0
+    metrics.update(step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
     return metrics
 
   def _sync_policy(self):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import time
 
-import jax
 
 
 class DeviceClock:
@@ -24,8 +23,3 @@ class DeviceClock:
       yield
     finally:
       self.seconds += time.perf_counter() - start
-
-  def ready(self, tree):
-    """`jax.block_until_ready(tree)`, timed as device time."""
-    with self.section():
-      return jax.block_until_ready(tree)
