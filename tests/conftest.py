@@ -37,9 +37,7 @@ def pytest_runtest_makereport(item, call):
     report.longrepr = (str(item.path), item.location[1] or 0,
                        f"Skipped: needs the embedded SmolLM2-135M-Instruct ({missing})")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-  sys.path.insert(0, REPO)  # the `configs` package
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # on sys.path by pytest.ini: `configs`
 
 
 @pytest.fixture(scope="session")

@@ -83,7 +83,7 @@ def table(reports: dict[str, dict]) -> list[str]:
   return lines
 
 
-# Measured before this code existed (issue 32's report, the same 2-core CPU): the update donated nothing.
+# The update compiled without donation (the same 2-core CPU), for comparison: it donated nothing.
 BEFORE = [
     "| Qwen2.5-0.5B update, 64 rows x 2048 tokens, 4 micro-batches, remat, v5p-8 (fsdp 4) | 1.4 | 1.4 | **0** | "
     "9.2 | about 5.5 min |",
