@@ -214,7 +214,7 @@ def test_trainer_knobs_reach_the_update(tmp_path, knob, value, base1):
 
 
 def _train_cmd(workdir, steps, save_every=1):
-  return [sys.executable, os.path.join(REPO, "experiments", "train.py"), "--config=configs/toy_cpu.py:tiny",
+  return [sys.executable, "-m", "experiments.train", "--config=configs/toy_cpu.py:tiny",
           f"--workdir={workdir}", f"--config.train.steps={steps}", f"--config.train.save_every={save_every}",
           "--config.rl.clip_high=0.31"]
 
@@ -284,7 +284,7 @@ def test_compilation_cache_dir_holds_the_run_programs(tmp_path):
   """train.compilation_cache_dir turns on jax's persistent cache: the rollout and update programs
   land there, so a restart reuses them (in a subprocess: the setting is process-wide)."""
   cache = tmp_path / "xla_cache"
-  cmd = [sys.executable, "experiments/train.py", "--config=configs/toy_cpu.py:tiny",
+  cmd = [sys.executable, "-m", "experiments.train", "--config=configs/toy_cpu.py:tiny",
          "--config.train.steps=1", f"--config.train.compilation_cache_dir={cache}",
          f"--workdir={tmp_path / 'run'}"]
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
