@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
+from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch, ConversationSlots
 from memagent_jax.rl import device_rows
 from memagent_jax.rl import update as upd
 from memagent_jax.rl.batching import mini_batches, rows_from_conversations
@@ -35,8 +35,8 @@ def _results(seed: int, trajectories: int):
   return out
 
 
-def _slots(batch: ConversationBatch) -> device_rows.Slots:
-  return device_rows.Slots(prompt=batch.prompt_ids, prompt_len=batch.prompt_lengths, response=batch.response_ids,
+def _slots(batch: ConversationBatch) -> ConversationSlots:
+  return ConversationSlots(prompt=batch.prompt_ids, prompt_len=batch.prompt_lengths, response=batch.response_ids,
                            response_len=batch.response_mask.sum(1).astype(np.int32),
                            logprobs=batch.response_logprobs, truncated=batch.truncated)
 

@@ -3,8 +3,8 @@ which row of which mini-batch (small integer arrays), one compiled gather builds
 `UpdateBatch` split over the mesh, and no token crosses the host.
 
 A slot is one conversation of an agent call (a memory update or a final answer) as fixed-width
-arrays; `Slots` holds every slot of a step. The row layout is the one `rl.batching` builds on
-the host: the prompt left-padded to P columns, then the response right-padded to N.
+arrays (`agent.results.ConversationSlots`). The row layout is the one `rl.batching` builds on the
+host: the prompt left-padded to P columns, then the response right-padded to N.
 """
 
 from __future__ import annotations
@@ -17,26 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from memagent_jax.agent.results import ConversationSlots
 from memagent_jax.rl.batching import bucket_rows
 from memagent_jax.rl.update import UpdateBatch
 from memagent_jax.runtime.parallel import BATCH_AXES
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Slots:
-  """S conversations as fixed-width arrays (on device; a slot may be empty: lengths 0)."""
-  prompt: jax.Array  # [S, P] int32, left-padded
-  prompt_len: jax.Array  # [S] int32
-  response: jax.Array  # [S, N] int32, right-padded (the stop token included when emitted)
-  response_len: jax.Array  # [S] int32
-  logprobs: jax.Array  # [S, N] float32: log p of each response token under the policy that sampled
-  truncated: jax.Array  # [S] bool: hit the token cap without a stop token
-
-  @classmethod
-  def concatenate(cls, parts: list["Slots"]) -> "Slots":
-    """The slots of several agent calls, in order."""
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,8 +50,8 @@ def plan_mini_batches(slot, question, advantages, *, questions_per_mini_batch: i
 
 
 @functools.partial(jax.jit, static_argnames=("micro_batches", "mask_truncated", "pad_id", "out_sharding"))
-def _gather(slots: Slots, slot, advantages, *, micro_batches: int, mask_truncated: bool, pad_id: int,
-            out_sharding):
+def _gather(slots: ConversationSlots, slot, advantages, *, micro_batches: int, mask_truncated: bool,
+            pad_id: int, out_sharding):
   p, n = slots.prompt.shape[1], slots.response.shape[1]
   empty = slot < 0  # [R]
   take = lambda x: jnp.take(x, jnp.maximum(slot, 0), axis=0)
@@ -89,8 +73,8 @@ def _gather(slots: Slots, slot, advantages, *, micro_batches: int, mask_truncate
   return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, out_sharding(x.ndim)), batch)
 
 
-def gather_update_batch(slots: Slots, plan: MiniBatchPlan, *, micro_batches: int, mask_truncated: bool,
-                        pad_id: int, mesh=None) -> UpdateBatch:
+def gather_update_batch(slots: ConversationSlots, plan: MiniBatchPlan, *, micro_batches: int,
+                        mask_truncated: bool, pad_id: int, mesh=None) -> UpdateBatch:
   """One mini-batch's UpdateBatch [M, R / M, ...] gathered from the slots on device; with a mesh,
   rows are split over ("data", "fsdp") as `parallel.shard_micro_batches` splits them. A row's
   tokens and old log-probs are its slot's; padding rows hold one real token and no loss."""
