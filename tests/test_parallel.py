@@ -306,7 +306,7 @@ DISTRIBUTED_SCRIPT = textwrap.dedent("""
     rl_rows = dict(tokens=g.integers(0, 256, (R, P + N)).astype(np.int32), valid=np.ones((R, P + N), bool),
                    loss_mask=np.ones((R, N), bool), old_logp=np.full((R, N), -5.5, np.float32),
                    ref_logp=np.full((R, N), -5.5, np.float32), advantages=g.standard_normal(R).astype(np.float32))
-    rl_batch = {k: par.shard_micro_batches(v, mesh) for k, v in upd.split_micro(rl_rows, 2).items()}
+    rl_batch = jax.tree.map(lambda v: par.shard_micro_batches(v, mesh), upd.split_micro(rl_rows, 2))
     rl_tx = optax.sgd(1.0)
     rl_spec = upd.UpdateSpec(prompt_width=P, loss="ppo_clip", agg="token-mean", clip_low=0.2, clip_high=0.28,
                              clip_c=None, kl_coef=0.01, kl_kind="low_var_kl", entropy_coef=0.0, remat=False,
@@ -318,7 +318,7 @@ DISTRIBUTED_SCRIPT = textwrap.dedent("""
     print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
                       "devices": jax.device_count(), "mesh": dict(mesh.shape),
                       "global_rows": batch.shape[1], "loss": float(loss),
-                      "checksum": float(checksum), "rl_loss": float(rl_m["loss"]),
+                      "checksum": float(checksum), "rl_loss": float(rl_m.loss),
                       "rl_checksum": float(rl_checksum)}))
 """)
 
@@ -417,12 +417,12 @@ RL_UPDATE_SCRIPT = textwrap.dedent("""
         sh = parallel.param_shardings(params, mesh)
         params = parallel.shard_params(params, mesh)
         opt = parallel.shard_opt_state(tx.init(params), params, sh, mesh)
-        batch = {k: parallel.shard_micro_batches(v, mesh) for k, v in micro.items()}
+        batch = jax.tree.map(lambda v: parallel.shard_micro_batches(v, mesh), micro)
       else:
-        opt, batch = tx.init(params), {k: jnp.asarray(v) for k, v in micro.items()}
+        opt, batch = tx.init(params), jax.tree.map(jnp.asarray, micro)
       params, opt, m = upd.update_step(params, opt, batch, graphdef=gd, tx=tx, spec=spec)
       split = [tuple(x.sharding.shard_shape(x.shape)) != tuple(x.shape) for x in jax.tree_util.tree_leaves(params)]
-      return [np.asarray(x) for x in jax.tree_util.tree_leaves(params)], float(m["loss"]), sum(split)
+      return [np.asarray(x) for x in jax.tree_util.tree_leaves(params)], float(m.loss), sum(split)
 
     mesh = parallel.make_mesh(parallel.MeshSpec(data=1, fsdp=4, tensor=2))
     out = {"devices": jax.device_count()}

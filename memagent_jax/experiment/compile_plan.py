@@ -176,7 +176,7 @@ def build_programs(cfg, mesh, rules, *, platform: str = "tpu") -> tuple[list[Pro
   logprobs = Program("logprobs", upd.batch_logprobs, (params, tokens, valid), dict(
       graphdef=graphdef, prompt_width=s.prompt_width, temperature=float(rl.temperature),
       compute_dtype=cfg.model.dtype), f"batch_logprobs: one mini-batch, {m} x {r} rows x {w} tokens")
-  batch = dict(tokens=tokens, valid=valid, loss_mask=_rows(mesh, (m, r, n), jnp.bool_, 1),
+  batch = upd.UpdateBatch(tokens=tokens, valid=valid, loss_mask=_rows(mesh, (m, r, n), jnp.bool_, 1),
                old_logp=_rows(mesh, (m, r, n), f32, 1), ref_logp=_rows(mesh, (m, r, n), f32, 1),
                advantages=_rows(mesh, (m, r), f32, 1))
   uspec = specs.update_spec(cfg, loss_from=s.prompt_width)

@@ -10,6 +10,7 @@ the trainer sets it from the step before each step's updates.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +48,7 @@ def learning_rate_schedule(*, lr: float, schedule: str, warmup_steps: int, total
   updates_per_step 1: the count is the rollout step (as the trainer's `lr_at` reads it)."""
   if schedule not in SCHEDULES:
     raise ValueError(f"optim.schedule={schedule!r}; choose one of {SCHEDULES}")
-  if lr <= 0 or warmup_steps < 0 or total_steps < 1 or updates_per_step < 1:
+  if not math.isfinite(lr) or lr <= 0 or warmup_steps < 0 or total_steps < 1 or updates_per_step < 1:
     raise ValueError(f"need lr > 0, warmup_steps >= 0, total_steps >= 1, updates_per_step >= 1; got "
                      f"{lr}, {warmup_steps}, {total_steps}, {updates_per_step}")
   decay_steps = max(1, total_steps - warmup_steps)

@@ -20,6 +20,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from memagent_jax.runtime import parallel
+from memagent_jax.runtime.device_clock import DeviceClock
 from memagent_jax.runtime.preemption import Preempted, StopSignals
 from memagent_jax.runtime.workdir_lock import WorkdirLock
 from memagent_jax.rl import update as upd
@@ -36,11 +37,10 @@ class NonFiniteLossError(FloatingPointError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StepPrograms:
-  """What a step runs: the jitted log-prob pass and update (rl/update.py) and the learning-rate
-  schedule (rl/optim.py). A caller may pass wrapped ones to observe or fault a step."""
+  """What a step runs: the jitted log-prob pass and update (rl/update.py). A caller may pass wrapped
+  ones to observe or fault a step."""
   batch_logprobs: Callable = upd.batch_logprobs
   update_step: Callable = upd.update_step
-  lr_at: Callable = lr_at
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -108,6 +108,7 @@ class Trainer:
                               parallel.param_shardings(policy.state, mesh, layout_rules))
     self._sync_policy()
     self._nan_run = 0
+    self.clock = DeviceClock()  # seconds in the update's programs and transfers (perf/host_s)
     self.shared_prefix = None if shared_prefix is None else np.asarray(shared_prefix, np.int32)
     self._shared_prefix_dev = None if shared_prefix is None else jnp.asarray(self.shared_prefix)  # once
 
@@ -116,18 +117,22 @@ class Trainer:
     key = jax.random.fold_in(jax.random.fold_in(self.state.rng, self.state.step), gen * 4096 + sub)
     return int(jax.random.randint(key, (), 0, 2 ** 31 - 1))
 
-  def _device_batch(self, arrays: dict) -> dict:
-    return {k: parallel.shard_micro_batches(v, self.mesh) for k, v in arrays.items()}
+  def _device_batch(self, batch: upd.UpdateBatch) -> upd.UpdateBatch:
+    return jax.tree.map(lambda v: parallel.shard_micro_batches(v, self.mesh), batch)
 
   def train_step(self) -> dict[str, float]:
     """Rollouts, then `updates_per_step` optimizer updates; returns the step's metrics."""
     spec, st = self.spec, self.state
+    agent_clock = getattr(self.collector.agent, "device_clock", None)  # a teacher's agent runs no programs
+    device0 = self.clock.seconds + (agent_clock.seconds if agent_clock else 0.0)
     t0 = time.perf_counter()
     roll = self.collector.collect(self.batches, self._seed)
     metrics = dict(roll.metrics)
     t1 = time.perf_counter()
+    device_seconds = lambda: self.clock.seconds + (agent_clock.seconds if agent_clock else 0.0) - device0
     if roll.rows is None:  # dynamic sampling proceeded with nothing to learn from
-      metrics.update(updates=0, step_seconds=time.perf_counter() - t0)
+      wall = time.perf_counter() - t0
+      metrics.update(updates=0, step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
       return metrics
     parts = mini_batches(roll.rows, num_questions=roll.num_questions,
                          questions_per_mini_batch=spec.ppo_mini_batch, multiple=self.row_multiple,
@@ -138,8 +143,8 @@ class Trainer:
     recompute = spec.recompute_old_logprobs and self.update_spec.loss != "sft"  # sft reads no old log-probs
     prefixed = 0
     for i, part in enumerate(parts):  # old / reference log-probs: all from the params that sampled
-      arrays = upd.split_micro(part.arrays(), spec.micro_batches)
-      dev = self._device_batch(arrays)
+      with self.clock.section():
+        dev = jax.block_until_ready(self._device_batch(upd.split_micro(part.arrays(), spec.micro_batches)))
       fits = upd.prefix_fits(part.tokens, part.valid, self.shared_prefix, self.loss_from)
       prefix = self._shared_prefix_dev if fits else None
       prefixed += fits
@@ -147,41 +152,47 @@ class Trainer:
                 compute_dtype=self.update_spec.compute_dtype, logits_chunk=self.update_spec.logits_chunk,
                 prefix=prefix)
       # the first update runs on the params that sampled: its own forward pass gives the old log-probs
-      with self._trace_mesh():
+      with self._trace_mesh(), self.clock.section():
         if recompute and i > 0:
-          dev["old_logp"] = self.programs.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw)
+          dev = dev.replace(old_logp=self.programs.batch_logprobs(st.params, dev.tokens, dev.valid, **kw))
         if self.update_spec.kl_coef:
-          dev["ref_logp"] = self.programs.batch_logprobs(st.ref_params, dev["tokens"], dev["valid"], **kw)
+          dev = dev.replace(ref_logp=self.programs.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
+        jax.block_until_ready(dev)
       update_spec = dataclasses.replace(self.update_spec, old_is_current=recompute and i == 0)
       batches.append((dev, update_spec, prefix))
-    st.opt_state = set_learning_rate(st.opt_state, self.programs.lr_at(self.optim, st.step))
+    st.opt_state = set_learning_rate(st.opt_state, lr_at(self.optim, st.step))
     update_metrics = []
-    for dev, update_spec, prefix in batches:
-      with self._trace_mesh():
-        st.params, st.opt_state, m = self.programs.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
-                                                     spec=update_spec, prefix=prefix)
-      update_metrics.append(m)
-    update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars
+    with self.clock.section():
+      for dev, update_spec, prefix in batches:
+        with self._trace_mesh():
+          st.params, st.opt_state, m = self.programs.update_step(st.params, st.opt_state, dev, graphdef=gd,
+                                                                 tx=self.tx, spec=update_spec, prefix=prefix)
+        update_metrics.append(m)
+      update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars: waits for the updates
     t2 = time.perf_counter()
-    finite = [bool(m["finite"]) for m in update_metrics]
+    finite = [bool(m.finite) for m in update_metrics]
     for ok, m in zip(finite, update_metrics):
       self._nan_run = 0 if ok else self._nan_run + 1
       if self._nan_run >= spec.max_nan_steps:
         raise NonFiniteLossError(
             f"step {st.step + 1}: {self._nan_run} consecutive updates had a non-finite loss or gradient "
-            f"(last: loss={float(m['loss'])}, grad_norm={float(m['grad_norm'])}); stopping without saving "
+            f"(last: loss={float(m.loss)}, grad_norm={float(m.grad_norm)}); stopping without saving "
             f"this step (train.max_nan_steps={spec.max_nan_steps}). Lower optim.lr or check the data.")
     # a NaN/inf learning rate (or an overflowing update) leaves loss and gradients finite
     check_finite(st, self.mesh, st.step + 1)
-    good = [m for m in update_metrics if bool(m["finite"])] or update_metrics
-    for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "dual_clip_frac", "approx_kl_old", "grad_norm"):
-      metrics[k] = float(np.mean([m[k] for m in good]))
+    good = [m for m in update_metrics if bool(m.finite)] or update_metrics
+    for name in upd.UpdateMetrics.mean_names():
+      metrics[name] = float(np.mean([getattr(m, name) for m in good]))
     metrics.update(updates=len(parts), skipped_updates=finite.count(False), nan_run=self._nan_run,
                    prefix_shared_frac=prefixed / len(parts),
                    update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=metrics["rollout_tokens"] / max(t1 - t0, 1e-9),
-                   update_seconds=t2 - t1, step_seconds=t2 - t0)
-    self._sync_policy()
+                   update_seconds=t2 - t1)
+    with self.clock.section():
+      self._sync_policy()
+      jax.block_until_ready(self.policy.state)
+    wall = time.perf_counter() - t0
+    metrics.update(step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
     return metrics
 
   def _sync_policy(self):
@@ -252,4 +263,4 @@ class Trainer:
 
   def _lr(self):
     """The learning rate of the step just taken."""
-    return self.programs.lr_at(self.optim, self.state.step - 1)
+    return lr_at(self.optim, self.state.step - 1)
