@@ -164,15 +164,12 @@ def test_base_of_another_world_or_an_incomplete_one_is_refused(tmp_path):
   assert not (tmp_path / "run").exists()  # nothing copied before the checks pass
 
 
-def test_eval_sweeps_only_the_trained_stages(monkeypatch, tmp_path):
+def test_eval_sweeps_only_the_trained_stages(tmp_path):
   """make demo trains no full-attention baseline: the sweep skips it instead of failing on a missing export."""
   from experiments import toy_reproduction
   swept = []
-  monkeypatch.setattr(toy_reproduction, "make_reader", lambda stage, *a: stage)
-  monkeypatch.setattr(toy_reproduction, "reader_digest", lambda stage, *a: stage)
-  monkeypatch.setattr(toy_reproduction, "sweep_lengths",
-                      lambda reader, stage, task, lengths, **kw: swept.append((stage, lengths)) or [])
-  toy_reproduction.evaluate("demo", str(tmp_path), 4, 2, 1000, "lookup", trained=["pretrain", "warm_start", "rl"])
+  toy_reproduction.evaluate("demo", str(tmp_path), 4, 2, 1000, "lookup", trained=["pretrain", "warm_start", "rl"],
+                            sweep=lambda stage, lengths, **kw: swept.append((stage, lengths)) or [])
   assert swept == [("rl", [128, 256]), ("warm_start", [128, 256])]
 
 
