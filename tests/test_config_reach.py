@@ -148,8 +148,8 @@ class Run:
       real = memagent_lib.memory_block
 
       def block(graphdef, state, **kw):
-        seen.update(chunks=tuple(kw["chunks"].shape), tokens_read=np.asarray(kw["chunk_len"]).sum(1).tolist(),
-                    memory=tuple(kw["memory"].shape))
+        seen.update(chunks=tuple(kw["block"].chunks.shape), tokens_read=np.asarray(kw["block"].lengths).sum(1).tolist(),
+                    memory=tuple(kw["rows"].memory.shape))
         raise _Stop
       memagent_lib.memory_block = block
       pool = self.exp.train_pool[:2]
