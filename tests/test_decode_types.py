@@ -41,13 +41,13 @@ def test_settings_become_the_samplers_switches_once():
   with pytest.raises(AttributeError):  # frozen
     spec.temperature = 2.0
   assert hash(spec) == hash(DecodeSpec(temperature=np.float32(0.7), top_p=0.9, top_k=20))
-  assert float(GREEDY.divisor()) == np.float32(1e-6)  # never divides by ~0
+  assert GREEDY.divisor == 1e-6 and DecodeSpec(temperature=2.0).divisor == 2.0  # never divides by ~0
 
 
 def test_switches_are_static_and_temperatures_traced():
   """Temperature and top-p are leaves (a new value reuses the program); the switches are structure."""
   leaves, tree = jax.tree.flatten(DecodeSpec(temperature=0.7, top_p=0.9, top_k=5))
-  assert leaves == [0.7, 0.9]
+  assert leaves == [np.float32(0.7), np.float32(0.9), np.float32(0.7)]  # temperature, top_p, divisor
   assert tree != jax.tree.structure(DecodeSpec(temperature=0.7, top_k=5))  # top-p switched off
   assert tree == jax.tree.structure(DecodeSpec(temperature=1.3, top_p=0.5, top_k=5))
   traces = []
@@ -55,7 +55,7 @@ def test_switches_are_static_and_temperatures_traced():
   @jax.jit
   def scaled(spec, x):
     traces.append(spec.greedy)
-    return x / spec.divisor()
+    return x / spec.divisor
 
   for t in (0.5, 2.0):
     np.testing.assert_allclose(scaled(DecodeSpec(temperature=t), jnp.ones(3)), 1 / t)

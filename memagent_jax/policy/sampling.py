@@ -68,7 +68,7 @@ class DecodeState:
 
 def process_logits(logits, spec: DecodeSpec):
   """Temperature, then top-k, then top-p (nucleus) on float32 logits [B, V]."""
-  x = logits / spec.divisor()
+  x = logits / spec.divisor
   if spec.top_k > 0:
     kth = jax.lax.top_k(x, spec.top_k)[0][:, -1:]
     x = jnp.where(x < kth, -jnp.inf, x)
