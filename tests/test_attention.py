@@ -159,16 +159,16 @@ def test_training_forward_and_gradients_equal_across_backends(fused):
 
 def test_prefill_through_the_cudnn_glue_samples_the_same_tokens():
   """Left-packed prompts: prefill runs the packed-rows path, decoding the xla path over the cache."""
-  from memagent_jax.policy.sampling import left_pad, sample_from_prompts
+  from memagent_jax.policy.decode_spec import GREEDY
+  from memagent_jax.policy.sampling import PromptRows, left_pad, sample_from_prompts
   model = Decoder(TINY, attention="xla", rngs=nnx.Rngs(1))
   rng = np.random.default_rng(6)
   tokens, valid = left_pad([rng.integers(0, 64, size=n).tolist() for n in (3, 11, 7)], 0)
 
   def sample():
     return jax.jit(lambda t, m: sample_from_prompts(
-        model, t, m, stop_tokens=-jnp.ones((3, 1), jnp.int32), keys=jnp.zeros((3, 2), jnp.uint32),
-        temperature=0.0, top_p=1.0, done=jnp.zeros((3,), bool), max_new_tokens=8, cache_size=24,
-        greedy=True, top_k=0, use_top_p=False, pad_id=0))(tokens, valid)
+        model, PromptRows(tokens=t, valid=m, keys=jnp.zeros((3, 2), jnp.uint32), stop_tokens=-jnp.ones((3, 1), jnp.int32),
+                          inactive=jnp.zeros((3,), bool)), GREEDY, max_new_tokens=8, pad_id=0, cache_size=24))(tokens, valid)
 
   ref = sample()
   model.set_attention(AttentionSpec(backend="cudnn", emulate_kernels=True))

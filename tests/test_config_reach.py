@@ -147,8 +147,8 @@ class Run:
       seen, agent = {}, self.exp.agent
 
       def block(graphdef, state, **kw):
-        seen.update(chunks=tuple(kw["chunks"].shape), tokens_read=np.asarray(kw["chunk_len"]).sum(1).tolist(),
-                    memory=tuple(kw["memory"].shape))
+        seen.update(chunks=tuple(kw["block"].chunks.shape), tokens_read=np.asarray(kw["block"].lengths).sum(1).tolist(),
+                    memory=tuple(kw["rows"].memory.shape))
         raise _Stop
       agent.memory_block = block  # this agent's block only
       pool = self.exp.train_pool[:2]

@@ -7,7 +7,7 @@ import torch
 import memagent_jax as mj
 from conftest import make_tiny_hf_dir, torch_logits
 from memagent_jax.models.attention import AttentionSpec
-from memagent_jax.policy.sampling import GREEDY
+from memagent_jax.policy.decode_spec import GREEDY
 
 
 def test_tiny_checkpoint_logits_match_transformers(tiny_hf_dir):

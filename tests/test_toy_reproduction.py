@@ -124,7 +124,7 @@ def test_committed_lookup_base_looks_facts_up_by_key():
   from configs import toy_memagent
   from memagent_jax.data import toy
   from memagent_jax.experiment.assembly import sample_pool
-  from memagent_jax.policy import sampling
+  from memagent_jax.policy.decode_spec import GREEDY
   assert json.load(open(os.path.join(BASE, "base.json")))["world"] == "lookup"
   cfg = toy_memagent.get_config("pretrain,lookup")
   policy = mj.load_policy(BASE)
@@ -133,7 +133,7 @@ def test_committed_lookup_base_looks_facts_up_by_key():
                         tokenizer=tok)
   assert len({s["key"] for s in samples}) == 8  # all eight askable keys asked
   prompts = [tok.encode(s["context"]) + tok.encode(s["question"]) for s in samples]  # the teacher's rows
-  out = policy.sample(prompts, 8, params=sampling.GREEDY)
+  out = policy.sample(prompts, 8, params=GREEDY)
   said = [re.findall(r"boxed\{ (\w+) \}", tok.decode(row[:n])) for row, n in zip(out.tokens, out.lengths)]
   right = sum(w == [s["answers"][0]] for w, s in zip(said, samples)) / len(samples)
   shortcut = sum([v for k, v in s["facts"] if k in toy.ASKED_KEYS][-1] == s["answers"][0] for s in samples) / len(samples)

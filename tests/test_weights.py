@@ -13,7 +13,7 @@ from conftest import torch_logits
 from memagent_jax.models import gguf_weights
 from memagent_jax.models.config import PRESETS, ModelConfig
 from memagent_jax.policy import loading
-from memagent_jax.policy.sampling import GREEDY
+from memagent_jax.policy.decode_spec import GREEDY
 
 
 def test_export_round_trip_through_transformers(tiny_hf_dir, tmp_path):

@@ -139,7 +139,7 @@ def hidden_states(model, tokens, valid, *, remat: str | bool, prefix=None):
     return model(tokens, positions, valid, remat=remat)[0], 0
   l = prefix.shape[0]
   cache = cache_with_prefix(model, prefix_cache(model, prefix), tokens, valid, tokens.shape[1])
-  return model(tokens[:, l:], positions[:, l:], valid, cache, l, remat=remat)[0], l
+  return model(tokens[:, l:], positions[:, l:], valid[:, l:], cache, remat=remat)[0], l
 
 
 def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: str | bool, temperature: float,
