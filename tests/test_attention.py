@@ -206,7 +206,7 @@ def test_auto_picks_xla_on_cpu_and_cudnn_only_for_16_bit_on_gpu():
 def test_decoder_refuses_a_dense_mask():
   model = Decoder(TINY, rngs=nnx.Rngs(0))
   tokens = jnp.zeros((2, 6), jnp.int32)
-  with pytest.raises(ValueError, match=r"key_valid \(2, 6, 6\) must match tokens \(2, 6\)"):
+  with pytest.raises(ValueError, match=r"valid \(2, 6, 6\) must match tokens \(2, 6\)"):
     model(tokens, positions_from_mask(jnp.ones((2, 6), bool)), jnp.ones((2, 6, 6), bool))
 
 
