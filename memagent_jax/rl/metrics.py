@@ -11,6 +11,8 @@ import os
 import resource
 import sys
 
+import jax
+
 
 class MetricWriter:
   """`write(step, {name: number})` appends to `<dir>/metrics.jsonl` and TensorBoard events."""
@@ -58,3 +60,10 @@ def host_rss_bytes() -> int:
   except OSError:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
+
+
+def device_memory() -> dict[str, int]:
+  """Bytes and count of the jax arrays alive in this process (all devices): flat over a run unless
+  something keeps old arrays (a leak the allocator's own statistics would hide on the CPU)."""
+  arrays = jax.live_arrays()
+  return {"perf/device_bytes": int(sum(a.nbytes for a in arrays)), "perf/live_arrays": len(arrays)}

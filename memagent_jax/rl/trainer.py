@@ -24,7 +24,7 @@ from memagent_jax.runtime.preemption import Preempted, StopSignals
 from memagent_jax.runtime.workdir_lock import WorkdirLock
 from memagent_jax.rl import update as upd
 from memagent_jax.rl.batching import mini_batches
-from memagent_jax.rl.metrics import MetricWriter, host_rss_bytes
+from memagent_jax.rl.metrics import MetricWriter, device_memory, host_rss_bytes
 from memagent_jax.rl.optim import lr_at, make_optimizer, set_learning_rate
 from memagent_jax.rl.train_state import (NonFiniteStateError, check_finite, model_meta,  # noqa: F401
                                          restore_or_init, save_state)
@@ -175,6 +175,7 @@ class Trainer:
         st.step += 1
         metrics["lr"] = float(self._lr())
         metrics["perf/host_rss_bytes"] = host_rss_bytes()
+        metrics.update(device_memory())
         if st.step % cfg.train.log_every == 0 or st.step == until:
           self.writer.write(st.step, metrics, prefix="train/")
         if cfg.eval.every and (st.step % cfg.eval.every == 0 or st.step == cfg.train.steps):
