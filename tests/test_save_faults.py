@@ -49,12 +49,12 @@ mount -t tmpfs -o size=64m tmpfs "$DISK" || exit 99
 run() { "$PY" experiments/train.py --config=configs/toy_cpu.py:tiny --config.train.steps=$1 \\
           --config.train.save_every=1 --workdir="$DISK/run" > "$OUT/out$2" 2> "$OUT/err$2"; echo $? > "$OUT/rc$2"; }
 run 1 1                                                  # step 1 saved
-dd if=/dev/zero of="$DISK/headroom" bs=1k count=64 2>/dev/null
+dd if=/dev/zero of="$DISK/headroom" bs=1k count=256 2>/dev/null
 dd if=/dev/zero of="$DISK/fill" bs=1M 2>/dev/null        # until the disk is full
-rm "$DISK/headroom"                                      # 64 KiB left: metrics fit, a checkpoint does not
+rm "$DISK/headroom"                                      # 256 KiB left: metrics fit, a checkpoint does not
 run 3 2                                                  # step 2's save hits the full disk
 "$PY" -c "from memagent_jax.runtime.checkpointing import Checkpointer as C; import sys
-s, m = C(sys.argv[1]).restore(); print(int(s['step']), m['step'])" "$DISK/run/checkpoints" > "$OUT/restored" 2>&1
+s, m = C(sys.argv[1]).restore(); print(int(s['step']), m['step'])" "$DISK/run/checkpoints" > "$OUT/restored" 2> "$OUT/restored_err"
 rm "$DISK/fill"                                          # space freed
 t0=$(date +%s.%N); run 3 3; t1=$(date +%s.%N)
 echo "$t0 $t1" > "$OUT/resume_seconds"
@@ -155,7 +155,9 @@ def test_one_of_two_processes_killed_during_an_async_save(tmp_path):
   assert ckpt.all_steps() == [1]  # step 2 was being written: on disk, never complete
   leftovers = sorted(p for p in os.listdir(workdir / "checkpoints") if p != "1")
   assert leftovers and all(p.startswith("2") for p in leftovers), leftovers
+  t0 = time.monotonic()
   resumed = _collect(_spawn_both(workdir, cache), timeout=600)  # the same command, both restarted
+  print(f"restart after the kill: {time.monotonic() - t0:.1f} s to finish steps 2-3")  # reported, not asserted
   assert [o["start"] for o in resumed] == [1, 1] and [o["step"] for o in resumed] == [3, 3]
   assert resumed[0]["checksum"] == resumed[1]["checksum"] == ref[0]["checksum"]  # as if never killed
   assert checkpointing.Checkpointer(str(workdir / "checkpoints")).all_steps() == [2, 3]

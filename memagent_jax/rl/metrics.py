@@ -33,9 +33,13 @@ class MetricWriter:
     if not self.enabled:
       return
     clean = {prefix + k: float(v) for k, v in scalars.items() if v is not None}
-    self._jsonl.write(json.dumps({"step": int(step), **{k: (v if math.isfinite(v) else str(v))
-                                                         for k, v in clean.items()}}) + "\n")
-    self._jsonl.flush()
+    try:
+      self._jsonl.write(json.dumps({"step": int(step), **{k: (v if math.isfinite(v) else str(v))
+                                                           for k, v in clean.items()}}) + "\n")
+      self._jsonl.flush()
+    except OSError as e:  # a full disk: say which file, not only "[Errno 28]"
+      raise OSError(e.errno, f"metrics of step {step} not written: {(e.strerror or str(e)).lower()} writing "
+                             f"{self._jsonl.name}") from e
     if self._tb is not None:
       for k, v in clean.items():
         self._tb.add_scalar(k, v, int(step))

@@ -27,30 +27,32 @@ _ORBAX_SAVE_REPORTS = ("_SignalingThread.run() raised an exception", "in backgro
 class CheckpointWriteError(OSError):
   """A step's checkpoint was not written; the steps saved before it are intact."""
 
+  def __str__(self) -> str:
+    return self.strerror  # the one line, without OSError's "[Errno 28] " prefix
 
-def _os_error(exc: BaseException) -> tuple[int | None, str]:
-  """(errno, text) of the first OS-level failure in `exc`'s chain (tensorstore reports the errno
-  as os_error_code inside a ValueError's message); errno None if there is none."""
+
+def _os_error(exc: BaseException) -> tuple[int | None, str, str | None]:
+  """(errno, text, file name) of the first OS-level failure in `exc`'s chain (tensorstore reports
+  the errno as os_error_code inside a ValueError's message); errno None if there is none."""
   seen = set()
   while exc is not None and id(exc) not in seen:
     seen.add(id(exc))
     if isinstance(exc, OSError) and exc.errno:
-      return exc.errno, str(exc)
+      return exc.errno, str(exc), exc.filename
     if m := _OS_CODE.search(str(exc)):
-      return int(m[1]), str(exc)
+      return int(m[1]), str(exc), None
     exc = exc.__cause__ or exc.__context__
-  return None, ""
+  return None, "", None
 
 
 def write_error(exc: BaseException, *, step: int | None, directory: str, saved: int | None) -> CheckpointWriteError | None:
   """`exc` (raised by orbax while writing `step` into `directory`) as a one-line CheckpointWriteError,
   None when it is not an OS-level write failure; `saved` is the newest complete step."""
-  code, text = _os_error(exc)
+  code, text, filename = _os_error(exc)
   if code is None:
     return None
-  what = f"writing {m[1]}" if (m := _FILE.search(text)) else f"writing into {directory}"
-  if getattr(exc, "filename", None):
-    what = f"writing {exc.filename}"
+  filename = filename or ((m := _FILE.search(text)) and m[1])
+  what = f"writing {filename}" if filename else f"writing into {directory}"
   if m := _ARRAY.search(text):
     what += f" (array {m[1]} of the training state)"
   reason = "no space left on device" if code == errno.ENOSPC else os.strerror(code).lower()
@@ -58,10 +60,8 @@ def write_error(exc: BaseException, *, step: int | None, directory: str, saved: 
           else f"no complete checkpoint in {directory} yet")
   where = f"step {step}" if step is not None else "a step"
   hint = "free space, then" if code == errno.ENOSPC else "fix that, then"
-  err = CheckpointWriteError(code, f"checkpoint of {where} not saved: {reason} {what}; {kept}; "
-                                   f"{hint} run the same command to resume")
-  err.args = (one_line(err.strerror, limit=1000),)  # str(err) is that one line, without "[Errno 28]"
-  return err
+  return CheckpointWriteError(code, one_line(f"checkpoint of {where} not saved: {reason} {what}; {kept}; "
+                                             f"{hint} run the same command to resume", limit=1000))
 
 
 class _DropOrbaxSaveReports(logging.Filter):
