@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -333,8 +334,13 @@ def detected_cluster() -> tuple[str, int] | None:
   (Slurm, Cloud TPU VM / GKE metadata, Kubernetes, Open MPI), None outside one. The same list, in
   the same order, as jax's detection: jax has no public call that only looks."""
   for env in jax_clusters.ClusterEnv._cluster_types:
-    if not env.opt_in_only_method and env.is_env_present():
-      return env.name, int(env.get_process_count())
+    try:
+      with warnings.catch_warnings():  # e.g. "Kubernetes detected but the kubernetes package is missing"
+        warnings.simplefilter("ignore")
+        if not env.opt_in_only_method and env.is_env_present():
+          return env.name, int(env.get_process_count())
+    except Exception as e:  # noqa: BLE001 - a pod that is not a Job (k8s API 403): not a cluster to join
+      _log.info("not joining the %s cluster jax detected: %s", env.name, e)
   return None
 
 
