@@ -151,6 +151,7 @@ def test_one_of_two_processes_killed_during_an_async_save(tmp_path):
       if p.poll() is None:
         p.kill()
       p.communicate()
+  assert (workdir / "run.lock").exists()  # the dead job's lock: the restart takes it over
   ckpt = checkpointing.Checkpointer(str(workdir / "checkpoints"))
   assert ckpt.all_steps() == [1]  # step 2 was being written: on disk, never complete
   leftovers = sorted(p for p in os.listdir(workdir / "checkpoints") if p != "1")
@@ -161,3 +162,4 @@ def test_one_of_two_processes_killed_during_an_async_save(tmp_path):
   assert [o["start"] for o in resumed] == [1, 1] and [o["step"] for o in resumed] == [3, 3]
   assert resumed[0]["checksum"] == resumed[1]["checksum"] == ref[0]["checksum"]  # as if never killed
   assert checkpointing.Checkpointer(str(workdir / "checkpoints")).all_steps() == [2, 3]
+  assert not (workdir / "run.lock").exists()  # held once by the pair, released at the end
