@@ -32,12 +32,12 @@ test-fast: setup
 # world, warm start on the imperfect teacher, Multi-Conv DAPO, then accuracy against length for both.
 TOY_BASE := --world=lookup --base=experiments/data/toy_base_lookup
 demo: setup
-	$(PY) experiments/toy_reproduction.py --scale=demo $(TOY_BASE) --stages=warm_start,rl,eval --fresh
+	$(PY) -m experiments.toy_reproduction --scale=demo $(TOY_BASE) --stages=warm_start,rl,eval --fresh
 
 # The full toy reproduction from the same base: warm start, RL, full attention, 1x..256x, n = 200
 # (docs/results/toy_reproduction_lookup.{md,png,json}). Resumes where it stopped; rm -rf runs/toy_full_lookup to start over.
 reproduce: setup
-	$(PY) experiments/toy_reproduction.py --scale=full $(TOY_BASE)
+	$(PY) -m experiments.toy_reproduction --scale=full $(TOY_BASE)
 
 # The embedded SmolLM2 reading a real document with MemAgent, memory shown after each chunk.
 demo-smollm2: setup
@@ -47,16 +47,16 @@ demo-smollm2: setup
 
 # The quickstart notebook executed headless (after make demo or make reproduce) into runs/notebooks/.
 notebook: setup
-	$(PY) experiments/run_notebook.py
+	$(PY) -m experiments.run_notebook
 
 bench: setup
-	$(PY) experiments/bench_sampler.py
+	$(PY) -m experiments.benchmarks.bench_sampler
 
 # GPU benchmarks (attention backends vs cuDNN, update vs PyTorch, decode vs HBM bandwidth, the RL
 # step split) -> docs/results/gpu.md. Needs an NVIDIA GPU with jax[cuda12] (and a CUDA torch for the
 # PyTorch rows) in the venv; `--smoke` runs the same code at tiny shapes on a CPU (in `make test`).
 bench-gpu: setup
-	$(PY) -m experiments.bench_gpu
+	$(PY) -m experiments.benchmarks.bench_gpu
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,9 +1,9 @@
 """Defaults shared by every training config; experiment files override what differs.
 
-Who reads what: `memagent_jax/experiment/assembly.py` turns the model, agent, data, eval, mesh,
-distributed and teacher sections into the parts of a run (policy, reader, data, collector,
-evaluator); the trainer (`memagent_jax/rl/trainer.py`, with rl/rollout.py, rl/update.py,
-rl/optim.py and rl/train_state.py) reads rl, optim and train. `memagent_jax/rl/config_checks.py`
+Who reads what: `memagent_jax/experiment/` alone. assembly.py turns the model, agent, data, eval,
+mesh and distributed sections into the parts of a run (policy, reader, data, collector, evaluator),
+and specs.py turns rl, optim, train, teacher and mesh into the typed specs the trainer, rollouts,
+update and optimizer take (docs/DESIGN.md lists them). `memagent_jax/experiment/config_checks.py`
 validates every field before any of that. A field that nothing reads would be a flag that does
 nothing, so there are none: tests/test_config_reach.py checks that every field is read outside
 validation and that each agent, data, rl and teacher field changes what a run does.

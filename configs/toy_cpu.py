@@ -4,7 +4,7 @@
   --config=configs/toy_cpu.py:tiny     toy-tiny, a few steps: tests of the loop, resume, knobs
   --config=configs/toy_cpu.py:dapo     the same with DAPO's clip-higher, dynamic sampling, overlong
 The reward is RULER's containment score on the answer, so a policy trained from scratch gets
-some signal before it has learnt the answer format (the issue-5 warm start removes that need).
+some signal before it has learnt the answer format (the toy_memagent warm start removes that need).
 """
 
 import ml_collections

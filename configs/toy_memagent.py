@@ -1,4 +1,4 @@
-"""The toy-world reproduction of MemAgent's headline curve (issue 5), one stage per variant.
+"""The toy-world reproduction of MemAgent's headline curve, one stage per variant.
 
   --config=configs/toy_memagent.py:pretrain         base model: find-and-copy a fact on short plain texts
   --config=configs/toy_memagent.py:warm_start       supervised warm start from the imperfect teacher
@@ -8,7 +8,7 @@ Append ",demo" for the short version `make demo` runs (fewer steps), and ",looku
 question-conditioned world (eight askable keys, task toy_kv) with the toy-1m-shift2 policy, whose
 token shift lets it learn lookup by key in pretraining (docs/results/probe_recall.md); the default
 world ",one_key" asks every question about oslo. The stages are chained by
-experiments/toy_reproduction.py, which starts warm_start and full_attention from the exported
+`python -m experiments.toy_reproduction`, which starts warm_start and full_attention from the exported
 pretrained base (as the paper's runs all start from one instruct model) and rl from the warm start.
 World: chunk 64, memory 16, answer 8 toy tokens; training documents of 128 tokens (1x, 2 chunks);
 toy-1m policy (1.07M parameters, 4 layers).
@@ -23,19 +23,17 @@ STAGES = ("pretrain", "warm_start", "rl", "full_attention")
 PRETRAIN_TOKENS = 48  # pretraining documents: short, so attention finds the fact among few tokens
 LOOKUP_PRETRAIN_TOKENS = 72  # lookup world: room for up to three asked facts and three askable distractors
 LOOKUP_DISTRACTORS = 3  # lookup world's warm-start and RL documents (1x: 128 tokens): three distractor facts
-# RL data curricula for the lookup world (data.phases): every distractor about another askable key
-# first; then askable and other keys at even odds, as evaluated; then the same with every fact at the
-# end of its chunk, where the residual overwrites sat (toy_lookup_world.md, "Where the residual errors
-# sit"). LOOKUP_RL_PHASES (100 + 100 + 50 steps) is make reproduce's RL stage: 99 -> 96% from 1x to
-# 256x (seed 0; seed 1 fell to 92% at 128x; the seed-0 run's step 300 gave 95 -> 97.5% and made make
-# reproduce 51 min long).
-# LOOKUP_CURRICULUM (200 + 100 + 100, with --config.train.steps=400) gave 99.5 -> 95% and 100 -> 97%
-# in two seeds at KL 0.005 (toy_lookup_world.md, "The curriculum at KL 0.005"); at KL 0.002 it once
-# drifted.
+# RL data curricula for the lookup world (data.phases, "<until step>:<document options>;..."): every
+# distractor about another askable key first (the overwrite RL must unlearn is then offered by most
+# documents); then askable and other keys at even odds, as evaluated; then the same with every fact at
+# the end of its chunk, where overwrites are likeliest (docs/results/toy_lookup_error_hazards.md).
+# LOOKUP_RL_PHASES (100 + 100 + 50 steps) is make reproduce's RL stage; LOOKUP_CURRICULUM (200 + 100 +
+# 100, with --config.train.steps=400) the longer schedule, steadier across seeds and slower.
+# Their measured curves: docs/results/history.md.
 LOOKUP_RL_PHASES = "100:;200:distractor_keys=mixed;250:distractor_keys=mixed,late_fact_share=1.0"
 LOOKUP_CURRICULUM = "200:;300:distractor_keys=mixed;400:distractor_keys=mixed,late_fact_share=1.0"
 SCALES = ("full", "demo")
-# world -> (toy task, policy preset): the one-key world of the first reproduction, and the
+# world -> (toy task, policy preset): the one-key world (every question about oslo), and the
 # question-conditioned one, which needs the token shift to learn lookup on 2 cores
 WORLDS = {"one_key": (toy.ONE_KEY_TASK, "toy-1m"), "lookup": (toy.TASK, "toy-1m-shift2")}
 
@@ -75,11 +73,11 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
     c.data.update(length=PRETRAIN_TOKENS)
     c.teacher.name, c.teacher.options = "toy_recall", ml_collections.ConfigDict()
     c.rl.update(questions_per_step=64, ppo_mini_batch=64, rollout_batch=64)
-    # lookup by key takes longer than finding oslo's fact (docs/results/toy_lookup_world.md: 800 steps)
+    # lookup by key takes longer to learn than finding oslo's fact
     steps = (400 if demo else 800) if world == "lookup" else (150 if demo else 300)
     if world == "lookup":
-      # every distractor about another askable key: on the default rows (one distractor of any key)
-      # "copy the latest askable fact" scored 92.5% and the base learnt that, not lookup (toy_lookup_world.md)
+      # every distractor about another askable key: on the default rows (one distractor of any key) the
+      # shortcut "copy the latest askable fact" is almost always right, and a base learns it, not lookup
       c.data.length = LOOKUP_PRETRAIN_TOKENS
       c.data.options = ml_collections.ConfigDict(dict(num_distractors=3, distractor_keys="askable"))
     c.train.update(steps=steps, workdir="runs/toy_memagent/pretrain")
@@ -89,14 +87,11 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
     if world == "lookup":
       # From the key-matching base the student can tell the asked key from the others, so the teacher
       # overwrites on ANY distractor chunk (askable or not) with probability 0.5: a flaw that compounds
-      # with length and that RL can remove. With askable_overwrite_prob=0 and the default documents the
-      # fitted model overwrote on 1-6% of chunks and RL had little left to fix (3-6 points at 16x).
-      # Documents with three distractors put most overwrite choices after the asked fact, where they
-      # matter (at 1x with one distractor the teacher's overwrites fell mostly on an empty memory, and the
-      # student learnt "overwrite only an empty memory"). toy_lookup_world.md, run 3.
+      # with length and that RL can remove. Documents with three distractors put most overwrite choices
+      # after the asked fact, where they matter (with one distractor at 1x the teacher's overwrites fall
+      # mostly on an empty memory).
       c.data.options = ml_collections.ConfigDict(dict(num_distractors=LOOKUP_DISTRACTORS))
-      # 150 steps (batch 32) left 54% of updates missed (32% right at 1x); 300: 7% missed, 81% at 1x.
-      # What counts is documents seen: 300 steps of 16 stayed at 34% at 1x (toy_lookup_world.md, run 3).
+      # enough documents (steps x batch 32) for the student to learn the memory update itself
       c.train.steps = 270 if demo else 300
     c.train.workdir = "runs/toy_memagent/warm_start"
   elif stage == "full_attention":
@@ -110,8 +105,8 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
                 micro_batches=1, rollout_batch=64, temperature=1.0, top_p=1.0, reward="exact_match",
                 advantage="grpo", clip_low=0.2, clip_high=0.28, clip_c=3.0,
                 # KL to the warm start (as released MemAgent; coefficient 0.01 for a 1M model at lr 2e-4):
-                # without it, 120 steps drifted into repeating "the" in memories, harmless at T=1 in
-                # rollouts but fatal at evaluation temperature 0.7 (docs/results/toy_reproduction_history.md).
+                # it keeps memories from drifting into repeated words, which rollouts at T=1 tolerate
+                # but evaluation at temperature 0.7 does not
                 kl_coef=0.01, kl_kind="low_var_kl",
                 entropy_coef=0.0, recompute_old_logprobs=True, dynamic_sampling=True,
                 max_extra_gen_batches=2, on_insufficient="proceed")
@@ -121,26 +116,21 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
     if world == "lookup":
       # the warm start's documents (more overwrite choices per rollout: a denser reward signal), and a
       # weaker KL: the reference overwrites half the time, and pulling towards it is pulling towards
-      # the flaw RL must remove (the released MemAgent run used 0.001). 0.002 learnt fastest but
-      # drifted on one of two warm starts (memories "the of of berlin is frog ."); 0.005 held on both.
-      # 200 steps of it gave 80.5 / 87 / 98.5% at 64x in three runs, against 93.5% for 120 steps of
-      # 0.002 where it did not drift (toy_lookup_world.md, "KL against drift", "A second seed").
+      # the flaw RL must remove (the released MemAgent run used 0.001). 0.005 is the weakest that keeps
+      # the memories from drifting over the full schedule; the demo's 16 steps are too few to drift.
       c.data.options = ml_collections.ConfigDict(dict(num_distractors=LOOKUP_DISTRACTORS))
       c.rl.kl_coef = 0.002 if demo else 0.005
       c.train.steps = 16 if demo else 250
       if not demo:
-        # every distractor about another askable key (the first phase): the overwrite that bent the
-        # curve (1.3-3.6% per chunk from 4x on, after 80 steps on the warm start's documents) is then
-        # offered by 62% of documents, not 26% (toy_lookup_world.md, "RL on askable-key documents").
-        # 200 steps of it alone, KL 0.005: 67.5 and 91.5% at 256x in two seeds; with the two later
-        # phases (LOOKUP_RL_PHASES) 96%. The demo keeps the warm start's documents: its 16 steps
-        # were measured on them.
+        # the curriculum LOOKUP_RL_PHASES, starting with every distractor about another askable key:
+        # the overwrite RL must unlearn is then offered by most documents, not a quarter of them.
+        # The demo keeps the warm start's documents for its 16 steps.
         c.data.phases = LOOKUP_RL_PHASES
         c.data.options.distractor_keys = "askable"
         # for ablations with distractor_keys="mixed": the share of distractors about askable keys
         # (None: even odds; toy.make_sample refuses it with any other distractor_keys)
         c.data.options.askable_share = ml_collections.FieldReference(None, field_type=float)
-        # for ablations: the chance that a fact sits at the end of its chunk, where the residual
-        # overwrites are likeliest (toy_lookup_world.md, "Where the residual errors sit")
+        # for ablations: the chance that a fact sits at the end of its chunk, where overwrites are
+        # likeliest (docs/results/toy_lookup_error_hazards.md)
         c.data.options.late_fact_share = 0.0
   return c

@@ -1,34 +1,38 @@
 """Accuracy vs document length for MemAgent and direct reading, one model, one table + PNG.
 
-Run: `.venv/bin/python experiments/eval_table.py --task niah_single_1 --lengths 2048,6144 --n 16`
+  python -m experiments.eval_table --task=niah_single_1 --lengths=2048,6144 --n=16
+
 Writes docs/results/eval_<model>_<task>.{md,png} and the per-sample JSONL beside them.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
+from absl import app, flags
+
 import memagent_jax as mj
-from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 from memagent_jax import evaluation
 from memagent_jax.data import tasks
+from memagent_jax.runtime.atomic_io import atomic_write, save_figure
+
+flags.DEFINE_string("model", "smollm2-135m-instruct", "what load_policy takes: a preset, HF directory or .gguf")
+flags.DEFINE_string("task", "niah_single_1", "a task name (memagent eval --task)")
+flags.DEFINE_string("lengths", "2048,6144", "document lengths in tokens, comma-separated")
+flags.DEFINE_integer("n", 16, "documents per length")
+flags.DEFINE_integer("chunk_tokens", 1024, "MemAgent's chunk size")
+flags.DEFINE_integer("memory_tokens", 64, "MemAgent's memory size")
+flags.DEFINE_integer("answer_tokens", 32, "the final answer's token cap")
+flags.DEFINE_integer("batch_size", 8, "documents per call")
+flags.DEFINE_integer("seed", 0, "documents and sampling")
+flags.DEFINE_string("out", "docs/results", "directory of the table, plot and per-sample JSONL")
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--model", default="smollm2-135m-instruct")
-  p.add_argument("--task", default="niah_single_1")
-  p.add_argument("--lengths", default="2048,6144")
-  p.add_argument("--n", type=int, default=16)
-  p.add_argument("--chunk-tokens", type=int, default=1024)
-  p.add_argument("--memory-tokens", type=int, default=64)
-  p.add_argument("--answer-tokens", type=int, default=32)
-  p.add_argument("--batch-size", type=int, default=8)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--out", default="docs/results")
-  args = p.parse_args()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
   policy = mj.load_policy(args.model)
   readers = {"memagent": mj.MemAgent(policy, chunk_tokens=args.chunk_tokens, memory_tokens=args.memory_tokens,
                                      answer_tokens=args.answer_tokens),
@@ -51,9 +55,9 @@ def main():
         rows.append((length, method, "does not fit", "-", "-"))
         print(f"{method} @ {length}: {e}")
   lines = [f"# {args.task}: MemAgent vs direct reading, {args.model} (greedy)", "",
-           f"Command: `.venv/bin/python experiments/eval_table.py --model {args.model} --task {args.task} "
-           f"--lengths {args.lengths} --n {args.n} --chunk-tokens {args.chunk_tokens} --memory-tokens "
-           f"{args.memory_tokens} --answer-tokens {args.answer_tokens} --seed {args.seed}`", "",
+           f"Command: `.venv/bin/python -m experiments.eval_table --model={args.model} --task={args.task} "
+           f"--lengths={args.lengths} --n={args.n} --chunk_tokens={args.chunk_tokens} --memory_tokens="
+           f"{args.memory_tokens} --answer_tokens={args.answer_tokens} --seed={args.seed}`", "",
            "Score: string_match_all (RULER) / sub_em (QA) on the boxed answer (RULER: the whole response "
            "when nothing is boxed). Seconds include compilation.", "",
            "| context tokens | method | accuracy | mean document tokens | seconds |", "|---|---|---|---|---|"]
@@ -77,4 +81,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -1,16 +1,17 @@
 """The commands that start a training run on a pod, printed for one cluster engine or all of them.
 
-  python experiments/launch_commands.py                      # all three, with placeholder names
-  python experiments/launch_commands.py --engine=slurm --nodes=4 --config=configs/memagent_qwen2_5_7b.py
+  python -m experiments.launch_commands                      # all three, with placeholder names
+  python -m experiments.launch_commands --engine=slurm --nodes=4 --config=configs/memagent_qwen2_5_7b.py
 
 No launcher of ours: each engine starts one process per host (per GPU under Slurm) and
 `jax.distributed.initialize()` finds the others from what the engine sets (distributed.cluster="auto",
 memagent_jax/runtime/parallel.py). docs/pods.md and the README print exactly this output
-(tests/test_pod_launch.py compares them).
+(tests/test_pod_launch.py compares them with `print_commands()`, the defaults).
 """
 
-import argparse
 import shlex
+
+from absl import app, flags
 
 ENGINES = ("tpu-vm", "xpk", "slurm")
 # What jax reads on each engine to find the processes (jax/_src/clusters/*.py at jax 0.10.2).
@@ -23,7 +24,7 @@ DETECTS = {
 
 def train_command(config: str, workdir: str) -> str:
   """The same training command on every host (the repository checked out at the same path)."""
-  return f"python experiments/train.py --config={config} --workdir={workdir}"
+  return f"python -m experiments.train --config={config} --workdir={workdir}"
 
 
 def launch_command(engine: str, *, config: str, workdir: str, name: str = "NAME", zone: str = "ZONE",
@@ -43,23 +44,30 @@ def launch_command(engine: str, *, config: str, workdir: str, name: str = "NAME"
   raise ValueError(f"engine {engine!r}: choose one of {ENGINES}")
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--engine", choices=ENGINES + ("all",), default="all")
-  p.add_argument("--config", default="configs/memagent_qwen2_5_7b.py")
-  p.add_argument("--workdir", default="/mnt/shared/runs/qwen7b", help="a path every host mounts")
-  p.add_argument("--name", default="NAME", help="TPU VM or GKE cluster name")
-  p.add_argument("--zone", default="ZONE")
-  p.add_argument("--tpu-type", default="v5p-32")
-  p.add_argument("--nodes", type=int, default=2)
-  p.add_argument("--gpus-per-node", type=int, default=8)
-  p.add_argument("--image", default="IMAGE", help="container image holding the repository (xpk)")
-  a = p.parse_args(argv)
-  for engine in ENGINES if a.engine == "all" else (a.engine,):
-    print(f"# {engine}: jax reads {DETECTS[engine]}")
-    print(launch_command(engine, config=a.config, workdir=a.workdir, name=a.name, zone=a.zone,
-                         tpu_type=a.tpu_type, nodes=a.nodes, gpus_per_node=a.gpus_per_node, image=a.image))
+_ENGINE = flags.DEFINE_enum("engine", "all", ENGINES + ("all",), "which engine's command to print")
+_CONFIG = flags.DEFINE_string("config", "configs/memagent_qwen2_5_7b.py", "training config file[:variant]")
+_WORKDIR = flags.DEFINE_string("workdir", "/mnt/shared/runs/qwen7b", "a path every host mounts")
+_NAME = flags.DEFINE_string("name", "NAME", "TPU VM or GKE cluster name")
+_ZONE = flags.DEFINE_string("zone", "ZONE", "its zone")
+_TPU_TYPE = flags.DEFINE_string("tpu_type", "v5p-32", "xpk: the slice type")
+_NODES = flags.DEFINE_integer("nodes", 2, "slurm: nodes")
+_GPUS = flags.DEFINE_integer("gpus_per_node", 8, "slurm: GPUs per node (one task each)")
+_IMAGE = flags.DEFINE_string("image", "IMAGE", "xpk: container image holding the repository")
+
+
+def print_commands(engine: str = "all", **kw):
+  """Prints, for each engine, what jax reads there (a comment) and the launch line."""
+  for name in ENGINES if engine == "all" else (engine,):
+    print(f"# {name}: jax reads {DETECTS[name]}")
+    print(launch_command(name, **kw))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  print_commands(_ENGINE.value, config=_CONFIG.value, workdir=_WORKDIR.value, name=_NAME.value, zone=_ZONE.value,
+                 tpu_type=_TPU_TYPE.value, nodes=_NODES.value, gpus_per_node=_GPUS.value, image=_IMAGE.value)
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -1,30 +1,29 @@
 """Reward curve of a training run, with its held-out score when it has one (step 0 = before
 training): PNG + markdown table from <workdir>/logs/metrics.jsonl.
 
-  python experiments/plot_training.py --workdir=runs/toy_cpu --out=docs/results/train_toy_cpu
+  python -m experiments.plot_training --workdir=runs/toy_cpu --out=docs/results/train_toy_cpu
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
 import numpy as np
+from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from memagent_jax.rl.metrics import read_jsonl
+from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 
-from memagent_jax.runtime.atomic_io import atomic_write, save_figure  # noqa: E402
-from memagent_jax.rl.metrics import read_jsonl  # noqa: E402
+flags.DEFINE_string("workdir", None, "the training run's directory", required=True)
+flags.DEFINE_string("out", None, "output path without extension (.md and .png written)", required=True)
+flags.DEFINE_integer("window", 10, "steps per row of the table / smoothing window")
+flags.DEFINE_string("command", "", "the training command, recorded in the table")
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--workdir", required=True)
-  p.add_argument("--out", required=True, help="output path without extension (.md and .png written)")
-  p.add_argument("--window", type=int, default=10, help="steps per row of the table / smoothing window")
-  p.add_argument("--command", default="", help="the training command, recorded in the table")
-  args = p.parse_args(argv)
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
   records = read_jsonl(os.path.join(args.workdir, "logs", "metrics.jsonl"))
   lines = [l for l in records if "train/reward_mean" in l]
   if not lines:
@@ -69,4 +68,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

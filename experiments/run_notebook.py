@@ -1,16 +1,16 @@
 """Executes a notebook headless with the installed kernel and writes the executed copy, so the
 README's notebook step runs without a Jupyter server.
 
-  .venv/bin/python experiments/run_notebook.py [NOTEBOOK] [--out runs/notebooks]
+  python -m experiments.run_notebook [NOTEBOOK] [--out=runs/notebooks]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import nbformat
+from absl import app, flags
 from nbclient import NotebookClient
 
 from memagent_jax.runtime.atomic_io import atomic_write
@@ -18,24 +18,25 @@ from memagent_jax.runtime.atomic_io import atomic_write
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notebooks", "memagent_quickstart.ipynb")
 
 
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("notebook", nargs="?", default=DEFAULT)
-  p.add_argument("--out", default="runs/notebooks", help="directory for the executed copy")
-  p.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
-  args = p.parse_args(argv)
-  if not os.path.isfile(args.notebook):
-    print(f"run_notebook: error: no such notebook: {args.notebook}", file=sys.stderr)
-    return 2
-  nb = nbformat.read(args.notebook, as_version=4)
-  NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
+_OUT = flags.DEFINE_string("out", "runs/notebooks", "directory for the executed copy")
+_TIMEOUT = flags.DEFINE_integer("timeout", 1200, "seconds per cell")
+
+
+def main(argv):
+  if len(argv) > 2:
+    raise app.UsageError(f"give at most one notebook; got {argv[1:]}")
+  notebook = argv[1] if len(argv) > 1 else DEFAULT
+  if not os.path.isfile(notebook):
+    print(f"run_notebook: error: no such notebook: {notebook}", file=sys.stderr)
+    sys.exit(2)
+  nb = nbformat.read(notebook, as_version=4)
+  NotebookClient(nb, timeout=_TIMEOUT.value, kernel_name="python3",
                  resources={"metadata": {"path": os.getcwd()}}).execute()
-  out = os.path.join(args.out, os.path.basename(args.notebook))
+  out = os.path.join(_OUT.value, os.path.basename(notebook))
   with atomic_write(out) as f:
     nbformat.write(nb, f)
-  print(f"executed {args.notebook} -> {out}")
-  return 0
+  print(f"executed {notebook} -> {out}")
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  app.run(main)

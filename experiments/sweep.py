@@ -1,14 +1,13 @@
 """Runs an ablation sweep (configs/sweeps/*.py) one run after another, or prints its commands,
 then writes one summary table (markdown + CSV) of every run's final metrics.
 
-  python experiments/sweep.py --sweep=configs/sweeps/clip_high.py --root=runs/sweep_clip_high
-  python experiments/sweep.py --sweep=configs/sweeps/memory_size.py --dry_run
-  python experiments/sweep.py --sweep=... --set=train.steps=5    # extra override for every run
+  python -m experiments.sweep --sweep=configs/sweeps/clip_high.py --root=runs/sweep_clip_high
+  python -m experiments.sweep --sweep=configs/sweeps/memory_size.py --dry_run
+  python -m experiments.sweep --sweep=... --set=train.steps=5    # extra override for every run
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import importlib.util
 import os
@@ -17,11 +16,17 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from absl import app, flags
 
-from memagent_jax.runtime.atomic_io import atomic_write  # noqa: E402
-from memagent_jax.rl.metrics import read_jsonl  # noqa: E402
+from memagent_jax.rl.metrics import read_jsonl
+from memagent_jax.runtime.atomic_io import atomic_write
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the runs start here
+
+_SWEEP = flags.DEFINE_string("sweep", None, "configs/sweeps/<name>.py")
+_ROOT = flags.DEFINE_string("root", None, "directory of the runs (default runs/sweep_<name>)")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "print the commands, run nothing")
+_SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE override added to every run (e.g. train.steps=5)")
 
 COLUMNS = ("train/reward_mean", "train/accuracy", "train/kept_group_frac", "train/memory_tokens",
            "train/grad_norm", "eval/score")
@@ -40,8 +45,7 @@ def load_sweep(path: str) -> dict:
 
 
 def run_command(config: str, overrides: dict, workdir: str) -> list[str]:
-  cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"), f"--config={config}",
-         f"--workdir={workdir}"]
+  cmd = [sys.executable, "-m", "experiments.train", f"--config={config}", f"--workdir={workdir}"]
   return cmd + [f"--config.{k}={v}" for k, v in overrides.items()]
 
 
@@ -81,21 +85,16 @@ def write_table(rows: list[dict], out_dir: str) -> str:
   return "\n".join(md)
 
 
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--sweep", required=True, help="configs/sweeps/<name>.py")
-  p.add_argument("--root", default=None, help="directory of the runs (default runs/sweep_<name>)")
-  p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="override added to every run (e.g. train.steps=5)")
-  args = p.parse_args(argv)
-  sweep = load_sweep(args.sweep)
-  name = os.path.splitext(os.path.basename(args.sweep))[0]
-  root = args.root or os.path.join("runs", f"sweep_{name}")
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  sweep = load_sweep(_SWEEP.value)
+  name = os.path.splitext(os.path.basename(_SWEEP.value))[0]
+  root = _ROOT.value or os.path.join("runs", f"sweep_{name}")
   extra = {}
-  for item in args.set:
+  for item in _SET.value:
     if "=" not in item:
-      raise SystemExit(f"sweep: --set {item!r} must be KEY=VALUE")
+      raise app.UsageError(f"--set {item!r} must be KEY=VALUE")
     k, v = item.split("=", 1)
     extra[k] = v
   rows = []
@@ -104,18 +103,18 @@ def main(argv=None) -> int:
     cmd = run_command(sweep["config"], {**overrides, **extra}, workdir)
     print(shlex.join(cmd), flush=True)
     seconds = None
-    if not args.dry_run:
+    if not _DRY_RUN.value:
       t0 = time.perf_counter()
       rc = subprocess.call(cmd, cwd=ROOT)
       seconds = time.perf_counter() - t0
       if rc:
         raise SystemExit(f"sweep: run {run!r} failed with exit code {rc}; its log is in {workdir}")
     rows.append(summarize(run, workdir, seconds))
-  if not args.dry_run:
+  if not _DRY_RUN.value:
     print(write_table(rows, root))
     print(f"summary: {os.path.join(root, 'summary.md')}")
-  return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  flags.mark_flag_as_required("sweep")
+  app.run(main)

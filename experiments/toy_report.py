@@ -192,8 +192,8 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
       "(compilation excluded by a warm-up). Peak RSS: the evaluating process's resident memory, "
       "sampled every 5 ms (it includes the loaded models and earlier allocations)." + _sharing(rows), "", *cost, "",
       f"![accuracy, time and reward]({os.path.basename(paths['plot'])})", "",
-      "What was tried before these settings, and why (pretraining stage, one asked key, KL): "
-      "`toy_reproduction_history.md`; the learnability probe: `probe_recall.md`.", ""]
+      "How these settings were chosen (pretraining stage, asked keys, KL, curricula): `history.md`; "
+      "the learnability probe: `probe_recall.md`.", ""]
   with atomic_write(paths["table"]) as f:
     f.write("\n".join(text))
   return paths

@@ -1,8 +1,8 @@
 """The toy-world reproduction of MemAgent's headline curve: warm start -> Multi-Conv DAPO, two
 baselines, accuracy / time / memory against document length, a table and a plot.
 
-  python experiments/toy_reproduction.py --scale=full     # make reproduce (45 min from the committed base, 2 cores)
-  python experiments/toy_reproduction.py --scale=demo     # make demo (<= 10 min)
+  python -m experiments.toy_reproduction --scale=full     # make reproduce (45 min from the committed base, 2 cores)
+  python -m experiments.toy_reproduction --scale=demo     # make demo (<= 10 min)
 
 Stages (each resumes from its checkpoints, eval from its finished lengths; --fresh starts over):
   pretrain        the base model: find and copy a fact in short plain texts (toy_recall teacher)
@@ -24,17 +24,16 @@ import shutil
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+from absl import app, flags, logging
 
-import jax  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-
-from configs import toy_memagent  # noqa: E402
-from memagent_jax.runtime.atomic_io import atomic_write  # noqa: E402
-from memagent_jax.data import curriculum, toy  # noqa: E402
-from memagent_jax.evaluation.length_sweep import sweep_lengths  # noqa: E402
-from memagent_jax.experiment.assembly import load_reader, train_phases  # noqa: E402
-from memagent_jax.policy.export import export_checkpoint  # noqa: E402
+from configs import toy_memagent
+from experiments import toy_analysis, toy_report
+from memagent_jax.runtime.atomic_io import atomic_write
+from memagent_jax.data import curriculum, toy
+from memagent_jax.evaluation.length_sweep import sweep_lengths
+from memagent_jax.experiment.assembly import load_reader, train_phases
+from memagent_jax.policy.export import export_checkpoint
 
 SCALES = {  # eval samples per point, largest multiple of the training length, memagent eval batch
     "full": dict(n=200, max_multiple=256, batch=200),
@@ -233,7 +232,6 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  from experiments import memory_errors, toy_report
   scale, world = _SCALE.value, _WORLD.value
   root = _WORKDIR.value or f"runs/toy_{scale}" + ("" if world == "one_key" else f"_{world}")
   results_dir = _RESULTS.value or ("docs/results" if scale == "full" else os.path.join(root, "results"))
@@ -271,13 +269,13 @@ def main(argv):
   finally:
     if pool is not None:
       pool.shutdown(cancel_futures=True)
-  command = "python experiments/toy_reproduction.py " + " ".join(sys.argv[1:])
+  command = "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
                                   command=command.strip(), seconds=time.perf_counter() - t0, world=world)
   errors = os.path.join(results_dir, toy_report.report_name(scale, world).replace("toy_reproduction", "memory_errors")
                         + ".md")  # where the MemAgent memories went wrong
   with atomic_write(errors) as f:
-    f.write("\n".join(memory_errors.markdown(memory_errors.error_rows(root, stage, _EVAL_SEED.value, world), stage)
+    f.write("\n".join(toy_analysis.errors_markdown(toy_analysis.error_rows(root, stage, _EVAL_SEED.value, world), stage)
                       for stage in ("rl", "warm_start")))
   print(f"\nTable:       {paths['table']}\nErrors:      {errors}\nPlot:        {paths['plot']}\n"
         f"JSON:        {paths['json']}\n"

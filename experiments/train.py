@@ -1,9 +1,9 @@
 """Multi-Conv DAPO training from a config file.
 
-  python experiments/train.py --config=configs/toy_cpu.py
-  python experiments/train.py --config=configs/memagent_qwen2_5_7b.py:dapo --config.rl.clip_high=0.28
-  python experiments/train.py --config=configs/toy_cpu.py:tiny --workdir=/tmp/run
-  python experiments/train.py --config=configs/toy_memagent.py:rl,lookup   # a data curriculum (data.phases)
+  python -m experiments.train --config=configs/toy_cpu.py
+  python -m experiments.train --config=configs/memagent_qwen2_5_7b.py:dapo --config.rl.clip_high=0.28
+  python -m experiments.train --config=configs/toy_cpu.py:tiny --workdir=/tmp/run
+  python -m experiments.train --config=configs/toy_memagent.py:rl,lookup   # a data curriculum (data.phases)
 
 Resumes from the latest complete checkpoint in <workdir>/checkpoints; metrics go to
 <workdir>/logs/metrics.jsonl and TensorBoard events in <workdir>/logs/tensorboard. SIGTERM (a
@@ -13,18 +13,15 @@ run holds (<workdir>/run.lock) is refused.
 """
 
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `configs` package
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from memagent_jax.experiment.assembly import train_phases  # noqa: E402
-from memagent_jax.runtime.checkpointing import CheckpointCorruptError  # noqa: E402
-from memagent_jax.runtime.preemption import Preempted  # noqa: E402
-from memagent_jax.runtime.workdir_lock import WorkdirLockedError  # noqa: E402
+from memagent_jax.experiment.assembly import train_phases
+from memagent_jax.runtime.checkpointing import CheckpointCorruptError
+from memagent_jax.runtime.preemption import Preempted
+from memagent_jax.runtime.workdir_lock import WorkdirLockedError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "training config file[:variant]",
                                           lock_config=True)

@@ -1,7 +1,6 @@
 """Shared fixtures: the embedded SmolLM2 policy, tiny random HF checkpoints, torch references."""
 
 import os
-import sys
 
 import jax
 import numpy as np
@@ -36,10 +35,6 @@ def pytest_runtest_makereport(item, call):
     report.outcome = "skipped"
     report.longrepr = (str(item.path), item.location[1] or 0,
                        f"Skipped: needs the embedded SmolLM2-135M-Instruct ({missing})")
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-  sys.path.insert(0, REPO)  # the `configs` package
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""experiments/bench_gpu.py --smoke: the four GPU benchmark sections run on CPU at tiny shapes and write
+"""experiments/benchmarks/bench_gpu.py --smoke: the four GPU benchmark sections run on CPU at tiny shapes and write
 markdown tables holding numbers (cuDNN rows say n/a), never touching docs/results/gpu.md."""
 
 import os
@@ -16,7 +16,7 @@ CPU_ENV = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")  # the 
 
 
 def run_bench(*args, timeout=300):
-  return subprocess.run([PYTHON, "-m", "experiments.bench_gpu", *args], cwd=REPO, env=CPU_ENV,
+  return subprocess.run([PYTHON, "-m", "experiments.benchmarks.bench_gpu", *args], cwd=REPO, env=CPU_ENV,
                         capture_output=True, text=True, timeout=timeout)
 
 
@@ -48,7 +48,7 @@ def test_smoke_writes_every_section_with_numbers(tmp_path):
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   assert mtime(DEFAULT_OUT) == before  # a smoke run never writes the real results
   text = out.read_text()
-  assert f"Command: `python -m experiments.bench_gpu --smoke --out={out}`" in text
+  assert f"Command: `python -m experiments.benchmarks.bench_gpu --smoke --out={out}`" in text
   t = tables(text)
   assert [k.split(".")[0] for k in t] == ["1", "2", "3", "4"], list(t)
   attn, update, decode, rl = t.values()

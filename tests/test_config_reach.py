@@ -166,11 +166,11 @@ class Run:
 # ----- observables: Run -> a comparable value ------------------------------------------------------
 def widths(run):  # static row widths: (prompt P, response N, first loss column)
   c = run.trainer.collector
-  return c.prompt_width, c.response_width, run.trainer.spec.prompt_width
+  return c.prompt_width, c.response_width, run.trainer.update_spec.prompt_width
 
 
 def spec(field):
-  return lambda run: getattr(run.trainer.spec, field)
+  return lambda run: getattr(run.trainer.update_spec, field)
 
 
 def probe(method, field=None):
@@ -203,7 +203,7 @@ def direct_budget(run):  # document tokens a direct reader keeps for a 10-token 
 
 
 def kl_reference(run):
-  return run.trainer.spec.kl_coef, run.trainer.state.ref_params is not None
+  return run.trainer.update_spec.kl_coef, run.trainer.state.ref_params is not None
 
 
 def row_multiple(run):

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from configs import toy_cpu
-from memagent_jax.rl import config_checks
-from memagent_jax.rl.config_checks import RANGES, validate_config
+from memagent_jax.experiment import config_checks
+from memagent_jax.experiment.config_checks import RANGES, validate_config
 
 from test_trainer import tiny
 
@@ -116,7 +116,7 @@ def test_train_script_reports_a_bad_config_in_one_line(tmp_path):
   import subprocess
   import sys
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = subprocess.run([sys.executable, "experiments/train.py", "--config=configs/toy_cpu.py:tiny",
+  out = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/toy_cpu.py:tiny",
                         "--config.rl.temperature=nan", f"--workdir={tmp_path}"], cwd=repo,
                        capture_output=True, text=True, timeout=120)
   assert out.returncode == 2

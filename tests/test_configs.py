@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from memagent_jax.rl.config_checks import validate_config
+from memagent_jax.experiment.config_checks import validate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ["base", "toy_cpu", "memagent_qwen2_5_7b", "memagent_qwen2_5_14b"]
@@ -62,16 +62,15 @@ def test_sweeps_list_overrides_of_real_fields():
 
 
 def test_sweep_dry_run_prints_one_command_per_run(tmp_path):
-  out = subprocess.run([sys.executable, "experiments/sweep.py", "--sweep=configs/sweeps/clip_high.py",
+  out = subprocess.run([sys.executable, "-m", "experiments.sweep", "--sweep=configs/sweeps/clip_high.py",
                         "--dry_run", f"--root={tmp_path}"], cwd=REPO, capture_output=True, text=True, check=True)
-  cmds = [l for l in out.stdout.splitlines() if "train.py" in l]
+  cmds = [l for l in out.stdout.splitlines() if "experiments.train" in l]
   assert len(cmds) == 3 and all("--config.rl.clip_high=" in c for c in cmds)
 
 
 def test_sweep_summary_table(tmp_path):
-  sys.path.insert(0, os.path.join(REPO, "experiments"))
   import json
-  import sweep
+  from experiments import sweep
   for run, rewards in (("a", [0.1, 0.2, 0.5]), ("b", [0.0, 0.0, 0.1])):
     os.makedirs(tmp_path / run / "logs")
     with open(tmp_path / run / "logs" / "metrics.jsonl", "w") as f:

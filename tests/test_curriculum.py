@@ -7,8 +7,8 @@ import pytest
 
 from configs import toy_cpu, toy_memagent
 from memagent_jax.data import curriculum, toy
-from memagent_jax.experiment import assembly
-from memagent_jax.rl.config_checks import validate_config
+from memagent_jax.experiment import assembly, phase_configs
+from memagent_jax.experiment.config_checks import validate_config
 
 LOOKUP_RL = "rl,full,lookup"
 
@@ -56,7 +56,7 @@ def test_a_phase_value_of_the_wrong_type_fails_validation():
 
 def test_phase_config_changes_only_its_options():
   cfg = toy_memagent.get_config(LOOKUP_RL)
-  out = curriculum.phase_config(cfg, {"distractor_keys": "mixed", "late_fact_share": 1.0})
+  out = phase_configs.phase_config(cfg, {"distractor_keys": "mixed", "late_fact_share": 1.0})
   assert out.data.options.distractor_keys == "mixed" and out.data.options.late_fact_share == 1.0
   assert cfg.data.options.distractor_keys == "askable" and cfg.data.options.late_fact_share == 0.0
   # the options reach the generator: the phase's documents differ from the first phase's
@@ -116,11 +116,11 @@ def test_a_real_run_switches_documents_at_the_phase_end(tmp_path):
   out = assembly.train_phases(c, workdir=str(tmp_path / "phased"))
   assert out["step"] == 2 and [h["step"] for h in out["history"]] == [1, 2]
   # by hand: step 1 on the first options, then a resumed run on the second's
-  first = curriculum.phase_config(c, {})
+  first = phase_configs.phase_config(c, {})
   with first.unlocked():
     first.data.phases = ""
   assembly.build_trainer(first, workdir=str(tmp_path / "hand")).train(until=1)
-  second = curriculum.phase_config(first, {"distractor_keys": "mixed"})
+  second = phase_configs.phase_config(first, {"distractor_keys": "mixed"})
   hand = assembly.build_trainer(second, workdir=str(tmp_path / "hand")).train()
   lines = lambda d: [json.loads(l) for l in open(tmp_path / d / "logs" / "metrics.jsonl")]
   phased, by_hand = lines("phased"), lines("hand")

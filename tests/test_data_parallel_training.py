@@ -17,7 +17,6 @@ TRAIN_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import jax, numpy as np
     from jax.experimental import multihost_utils
-    sys.path.insert(0, os.getcwd())
     from configs import toy_cpu
     from memagent_jax.rl.metrics import read_jsonl
     from memagent_jax.rl.rollout import REWARD_FNS

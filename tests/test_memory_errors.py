@@ -126,7 +126,7 @@ def test_every_known_task_has_a_metric_and_an_unknown_one_is_an_error():
 
 
 def _write_teacher_sweeps(agent, tmp_path, seed, lengths, n=12):
-  """<tmp_path>/{flawless,flawed}_<length>.jsonl as toy_sweep.py writes them, from the memory teacher
+  """<tmp_path>/{flawless,flawed}_<length>.jsonl as `toy_analysis sweep` writes them, from the memory teacher
   over the evaluation's own documents (lookup world): never overwriting, or with probability 0.5."""
   import json
   from configs import toy_memagent
@@ -144,26 +144,26 @@ def _write_teacher_sweeps(agent, tmp_path, seed, lengths, n=12):
 
 
 def test_variants_table_counts_each_policys_errors(agent, tmp_path):
-  """experiments/toy_variants.py on two teacher "policies" over the evaluation's own documents: the
+  """experiments/toy_analysis.py variants on two teacher "policies" over the evaluation's own documents: the
   flawless one (never overwrites) scores 100% with no error; the flawed one's overwrites are counted
   per kind, and both land in the table and the PNG."""
-  from experiments import toy_variants
+  from experiments import toy_analysis
   seed = 1000
   _write_teacher_sweeps(agent, tmp_path, seed, (128, 512))
-  policies = {label: toy_variants.policy_rows(str(tmp_path / label), "lookup", seed) for label in ("flawless", "flawed")}
+  policies = {label: toy_analysis.policy_rows(str(tmp_path / label), "lookup", seed) for label in ("flawless", "flawed")}
   assert sorted(policies["flawed"]) == [128, 512] and policies["flawless"][512]["n"] == 12
   assert policies["flawless"][512]["accuracy"] == 1.0 and policies["flawless"][512]["wrong"] == 0
   flawed = policies["flawed"][512]
   lost = sum(flawed["distractor_split"][k][0] for k in ("other_askable", "unaskable"))
   assert flawed["accuracy"] < 1.0 and lost == flawed["per_chunk"]["distractor_overwrite"][0] > 0
-  text = toy_variants.write(policies, "python experiments/toy_variants.py ...", str(tmp_path / "out"))
+  text = toy_analysis.write_variants(policies, "python -m experiments.toy_analysis variants ...", str(tmp_path / "out"))
   row = next(line for line in text.splitlines() if line.startswith("| flawed |"))
   cells = [c.strip() for c in row.split("|")]  # "", label, 1x, 4x, other askable, unaskable, copy, missed, ""
   assert cells[3].startswith(f"{100 * flawed['accuracy']:.1f} [")
   assert sum(int(c.split("/")[0]) for c in cells[4:6]) == lost  # the 4x overwrites, split by key kind
   assert "| flawless | 100.0 [" in text and (tmp_path / "out.png").stat().st_size > 10_000
   with pytest.raises(FileNotFoundError, match="no .*missing_<length>.jsonl"):
-    toy_variants.policy_rows(str(tmp_path / "missing"), "lookup", seed)
+    toy_analysis.policy_rows(str(tmp_path / "missing"), "lookup", seed)
 
 
 def test_distractor_hazards_by_hand():
@@ -189,15 +189,15 @@ def test_distractor_hazards_by_hand():
 
 
 def test_hazard_tables_split_every_counted_overwrite(agent, tmp_path):
-  """experiments/error_hazards.py on the teacher "policies": each factor's levels add up to the chunks
+  """experiments/toy_analysis.py hazards on the teacher "policies": each factor's levels add up to the chunks
   and overwrites error_table counts (values: at least, a chunk may hold two), the flawless one loses
   none, and every factor gets a table and a panel."""
-  from experiments import error_hazards, memory_errors
+  from experiments import toy_analysis
   seed = 1000
   _write_teacher_sweeps(agent, tmp_path, seed, (512,))
-  policies = {label: error_hazards.policy_hazards(str(tmp_path / label), 512, "lookup", seed)
+  policies = {label: toy_analysis.policy_hazards(str(tmp_path / label), 512, "lookup", seed)
               for label in ("flawless", "flawed")}
-  table = memory_errors.prefix_rows(str(tmp_path / "flawed"), seed, "lookup")[0]
+  table = toy_analysis.prefix_rows(str(tmp_path / "flawed"), seed, "lookup")[0]
   lost, read = table["per_chunk"]["distractor_overwrite"]
   assert lost > 0
   for factor, levels in policies["flawed"].items():
@@ -207,8 +207,8 @@ def test_hazard_tables_split_every_counted_overwrite(agent, tmp_path):
     else:
       assert sums == (lost, read), (factor, sums)
   assert all(v[0] == 0 for levels in policies["flawless"].values() for v in levels.values())
-  text = error_hazards.write(policies, 4, "python experiments/error_hazards.py ...", str(tmp_path / "hz"))
-  assert all(f"### {title}" in text for title in error_hazards.FACTOR_TITLES.values())
+  text = toy_analysis.write_hazards(policies, 4, "python -m experiments.toy_analysis hazards ...", str(tmp_path / "hz"))
+  assert all(f"### {title}" in text for title in toy_analysis.FACTOR_TITLES.values())
   assert (tmp_path / "hz.png").stat().st_size > 10_000
   with pytest.raises(FileNotFoundError, match="no .*missing_512.jsonl"):
-    error_hazards.policy_hazards(str(tmp_path / "missing"), 512, "lookup", seed)
+    toy_analysis.policy_hazards(str(tmp_path / "missing"), 512, "lookup", seed)

@@ -15,7 +15,6 @@ from test_parallel import REPO, _clean_env, _collect, _free_port
 EVAL_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import jax
-    sys.path.insert(0, os.getcwd())
     from configs import toy_cpu
     from memagent_jax.experiment.assembly import Evaluator, build_experiment
     cfg = toy_cpu.get_config("tiny")

@@ -2,13 +2,12 @@
 and the mapping of every rl.* loss knob into the jitted update's spec."""
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from configs import toy_cpu
-from memagent_jax.rl import update as upd
-from memagent_jax.rl.optim import learning_rate_schedule, lr_at, make_optimizer, set_learning_rate
+from memagent_jax.experiment import specs
+from memagent_jax.rl.optim import OptimSpec, learning_rate_schedule, lr_at, make_optimizer, set_learning_rate
 
 
 def test_schedule_by_hand():
@@ -28,19 +27,16 @@ def test_schedule_by_hand():
 
 
 def _optim(**kw):
-  c = ml_collections.ConfigDict(dict(lr=0.1, schedule="constant", warmup_steps=0, min_lr_ratio=0.0,
-                                     weight_decay=0.0, grad_clip=0.0, b1=0.9, b2=0.999, eps=1e-8))
-  c.update(kw)
-  return c
+  return OptimSpec(**{**dict(lr=0.1, total_steps=10), **kw})
 
 
 def _apply(optim_cfg, grads, params):
   """Params after one update per gradient in `grads` (varying gradients: Adam's betas and the
   clip only matter when gradients change from step to step)."""
-  tx = make_optimizer(optim_cfg, total_steps=10)
+  tx = make_optimizer(optim_cfg)
   state = tx.init(params)
   for step, g in enumerate(grads):
-    state = set_learning_rate(state, lr_at(optim_cfg, step, 10))  # as the trainer does per step
+    state = set_learning_rate(state, lr_at(optim_cfg, step))  # as the trainer does per step
     updates, state = tx.update(g, state, params)
     params = {k: params[k] + updates[k] for k in params}
   return params
@@ -61,8 +57,8 @@ def test_learning_rate_follows_the_rollout_step_not_the_update_count():
   """Steps with fewer updates (dynamic sampling, skipped non-finite updates) do not shift the
   schedule: the rate is set from the step."""
   cfg = _optim(lr=1.0, warmup_steps=4)
-  tx = make_optimizer(cfg, total_steps=10)
-  state = set_learning_rate(tx.init({"w": jnp.zeros(2)}), lr_at(cfg, 2, 10))
+  tx = make_optimizer(cfg)
+  state = set_learning_rate(tx.init({"w": jnp.zeros(2)}), lr_at(cfg, 2))
   assert float(state.hyperparams["learning_rate"]) == 0.75
 
 
@@ -72,13 +68,13 @@ def test_learning_rate_follows_the_rollout_step_not_the_update_count():
     ("kl_kind", "abs", "kl_kind"), ("entropy_coef", 0.01, "entropy_coef")])
 def test_every_loss_knob_reaches_the_update_spec(field, value, attr):
   c = toy_cpu.get_config()
-  before = upd.UpdateSpec.from_config(c.rl, loss_from=100, remat=False, compute_dtype="float32")
+  before = specs.update_spec(c, loss_from=100)
   c.rl[field] = value
-  after = upd.UpdateSpec.from_config(c.rl, loss_from=100, remat=False, compute_dtype="float32")
+  after = specs.update_spec(c, loss_from=100)
   assert getattr(after, attr) == value and getattr(before, attr) != value
 
 
 def test_clip_c_zero_disables_dual_clip():
   c = toy_cpu.get_config()
   c.rl.clip_c = 0.0
-  assert upd.UpdateSpec.from_config(c.rl, loss_from=100, remat=False, compute_dtype="float32").clip_c is None
+  assert specs.update_spec(c, loss_from=100).clip_c is None

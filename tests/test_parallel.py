@@ -135,25 +135,25 @@ def test_non_divisible_dim_falls_back_to_replication(caplog):
 
 
 def test_mesh_shape_and_bad_mesh():
-  assert par.mesh_shape({"data": -1, "fsdp": 1, "tensor": 2}, 8) == (4, 1, 2)
-  assert par.mesh_shape(ml_collections.ConfigDict({"data": 2, "fsdp": -1, "tensor": 1}), 8) == (2, 4, 1)
+  assert par.mesh_shape(par.MeshSpec(data=-1, fsdp=1, tensor=2), 8) == (4, 1, 2)
+  assert par.mesh_shape(par.MeshSpec(data=2, fsdp=-1, tensor=1), 8) == (2, 4, 1)
   with pytest.raises(ValueError, match=r"mesh data=3 x fsdp=1 x tensor=1 = 3 does not match "
                                        r"the 8 available devices"):
-    par.mesh_shape({"data": 3, "fsdp": 1, "tensor": 1}, 8)
+    par.mesh_shape(par.MeshSpec(data=3, fsdp=1, tensor=1), 8)
   with pytest.raises(ValueError, match="do not divide the 8 available devices"):
-    par.mesh_shape({"data": -1, "fsdp": 3, "tensor": 1}, 8)
+    par.mesh_shape(par.MeshSpec(data=-1, fsdp=3, tensor=1), 8)
   with pytest.raises(ValueError, match="at most one axis may be -1"):
-    par.mesh_shape({"data": -1, "fsdp": -1}, 8)
+    par.mesh_shape(par.MeshSpec(data=-1, fsdp=-1), 8)
   with pytest.raises(ValueError, match=r"data=2 x fsdp=1 x tensor=1 = 2 does not match the 1 "):
-    par.make_mesh({"data": 2, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
-  mesh = par.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+    par.make_mesh(par.MeshSpec(data=2, fsdp=1, tensor=1), devices=jax.devices()[:1])
+  mesh = par.make_mesh(par.MeshSpec(data=-1, fsdp=1, tensor=1), devices=jax.devices()[:1])
   assert mesh.axis_names == par.MESH_AXES and mesh.devices.size == 1
 
 
 def test_opt_state_mirrors_param_shardings():
   model = Decoder(get_preset("tiny-llama"), jnp.float32, rngs=nnx.Rngs(0))
   params = nnx.state(model, nnx.Param)
-  mesh = par.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+  mesh = par.make_mesh(par.MeshSpec(data=1, fsdp=1, tensor=1), devices=jax.devices()[:1])
   shardings = par.param_shardings(params, mesh)
   for tx in (optax.adam(1e-3), optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))):
     opt = tx.init(params)
@@ -198,7 +198,7 @@ SHARDED_STEP_SCRIPT = STEP_CODE + textwrap.dedent("""
     # Reference: everything on one device, no shardings.
     ref_loss, ref_params, _ = jax.jit(step)(params, opt, jnp.asarray(tokens))
 
-    mesh = par.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    mesh = par.make_mesh(par.MeshSpec(data=1, fsdp=4, tensor=2))
     shardings = par.param_shardings(params, mesh)
     opt_sh = par.opt_state_shardings(opt, params, shardings, mesh)
     p_s = par.shard_params(params, mesh)
@@ -267,7 +267,7 @@ DISTRIBUTED_SCRIPT = textwrap.dedent("""
     from jax.experimental import multihost_utils
     graphdef, params, tx = tiny_model()
     opt = tx.init(params)
-    mesh = par.make_mesh({"data": -1, "fsdp": 1, "tensor": int(os.environ["TENSOR"])})
+    mesh = par.make_mesh(par.MeshSpec(data=-1, fsdp=1, tensor=int(os.environ["TENSOR"])))
     shardings = par.param_shardings(params, mesh)
     opt_sh = par.opt_state_shardings(opt, params, shardings, mesh)
     p_s = par.shard_params(params, mesh)
@@ -291,7 +291,7 @@ DISTRIBUTED_SCRIPT = textwrap.dedent("""
     rl_rows = dict(tokens=g.integers(0, 256, (R, P + N)).astype(np.int32), valid=np.ones((R, P + N), bool),
                    loss_mask=np.ones((R, N), bool), old_logp=np.full((R, N), -5.5, np.float32),
                    ref_logp=np.full((R, N), -5.5, np.float32), advantages=g.standard_normal(R).astype(np.float32))
-    rl_batch = {k: par.shard_micro_batches(v, mesh) for k, v in upd.split_micro(rl_rows, 2).items()}
+    rl_batch = jax.tree.map(lambda v: par.shard_micro_batches(v, mesh), upd.split_micro(rl_rows, 2))
     rl_tx = optax.sgd(1.0)
     rl_spec = upd.UpdateSpec(prompt_width=P, loss="ppo_clip", agg="token-mean", clip_low=0.2, clip_high=0.28,
                              clip_c=None, kl_coef=0.01, kl_kind="low_var_kl", entropy_coef=0.0, remat=False,
@@ -303,7 +303,7 @@ DISTRIBUTED_SCRIPT = textwrap.dedent("""
     print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
                       "devices": jax.device_count(), "mesh": dict(mesh.shape),
                       "global_rows": batch.shape[1], "loss": float(loss),
-                      "checksum": float(checksum), "rl_loss": float(rl_m["loss"]),
+                      "checksum": float(checksum), "rl_loss": float(rl_m.loss),
                       "rl_checksum": float(rl_checksum)}))
 """)
 
@@ -402,14 +402,14 @@ RL_UPDATE_SCRIPT = textwrap.dedent("""
         sh = parallel.param_shardings(params, mesh)
         params = parallel.shard_params(params, mesh)
         opt = parallel.shard_opt_state(tx.init(params), params, sh, mesh)
-        batch = {k: parallel.shard_micro_batches(v, mesh) for k, v in micro.items()}
+        batch = jax.tree.map(lambda v: parallel.shard_micro_batches(v, mesh), micro)
       else:
-        opt, batch = tx.init(params), {k: jnp.asarray(v) for k, v in micro.items()}
+        opt, batch = tx.init(params), jax.tree.map(jnp.asarray, micro)
       params, opt, m = upd.update_step(params, opt, batch, graphdef=gd, tx=tx, spec=spec)
       split = [tuple(x.sharding.shard_shape(x.shape)) != tuple(x.shape) for x in jax.tree_util.tree_leaves(params)]
-      return [np.asarray(x) for x in jax.tree_util.tree_leaves(params)], float(m["loss"]), sum(split)
+      return [np.asarray(x) for x in jax.tree_util.tree_leaves(params)], float(m.loss), sum(split)
 
-    mesh = parallel.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    mesh = parallel.make_mesh(parallel.MeshSpec(data=1, fsdp=4, tensor=2))
     out = {"devices": jax.device_count()}
     for name, tx in (("sgd", sgd), ("adamw", adamw)):
       one, loss1, _ = run(None, tx)

@@ -19,7 +19,7 @@ def test_table_has_reward_means_and_held_out_scores_and_tolerates_steps_without_
   with open(tmp_path / "logs" / "metrics.jsonl", "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
   out = tmp_path / "curve"
-  subprocess.run([sys.executable, "experiments/plot_training.py", f"--workdir={tmp_path}", f"--out={out}",
+  subprocess.run([sys.executable, "-m", "experiments.plot_training", f"--workdir={tmp_path}", f"--out={out}",
                   "--window=2", "--command=train it"], cwd=REPO, check=True, capture_output=True)
   md = open(f"{out}.md").read()
   assert "| 1-2 | -0.250 | 1.50 | 5 |" in md  # mean of -1 and 0.5; entropy of the step that updated

@@ -41,7 +41,7 @@ def _outside_any_cluster(**extra) -> dict:
 def _printed() -> list[str]:
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    launch_commands.main([])
+    launch_commands.print_commands(config="configs/memagent_qwen2_5_7b.py", workdir="/mnt/shared/runs/qwen7b")
   return out.getvalue().strip().splitlines()
 
 

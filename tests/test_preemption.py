@@ -1,5 +1,5 @@
 """Preemption: SIGTERM / SIGINT during training finish the step in flight, save it, and stop with
-`Preempted` (experiments/train.py: one stderr line, exit 143 / 130); the same command resumes
+`Preempted` (experiments.train: one stderr line, exit 143 / 130); the same command resumes
 the run exactly; on two processes a signal to one of them stops both after the same step."""
 
 import os

@@ -84,7 +84,9 @@ def test_readme_command_is_runnable(command):
     if prog.endswith("/memagent"):
       cli.build_parser().parse_args(argv[1:])  # SystemExit on an unknown flag or bad value
     elif prog.endswith("/python"):
-      _check_repo_path(argv[1])
+      assert argv[1] == "-m", f"{command!r}: run scripts as modules (python -m experiments.<name>)"
+      module = argv[2].replace(".", "/")
+      assert os.path.isfile(os.path.join(REPO, module + ".py")), f"README names a missing module: {argv[2]}"
       if any(a.startswith("--config=") for a in argv):
         _check_config(argv)
 
@@ -99,7 +101,7 @@ def test_venv_programs_exist(program):
 
 
 def test_sweep_dry_run_prints_commands():
-  out = subprocess.run([sys.executable, "experiments/sweep.py", "--sweep=configs/sweeps/clip_high.py",
+  out = subprocess.run([sys.executable, "-m", "experiments.sweep", "--sweep=configs/sweeps/clip_high.py",
                         "--dry_run"], cwd=REPO, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr
-  assert "experiments/train.py" in out.stdout and "clip_high" in out.stdout
+  assert "experiments.train" in out.stdout and "clip_high" in out.stdout

@@ -4,7 +4,6 @@ the alignment of training rows with the sampler's own log-probs."""
 import itertools
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -58,13 +57,8 @@ class FakeAgent:
 
 
 def _cfg(**kw):
-  c = ml_collections.ConfigDict(dict(
-      group_size=2, questions_per_step=2, rollout_batch=4, temperature=1.0, top_p=1.0,
-      reward="exact_match", advantage="grpo", eps=1e-6, dynamic_sampling=False,
-      max_extra_gen_batches=0, on_insufficient="fail", mask_truncated=False,
-      overlong=ml_collections.ConfigDict(dict(enable=False, max_tokens=8, cache_tokens=4))))
-  c.update(kw)
-  return c
+  return rollout.RolloutSpec(**{**dict(group_size=2, questions_per_step=2, rollout_batch=4, reward="exact_match",
+                                       advantage="grpo"), **kw})
 
 
 def _batches(specs):
@@ -117,7 +111,7 @@ def test_dynamic_sampling_fails_loudly_or_proceeds():
 def test_overlong_shaping_uses_final_answer_tokens():
   # answers "yes" (3 tokens) and "yesyesy" (7 tokens); gold "yes" -> exact match 1 / 0
   plain, _ = _collect(_cfg(), [["0:yes,yesyesy", "1:yes,yes"]])
-  shaped, _ = _collect(_cfg(overlong=ml_collections.ConfigDict(dict(enable=True, max_tokens=8, cache_tokens=4))),
+  shaped, _ = _collect(_cfg(overlong=rollout.OverlongSpec(max_tokens=8, cache_tokens=4)),
                        [["0:yes,yesyesy", "1:yes,yes"]])
   assert plain.metrics["reward_mean"] == 0.75
   assert shaped.metrics["reward_mean"] == pytest.approx((1 + (0 - 0.75) + 1 + 1) / 4)
@@ -144,7 +138,7 @@ def test_unknown_reward_and_batch_not_multiple_of_group():
   with pytest.raises(KeyError, match="unknown reward"):
     rollout.get_reward_fn("nope")
   with pytest.raises(ValueError, match="multiple of rl.group_size"):
-    rollout.RolloutCollector(FakeAgent(), _cfg(rollout_batch=3), prompt_width=8, response_width=8)
+    _cfg(rollout_batch=3)
 
 
 def test_training_rows_reproduce_the_sampler_logprobs():

@@ -67,7 +67,7 @@ from memagent_jax.agent import MemAgent
 from memagent_jax.data import toy
 s = toy.generate(3, 64, seed=0)
 s = {k: [r[k] for r in s] for k in ("question", "context")}
-mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tensor": 1})
+mesh = parallel.make_mesh(parallel.MeshSpec(data=2, fsdp=2, tensor=1))
 agent = MemAgent(mj.load_policy("random:toy-tiny", seed=3), chunk_tokens=32, memory_tokens=8,
                  answer_tokens=4, mesh=mesh)
 try:
@@ -90,7 +90,7 @@ data, fsdp = map(int, os.environ["MESH"].split(","))
 policy = mj.load_policy("random:toy-tiny", seed=3)
 mesh = None
 if data * fsdp > 1:
-  mesh = parallel.make_mesh({"data": data, "fsdp": fsdp, "tensor": 1},
+  mesh = parallel.make_mesh(parallel.MeshSpec(data=data, fsdp=fsdp, tensor=1),
                             devices=jax.devices()[:data * fsdp])
   policy.state = parallel.shard_params(policy.state, mesh)  # params sharded as in training
 s = toy.generate(8, 96, seed=0)

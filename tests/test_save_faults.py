@@ -46,7 +46,7 @@ def test_write_error_names_the_file_the_array_and_the_step_kept():
 FULL_DISK_SCRIPT = """
 set -u
 mount -t tmpfs -o size=64m tmpfs "$DISK" || exit 99
-run() { "$PY" experiments/train.py --config=configs/toy_cpu.py:tiny --config.train.steps=$1 \\
+run() { "$PY" -m experiments.train --config=configs/toy_cpu.py:tiny --config.train.steps=$1 \\
           --config.train.save_every=1 --workdir="$DISK/run" > "$OUT/out$2" 2> "$OUT/err$2"; echo $? > "$OUT/rc$2"; }
 run 1 1                                                  # step 1 saved
 dd if=/dev/zero of="$DISK/headroom" bs=1k count=256 2>/dev/null

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "experiments", "toy_reproduction.py")
+SCRIPT = ["-m", "experiments.toy_reproduction"]
 TINY = ["--scale=demo", "--steps=pretrain=2,warm_start=3,rl=2,full_attention=3", "--n=6", "--max_multiple=2"]
 
 
@@ -18,7 +18,7 @@ def _run(args, cwd, xla_cache):
   # (almost) nothing, and the compiled programs are the same with or without it
   env = {**os.environ, "PYTHONPATH": REPO, "JAX_COMPILATION_CACHE_DIR": str(xla_cache),
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-  out = subprocess.run([sys.executable, SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True,
+  out = subprocess.run([sys.executable, *SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True,
                        timeout=900)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   return out.stdout
@@ -206,10 +206,10 @@ def test_side_by_side_sweeps_give_the_rows_of_sequential_ones(tmp_path):
 
 
 def test_toy_sweep_reports_accuracy_and_per_chunk_rates(tmp_path):
-  """experiments/toy_sweep.py on the committed base: one line per length with the Wilson interval and
+  """experiments/toy_analysis.py sweep on the committed base: one line per length with the Wilson interval and
   the per-chunk rates, and the per-document answers with every memory."""
   env = {**os.environ, "PYTHONPATH": REPO}
-  out = subprocess.run([sys.executable, os.path.join(REPO, "experiments", "toy_sweep.py"), f"--export={BASE}",
+  out = subprocess.run([sys.executable, "-m", "experiments.toy_analysis", "sweep", f"--export={BASE}",
                         "--name=base", "--multiples=1,2", "--n=4", f"--out_dir={tmp_path}"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]

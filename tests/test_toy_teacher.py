@@ -220,6 +220,6 @@ def test_prompt_loss_trains_through_the_trainer(tmp_path):
   c = _sft_config("warm_start", tmp_path, 3)
   c.teacher.prompt_loss = True
   trainer = build_trainer(c)
-  assert trainer.spec.prompt_width == 1
+  assert trainer.update_spec.prompt_width == 1
   out = trainer.train()
   assert np.isfinite([h["loss"] for h in out["history"]]).all()

@@ -52,7 +52,7 @@ def _step(model, rows, spec, micro=1, tx=None, return_opt=False):
   gd, params = nnx.split(model)
   tx = tx or optax.adamw(1e-3, weight_decay=0.01)
   opt = tx.init(params)
-  batch = {k: jnp.asarray(v) for k, v in upd.split_micro(rows, micro).items()}
+  batch = jax.tree.map(jnp.asarray, upd.split_micro(rows, micro))
   # update_step donates params and optimizer state: pass copies, keep the originals to compare with
   new_params, new_opt, metrics = upd.update_step(_copy(params), _copy(opt), batch, graphdef=gd, tx=tx, spec=spec)
   if return_opt:
@@ -128,8 +128,8 @@ def test_gradient_accumulation_1_vs_4_micro_batches(agg):
   grads1 = jax.tree_util.tree_map(jnp.subtract, p0, one)
   grads4 = jax.tree_util.tree_map(jnp.subtract, p0, four)
   assert _rel(grads4, grads1) <= 1e-6
-  assert abs(m1["loss"] - m4["loss"]) <= 1e-6 * max(1.0, abs(m1["loss"]))
-  assert m1["tokens"] == m4["tokens"] == rows["loss_mask"].sum()
+  assert abs(m1.loss - m4.loss) <= 1e-6 * max(1.0, abs(m1.loss))
+  assert m1.tokens == m4.tokens == rows["loss_mask"].sum()
   _, a1, _ = _step(model, rows, spec, micro=1)
   _, a4, _ = _step(model, rows, spec, micro=4)
   # AdamW's updates: its first step divides each gradient element by its own size, so elements at
@@ -192,7 +192,7 @@ def test_non_finite_loss_skips_the_update():
   rows = _rows()
   rows["advantages"][0] = np.nan
   p0, p1, m, o0, o1 = _step(_model(), rows, _spec(), return_opt=True)
-  assert not m["finite"]
+  assert not m.finite
   assert _rel(p1, p0) == 0.0
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(o0), jax.tree_util.tree_leaves(o1)))
 
@@ -201,7 +201,7 @@ def test_all_masked_batch_is_a_finite_no_op_gradient():
   rows = _rows()
   rows["loss_mask"][:] = False
   p0, p1, m = _step(_model(), rows, _spec(), tx=optax.sgd(1.0))
-  assert m["finite"] and m["tokens"] == 0 and m["loss"] == 0.0
+  assert m.finite and m.tokens == 0 and m.loss == 0.0
   assert _rel(p1, p0) == 0.0
 
 
@@ -212,10 +212,10 @@ def test_bf16_compute_keeps_float32_master_weights():
   gd, params = nnx.split(model)
   params = upd.cast_params(params, jnp.float32)
   tx = optax.adamw(1e-6)
-  batch = {k: jnp.asarray(v) for k, v in upd.split_micro(_rows(), 1).items()}
+  batch = jax.tree.map(jnp.asarray, upd.split_micro(_rows(), 1))
   new, _, m = upd.update_step(_copy(params), tx.init(params), batch, graphdef=gd, tx=tx,
                               spec=_spec(compute_dtype="bfloat16"))
-  assert m["finite"]
+  assert m.finite
   leaves0, leaves1 = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(new)
   assert all(x.dtype == jnp.float32 for x in leaves1)
   moved = np.mean([float(np.mean(np.asarray(a) != np.asarray(b))) for a, b in zip(leaves0, leaves1)])
@@ -248,8 +248,8 @@ def test_update_pg_loss_is_losses_policy_loss(loss, agg, micro):
     want = losses.policy_loss(logp, rows["old_logp"], rows["advantages"], mask, 0.2, 0.28, 3.0, agg)
   else:
     want = losses.sft_loss(logp, mask, agg=agg)
-  np.testing.assert_allclose(m["pg_loss"], float(want), rtol=2e-6, atol=1e-7)
-  np.testing.assert_allclose(m["loss"], float(want), rtol=2e-6, atol=1e-7)  # no KL, no entropy bonus
+  np.testing.assert_allclose(m.pg_loss, float(want), rtol=2e-6, atol=1e-7)
+  np.testing.assert_allclose(m.loss, float(want), rtol=2e-6, atol=1e-7)  # no KL, no entropy bonus
 
 
 PREFIX = np.asarray([7, 3, 11, 5], np.int32)  # L = 4: a template opening shared by most rows
@@ -292,19 +292,19 @@ def test_shared_prefix_gives_the_same_logprobs_and_update(make_model, remat):
                                atol=2e-5)
     gd, params = nnx.split(make_model())
     tx = optax.sgd(1.0)  # the update is the gradient itself
-    batch = {k: jnp.asarray(v) for k, v in upd.split_micro(rows, 2).items()}
+    batch = jax.tree.map(jnp.asarray, upd.split_micro(rows, 2))
     spec = _spec(remat=remat, kl_coef=0.1)
     a, _, ma = upd.update_step(_copy(params), tx.init(params), batch, graphdef=gd, tx=tx, spec=spec)
     b, _, mb = upd.update_step(_copy(params), tx.init(params), batch, graphdef=gd, tx=tx, spec=spec,
                                prefix=jnp.asarray(PREFIX))
   grad = lambda new: jax.tree_util.tree_map(lambda x, y: x - y, new, params)
   assert _rel(grad(b), grad(a)) < 1e-4
-  assert abs(float(mb["loss"]) - float(ma["loss"])) < 1e-5
-  ref = upd.batch_logprobs(params, batch["tokens"], batch["valid"], graphdef=gd, prompt_width=P,
+  assert abs(float(mb.loss) - float(ma.loss)) < 1e-5
+  ref = upd.batch_logprobs(params, batch.tokens, batch.valid, graphdef=gd, prompt_width=P,
                            temperature=1.0, compute_dtype="float32")
-  ref_shared = upd.batch_logprobs(params, batch["tokens"], batch["valid"], graphdef=gd, prompt_width=P,
+  ref_shared = upd.batch_logprobs(params, batch.tokens, batch.valid, graphdef=gd, prompt_width=P,
                                   temperature=1.0, compute_dtype="float32", prefix=jnp.asarray(PREFIX))
-  mask = np.asarray(batch["loss_mask"])
+  mask = np.asarray(batch.loss_mask)
   assert np.abs(np.asarray(ref) - np.asarray(ref_shared))[mask].max() < 1e-4
 
 
@@ -333,4 +333,4 @@ def test_old_log_probs_from_the_same_pass_equal_recomputed_ones():
     p0, b, mb = _step(_model(), rows, dataclasses.replace(spec, old_is_current=True), tx=optax.sgd(1.0))
   grad = lambda new: jax.tree_util.tree_map(lambda x, y: x - y, new, p0)
   assert _rel(grad(b), grad(a)) < 1e-5
-  assert mb["clip_frac"] == 0.0 and mb["approx_kl_old"] == 0.0 and abs(ma["approx_kl_old"]) < 1e-6
+  assert mb.clip_frac == 0.0 and mb.approx_kl_old == 0.0 and abs(ma.approx_kl_old) < 1e-6

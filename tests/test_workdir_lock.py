@@ -80,7 +80,7 @@ def test_live_holder_is_refused_with_its_host_pid_and_start_time(tmp_path, holde
 
 def test_train_script_refuses_a_held_workdir(tmp_path, holder):
   """The CLI fails in one line (exit 2) before it reads or writes anything in the workdir."""
-  cmd = [sys.executable, "experiments/train.py", "--config=configs/toy_cpu.py:tiny", f"--workdir={tmp_path / 'run'}"]
+  cmd = [sys.executable, "-m", "experiments.train", "--config=configs/toy_cpu.py:tiny", f"--workdir={tmp_path / 'run'}"]
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert out.returncode == 2, out.stderr[-2000:]

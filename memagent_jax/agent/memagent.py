@@ -22,6 +22,7 @@ from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_b
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
 from memagent_jax.models.attention import resolve_backend
 from memagent_jax.runtime import parallel
+from memagent_jax.runtime.device_clock import DeviceClock
 from memagent_jax.text.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
                                           TemplateSegments, answer_text_to_prediction)
 from memagent_jax.text import answers
@@ -98,6 +99,7 @@ class MemAgent:
     self.reuse_prefix = self._reuse_prefix(template_prefix_cache)
     # programs are traced on the mesh the rows are split over (a splash kernel runs per shard)
     self._trace_mesh = lambda: parallel.trace_mesh(mesh)
+    self.device_clock = DeviceClock()  # seconds in compiled blocks and their transfers (perf/host_s)
 
   def _reuse_prefix(self, choice: str) -> bool:
     """With "auto", reuse the template's opening piece when it is at least PREFIX_CACHE_SHARE of a
@@ -206,21 +208,22 @@ class MemAgent:
         break
       chunks, lengths = chunking.pack_chunks(rows, num_steps=self.block_chunks,
                                              chunk_tokens=self.chunk_tokens, pad_id=self.pad_id)
-      with self._trace_mesh():
+      with self._trace_mesh(), self.device_clock.section():
         memory, mem_len, outs = memory_block(
             pol.graphdef, pol.state, pieces=self._memory_pieces, question=question, q_len=q_len, memory=memory,
             mem_len=mem_len, chunks=place.put(chunks), chunk_len=place.put(lengths), keys=keys,
             first_chunk=jnp.int32(first_chunk), temperature=temp, top_p=tp, spec=spec)
+        outs = place.local(outs, row_axis=1)  # to the host: waits for the block
       first_chunk += self.block_chunks
-      self._collect(place.local(outs, row_axis=1), conversations, memories=memories, is_final=False)
+      self._collect(outs, conversations, memories=memories, is_final=False)
       doc_tokens += lengths.sum(axis=1)
       bar.update(int(lengths.sum()))
     bar.close()
-    with self._trace_mesh():
+    with self._trace_mesh(), self.device_clock.section():
       prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, question=question,
                                         q_len=q_len, memory=memory, mem_len=mem_len, keys=keys,
                                         temperature=temp, top_p=tp, spec=spec)
-    prompt, valid, gen = place.local((prompt, valid, gen))
+      prompt, valid, gen = place.local((prompt, valid, gen))
     final = dict(response=gen.tokens[None], logprobs=gen.logprobs[None],
                  sample_logprobs=gen.sample_logprobs[None], response_len=gen.lengths[None],
                  stopped=gen.stopped[None], prompt_len=valid.sum(1)[None],

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -84,3 +86,21 @@ class ConversationBatch:
 
   def __len__(self) -> int:
     return len(self.trajectory)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConversationSlots:
+  """S conversations as fixed-width device arrays, what RL trains on without a trip through the
+  host (rl/device_rows.py); a slot may be empty (lengths 0)."""
+  prompt: jax.Array  # [S, P] int32, left-padded
+  prompt_len: jax.Array  # [S] int32
+  response: jax.Array  # [S, N] int32, right-padded (the stop token included when emitted)
+  response_len: jax.Array  # [S] int32
+  logprobs: jax.Array  # [S, N] float32: log p of each response token under the policy that sampled
+  truncated: jax.Array  # [S] bool: hit the token cap without a stop token
+
+  @classmethod
+  def concatenate(cls, parts: list["ConversationSlots"]) -> "ConversationSlots":
+    """The slots of several agent calls, in order."""
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)

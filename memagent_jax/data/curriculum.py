@@ -1,6 +1,7 @@
 """A data curriculum in one config: `data.phases` trains successive step ranges of one run on
 differently generated documents (e.g. askable-key distractors first, then mixed ones); the
-runner is `experiment.assembly.train_phases`.
+runner is `experiment.assembly.train_phases`, each phase's config made by
+`experiment.phase_configs.phase_config`.
 
   data.phases = "200:distractor_keys=askable;300:distractor_keys=mixed;400:distractor_keys=mixed,late_fact_share=1.0"
 
@@ -14,7 +15,6 @@ phase.
 from __future__ import annotations
 
 import ast
-import copy
 
 
 def _value(text: str, current):
@@ -52,18 +52,6 @@ def parse_phases(spec: str, options, steps: int) -> list[tuple[int, dict]]:
   if last != steps:
     raise ValueError(f"data.phases: the last phase ends at step {last}, train.steps is {steps}; make them equal")
   return phases
-
-
-def phase_config(cfg, settings: dict):
-  """A copy of cfg whose data.options carry one phase's settings (type-checked by ConfigDict)."""
-  out = copy.deepcopy(cfg)
-  with out.unlocked():
-    for key, value in settings.items():
-      try:
-        out.data.options[key] = value
-      except TypeError as e:
-        raise ValueError(f"data.phases: {key}={value!r} does not fit data.options.{key}: {e}") from None
-  return out
 
 
 def with_steps(spec: str, steps: int) -> str:

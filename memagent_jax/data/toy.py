@@ -39,9 +39,9 @@ DISTRACTOR_DENSITY = 8.0  # distractor facts per 1000 tokens (about other keys),
 # memory (two facts) cannot keep them all: what it keeps must depend on the question. A base model
 # learns this content lookup in pretraining (configs/toy_memagent.py; docs/results/probe_recall.md).
 ASKED_KEYS = ("berlin", "cairo", "delhi", "lima", "oslo", "paris", "rome", "tokyo")
-# The world of the first reproduction (docs/results/toy_reproduction.md), kept under its own task name
-# until a base model that can look facts up exists: every question asks about oslo, so the memory
-# never has to depend on the question. Same documents as before the eight asked keys (same RNG).
+# The one-key world (docs/results/toy_reproduction.md): every question asks about oslo, so the memory
+# never has to depend on the question; for models too small to learn lookup by key. Its documents are
+# those of toy_kv with the same seed (same RNG draws), only the question differs.
 ONE_KEY_TASK = "toy_kv_one_key"
 ONE_KEY = ("oslo",)
 TASKS = (TASK, ONE_KEY_TASK)  # both worlds: toy-word lengths, one-word answers scored by exact match

@@ -1,5 +1,5 @@
 """Where a toy-world memory goes wrong: the first chunk after which it no longer holds the asked
-key's latest code, and what that chunk held (issue 16: measure where long-document errors come from).
+key's latest code, and what that chunk held: where long-document errors come from.
 
 A memory is right after chunk i when it holds the latest value the document has given the asked
 key so far, as a word, in whatever wording (before the first fact about the key, any memory is

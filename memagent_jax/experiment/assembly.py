@@ -16,9 +16,9 @@ import jax
 from memagent_jax.agent import DirectReader, MemAgent
 from memagent_jax.data import curriculum, pipeline, tasks
 from memagent_jax.evaluation import run_eval
-from memagent_jax.experiment import tfds_builders
+from memagent_jax.experiment import phase_configs, specs, tfds_builders
+from memagent_jax.experiment.config_checks import validate_config
 from memagent_jax.policy.loading import load_policy
-from memagent_jax.rl.config_checks import validate_config
 from memagent_jax.rl.rollout import RolloutCollector
 from memagent_jax.rl.teacher_rows import TeacherCollector
 from memagent_jax.rl.trainer import Trainer
@@ -115,7 +115,8 @@ def start_runtime(cfg):
                                    "cluster": d.cluster})
   if cfg.train.compilation_cache_dir:
     enable_compilation_cache(cfg.train.compilation_cache_dir)
-  return parallel.make_mesh(cfg.mesh), parallel.axis_rules([tuple(r) for r in cfg.mesh.rules] or None)
+  mesh_spec = specs.mesh_spec(cfg)
+  return parallel.make_mesh(mesh_spec), mesh_spec.axis_rules()
 
 
 @dataclasses.dataclass
@@ -165,9 +166,11 @@ def build_experiment(cfg, workdir: str | None = None) -> Experiment:
   agent = build_reader(cfg.agent, policy, training=True, mesh=mesh)  # rollouts: rows over data x fsdp
   prompt_width, response_width = row_widths(agent, cfg.agent.question_tokens, cfg.data.length)
   if cfg.train.source == "teacher":  # supervised warm start / baseline: teacher-forced rows, loss "sft"
-    collector = TeacherCollector(agent, cfg.teacher, prompt_width=prompt_width, response_width=response_width)
+    collector = TeacherCollector(agent, specs.teacher_spec(cfg), prompt_width=prompt_width,
+                                 response_width=response_width)
   else:
-    collector = RolloutCollector(agent, cfg.rl, prompt_width=prompt_width, response_width=response_width)
+    collector = RolloutCollector(agent, specs.rollout_spec(cfg), prompt_width=prompt_width,
+                                 response_width=response_width)
   d = cfg.data
   tok = agent.tokenizer
   chunk = cfg.agent.chunk_tokens
@@ -189,9 +192,10 @@ def build_experiment(cfg, workdir: str | None = None) -> Experiment:
   # the memory template's opening (the same in every memory-update row) runs once per update batch,
   # where the agent reuses it in rollouts too (`agent.template_prefix_cache`: xla attention)
   shared = agent.memory_segments.pieces[0] if getattr(agent, "reuse_prefix", False) else None
-  trainer = Trainer(cfg, workdir=workdir or cfg.train.workdir, mesh=mesh, rules=rules, policy=policy,
-                    collector=collector, batches=batches, loss_from=loss_from, evaluate=evaluator,
-                    shared_prefix=shared)
+  trainer = Trainer(specs.train_spec(cfg), update=specs.update_spec(cfg, loss_from=loss_from),
+                    optim=specs.optim_spec(cfg), workdir=workdir or cfg.train.workdir, mesh=mesh, rules=rules,
+                    policy=policy, collector=collector, batches=batches, evaluate=evaluator, shared_prefix=shared,
+                    config_json=cfg.to_json_best_effort())
   return Experiment(cfg, mesh, policy, agent, pool, evaluator, trainer)
 
 
@@ -211,7 +215,7 @@ def train_phases(cfg, workdir: str | None = None, build=None) -> dict:
     return dict(trainer.train(), trainer=trainer)
   history = []
   for until, settings in phases:
-    trainer = build(curriculum.phase_config(cfg, settings), workdir)  # restores the newest readable checkpoint
+    trainer = build(phase_configs.phase_config(cfg, settings), workdir)  # restores the newest readable checkpoint
     if trainer.state.step >= until and until != phases[-1][0]:
       continue  # finished in an earlier call
     print(f"data phase to step {until}: " + (", ".join(f"{k}={v!r}" for k, v in settings.items()) or "data.options"),

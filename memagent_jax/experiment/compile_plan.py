@@ -16,6 +16,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.agent.memagent import question_bucket
+from memagent_jax.experiment import specs
 from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_block
 from memagent_jax.models.attention import resolve_backend
 from memagent_jax.models.config import PRESETS, get_preset
@@ -145,7 +146,7 @@ def build_programs(cfg, mesh, rules, *, platform: str = "tpu") -> tuple[list[Pro
   roll_sh = parallel.param_shardings(state, mesh, parallel.rollout_rules(rules, cfg.mesh.rollout))
   params = _abstract(master, train_sh)
   rollout_params = _abstract(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), state), roll_sh)
-  tx = make_optimizer(cfg.optim, cfg.train.steps)
+  tx = make_optimizer(specs.optim_spec(cfg))
   opt = jax.eval_shape(tx.init, master)
   opt_state = _abstract(opt, parallel.opt_state_shardings(opt, master, train_sh, mesh))
 
@@ -175,11 +176,10 @@ def build_programs(cfg, mesh, rules, *, platform: str = "tpu") -> tuple[list[Pro
   logprobs = Program("logprobs", upd.batch_logprobs, (params, tokens, valid), dict(
       graphdef=graphdef, prompt_width=s.prompt_width, temperature=float(rl.temperature),
       compute_dtype=cfg.model.dtype), f"batch_logprobs: one mini-batch, {m} x {r} rows x {w} tokens")
-  batch = dict(tokens=tokens, valid=valid, loss_mask=_rows(mesh, (m, r, n), jnp.bool_, 1),
+  batch = upd.UpdateBatch(tokens=tokens, valid=valid, loss_mask=_rows(mesh, (m, r, n), jnp.bool_, 1),
                old_logp=_rows(mesh, (m, r, n), f32, 1), ref_logp=_rows(mesh, (m, r, n), f32, 1),
                advantages=_rows(mesh, (m, r), f32, 1))
-  uspec = upd.UpdateSpec.from_config(rl, loss_from=s.prompt_width, remat=cfg.model.remat,
-                                     compute_dtype=cfg.model.dtype)
+  uspec = specs.update_spec(cfg, loss_from=s.prompt_width)
   update = Program("update", upd.update_step, (params, opt_state, batch), dict(graphdef=graphdef, tx=tx, spec=uspec),
                    f"update_step: one mini-batch, {m} micro-batches of {r} rows x {w} tokens")
   facts = dict(model=mcfg, params=mcfg.num_params, backend=backend, notes=notes,

@@ -19,8 +19,8 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from memagent_jax.experiment import compile_plan
-from memagent_jax.rl.config_checks import validate_config
+from memagent_jax.experiment import compile_plan, specs
+from memagent_jax.experiment.config_checks import validate_config
 from memagent_jax.runtime import hlo_stats, parallel, tpu_targets
 
 GIB = 1024 ** 3
@@ -35,7 +35,7 @@ def tpu_mesh(cfg, topology: tpu_targets.Topology):
   """The config's ("data", "fsdp", "tensor") mesh over the topology's compile-only devices."""
   devices = tpu_targets.compile_only_devices(topology)
   try:
-    return parallel.make_mesh(cfg.mesh, devices), devices
+    return parallel.make_mesh(specs.mesh_spec(cfg), devices), devices
   except ValueError as e:
     raise ValueError(f"{e} of topology {topology.name} ({len(devices)} devices); set --config.mesh.data/"
                      "fsdp/tensor to fit it") from None
@@ -125,7 +125,7 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
   validate_config(cfg)
   jax.default_backend()  # this host's backend first, so the TPU plugin never becomes the default
   mesh, devices = tpu_mesh(cfg, topology)
-  rules = parallel.axis_rules([tuple(r) for r in cfg.mesh.rules] or None)
+  rules = specs.mesh_spec(cfg).axis_rules()
   chip = topology.chip
   built, shapes, facts = compile_plan.build_programs(cfg, mesh, rules, platform="tpu")
   precheck(built, facts, chip)

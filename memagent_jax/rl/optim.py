@@ -9,11 +9,36 @@ the trainer sets it from the step before each step's updates.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
 import optax
 
 SCHEDULES = ("constant", "cosine")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimSpec:
+  """AdamW and its schedule over `total_steps` rollout steps; checks itself on construction."""
+  lr: float
+  schedule: str = "constant"
+  warmup_steps: int = 0
+  min_lr_ratio: float = 0.0
+  total_steps: int = 1
+  weight_decay: float = 0.0
+  grad_clip: float = 0.0  # 0: no clipping
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+
+  def __post_init__(self):
+    learning_rate_schedule(lr=self.lr, schedule=self.schedule, warmup_steps=self.warmup_steps,
+                           total_steps=self.total_steps, min_lr_ratio=self.min_lr_ratio)
+    if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1 and self.eps > 0 and self.weight_decay >= 0
+            and self.grad_clip >= 0):
+      raise ValueError(f"OptimSpec needs 0 <= b1, b2 < 1, eps > 0, weight_decay >= 0, grad_clip >= 0; got {self}")
 
 
 def learning_rate_schedule(*, lr: float, schedule: str, warmup_steps: int, total_steps: int,
@@ -23,7 +48,7 @@ def learning_rate_schedule(*, lr: float, schedule: str, warmup_steps: int, total
   updates_per_step 1: the count is the rollout step (as the trainer's `lr_at` reads it)."""
   if schedule not in SCHEDULES:
     raise ValueError(f"optim.schedule={schedule!r}; choose one of {SCHEDULES}")
-  if lr <= 0 or warmup_steps < 0 or total_steps < 1 or updates_per_step < 1:
+  if not math.isfinite(lr) or lr <= 0 or warmup_steps < 0 or total_steps < 1 or updates_per_step < 1:
     raise ValueError(f"need lr > 0, warmup_steps >= 0, total_steps >= 1, updates_per_step >= 1; got "
                      f"{lr}, {warmup_steps}, {total_steps}, {updates_per_step}")
   decay_steps = max(1, total_steps - warmup_steps)
@@ -40,27 +65,20 @@ def learning_rate_schedule(*, lr: float, schedule: str, warmup_steps: int, total
   return fn
 
 
-def _schedule(optim_cfg, total_steps: int):
-  """The schedule of a config's `optim` section, over rollout steps."""
-  o = optim_cfg
-  return learning_rate_schedule(lr=o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps,
-                                total_steps=total_steps, min_lr_ratio=o.min_lr_ratio)
-
-
-def lr_at(optim_cfg, step: int, total_steps: int) -> float:
+def lr_at(spec: OptimSpec, step: int) -> float:
   """The learning rate of rollout step `step` (0-based)."""
-  return float(_schedule(optim_cfg, total_steps)(step))
+  schedule = learning_rate_schedule(lr=spec.lr, schedule=spec.schedule, warmup_steps=spec.warmup_steps,
+                                    total_steps=spec.total_steps, min_lr_ratio=spec.min_lr_ratio)
+  return float(schedule(step))
 
 
-def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
+def make_optimizer(spec: OptimSpec) -> optax.GradientTransformation:
   """AdamW (+ weight decay) after clipping the global gradient norm (0 disables clipping); its
   learning rate is a state entry set per rollout step with `set_learning_rate`."""
-  _schedule(optim_cfg, total_steps)  # validates the schedule settings
   adamw = optax.inject_hyperparams(optax.adamw)(
-      learning_rate=lr_at(optim_cfg, 0, total_steps), b1=optim_cfg.b1, b2=optim_cfg.b2,
-      eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
-  if optim_cfg.grad_clip and optim_cfg.grad_clip > 0:
-    return optax.chain(optax.clip_by_global_norm(optim_cfg.grad_clip), adamw)
+      learning_rate=lr_at(spec, 0), b1=spec.b1, b2=spec.b2, eps=spec.eps, weight_decay=spec.weight_decay)
+  if spec.grad_clip > 0:
+    return optax.chain(optax.clip_by_global_norm(spec.grad_clip), adamw)
   return adamw
 
 

@@ -47,6 +47,52 @@ def overlong_penalty(lengths, *, max_tokens: int, cache_tokens: int) -> np.ndarr
   return np.where(lengths <= free, 0.0, np.where(lengths <= max_tokens, ramp, -1.0)).astype(np.float32)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OverlongSpec:
+  """DAPO's soft overlong punishment of the final answer (see `overlong_penalty`)."""
+  max_tokens: int
+  cache_tokens: int
+
+  def __post_init__(self):
+    if not 0 < self.cache_tokens <= self.max_tokens:
+      raise ValueError(f"overlong shaping needs 0 < cache_tokens <= max_tokens; got {self}")
+
+
+ON_INSUFFICIENT = ("fail", "proceed")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutSpec:
+  """How one step's rollouts are drawn, scored and kept; checks itself on construction."""
+  group_size: int  # G trajectories per question
+  questions_per_step: int
+  rollout_batch: int  # trajectories per agent call over all processes (a multiple of group_size)
+  temperature: float = 1.0
+  top_p: float = 1.0
+  reward: str = "memagent_verifier"  # a REWARD_FNS name
+  advantage: str = "mean_centred"  # an advantages.ADVANTAGES name
+  eps: float = 1e-6
+  dynamic_sampling: bool = False  # keep only groups whose scores differ (DAPO)
+  max_extra_gen_batches: int = 0
+  on_insufficient: str = "fail"  # ON_INSUFFICIENT: when dynamic sampling runs out of batches
+  mask_truncated: bool = False  # drop conversations that hit their token cap from the loss
+  overlong: OverlongSpec | None = None  # None: no overlong shaping
+
+  def __post_init__(self):
+    for name in ("group_size", "questions_per_step", "rollout_batch"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"RolloutSpec.{name}={getattr(self, name)} must be >= 1")
+    if self.rollout_batch % self.group_size:
+      raise ValueError(f"rl.rollout_batch={self.rollout_batch} must be a multiple of "
+                       f"rl.group_size={self.group_size} (a group is never split)")
+    if not (self.temperature > 0 and 0 < self.top_p <= 1 and self.eps >= 0 and self.max_extra_gen_batches >= 0):
+      raise ValueError(f"RolloutSpec needs temperature > 0, 0 < top_p <= 1, eps >= 0, "
+                       f"max_extra_gen_batches >= 0; got {self}")
+    if self.on_insufficient not in ON_INSUFFICIENT:
+      raise ValueError(f"RolloutSpec.on_insufficient={self.on_insufficient!r}; choose one of {ON_INSUFFICIENT}")
+    REWARD_FNS.get(self.reward), adv_lib.get_advantage(self.advantage)  # unknown names raise, listing the known
+
+
 class DynamicSamplingError(RuntimeError):
   """Dynamic sampling ran out of extra generation batches before the step was full."""
 
@@ -68,42 +114,39 @@ def _response_tokens(conv, stop_tokens) -> int:
 class RolloutCollector:
   """Generates the rows of one step from an iterator of question batches."""
 
-  def __init__(self, agent, rl_cfg, *, prompt_width: int, response_width: int):
-    self.agent, self.cfg = agent, rl_cfg
+  def __init__(self, agent, spec: RolloutSpec, *, prompt_width: int, response_width: int):
+    self.agent, self.spec = agent, spec
     self.prompt_width, self.response_width = prompt_width, response_width
-    self.reward_fn = get_reward_fn(rl_cfg.reward)
-    self.advantage_fn = adv_lib.get_advantage(rl_cfg.advantage)
+    self.reward_fn = get_reward_fn(spec.reward)
+    self.advantage_fn = adv_lib.get_advantage(spec.advantage)
     self.stop_tokens = set(agent.stop_tokens)
-    if rl_cfg.rollout_batch % rl_cfg.group_size:
-      raise ValueError(f"rl.rollout_batch={rl_cfg.rollout_batch} must be a multiple of "
-                       f"rl.group_size={rl_cfg.group_size} (a group is never split)")
 
   def _generate(self, samples: dict, seed: int) -> tuple[list[AgentResult], slice]:
     """G trajectories for this process's share of the batch's questions, in agent calls of
     rl.rollout_batch trajectories over all processes. Trajectory g of question q samples with
     row id q * G + g under `seed`, so it is the same on any number of devices or processes."""
-    g = self.cfg.group_size
+    g = self.spec.group_size
     mine = this_process_share(len(samples["question"]), "questions of a rollout batch")
     questions = [samples["question"][q] for q in range(mine.start, mine.stop) for _ in range(g)]
     documents = [samples["context"][q] for q in range(mine.start, mine.stop) for _ in range(g)]
     row_ids = [q * g + k for q in range(mine.start, mine.stop) for k in range(g)]
-    step = max(1, self.cfg.rollout_batch // jax.process_count())
+    step = max(1, self.spec.rollout_batch // jax.process_count())
     results = []
     for start in range(0, len(questions), step):
       part = slice(start, start + step)
-      results += self.agent.answer_batch(questions[part], documents[part], temperature=self.cfg.temperature,
-                                         top_p=self.cfg.top_p, seed=seed, row_ids=row_ids[part])
+      results += self.agent.answer_batch(questions[part], documents[part], temperature=self.spec.temperature,
+                                         top_p=self.spec.top_p, seed=seed, row_ids=row_ids[part])
     return results, mine
 
   def _rewards(self, results, answers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(shaped reward, raw score, final answer tokens) per trajectory; shaping (DAPO's overlong
     penalty) applies to the final answer's length only, memory updates are capped by the agent."""
-    g = self.cfg.group_size
+    g = self.spec.group_size
     scores = np.asarray([self.reward_fn(r, list(answers[i // g])) for i, r in enumerate(results)], np.float32)
     lengths = np.asarray([len(r.conversations[-1].response_ids) for r in results])  # stop token included, as DAPO
     shaped = scores.copy()
-    ov = self.cfg.overlong
-    if ov.enable:
+    ov = self.spec.overlong
+    if ov is not None:
       shaped += overlong_penalty(lengths, max_tokens=ov.max_tokens, cache_tokens=ov.cache_tokens)
     return shaped, scores, lengths
 
@@ -113,7 +156,7 @@ class RolloutCollector:
 
     Each process generates its share of every batch; rewards are shared so that every process
     keeps the same groups, and the rows come together in question order on every process."""
-    cfg, g = self.cfg, self.cfg.group_size
+    spec, g = self.spec, self.spec.group_size
     t0 = time.perf_counter()
     kept, kept_rewards, local = [], [], {}  # kept (gen, q); rewards [G] each; (gen, q) -> results
     all_results, all_scores, all_rewards, all_lengths = [], [], [], []
@@ -129,26 +172,26 @@ class RolloutCollector:
       groups_seen += nq
       for q in range(nq):
         acc = scores[q * g:(q + 1) * g]
-        if cfg.dynamic_sampling and np.all(acc == acc[0]):
+        if spec.dynamic_sampling and np.all(acc == acc[0]):
           continue  # no signal: every trajectory got the same score (DAPO filters on accuracy)
         kept.append((gen, q))
         kept_rewards.append(shaped[q * g:(q + 1) * g])
         if mine.start <= q < mine.stop:
           local[(gen, q)] = results[(q - mine.start) * g:(q - mine.start + 1) * g]
       gen += 1
-      full = len(kept) >= cfg.questions_per_step
-      if not cfg.dynamic_sampling or full:
+      full = len(kept) >= spec.questions_per_step
+      if not spec.dynamic_sampling or full:
         break
-      if gen > cfg.max_extra_gen_batches:
-        if cfg.on_insufficient == "fail":
+      if gen > spec.max_extra_gen_batches:
+        if spec.on_insufficient == "fail":
           raise DynamicSamplingError(
-              f"dynamic sampling kept {len(kept)} of the {cfg.questions_per_step} groups a step "
-              f"needs after {gen} generation batches (rl.max_extra_gen_batches={cfg.max_extra_gen_batches}):"
+              f"dynamic sampling kept {len(kept)} of the {spec.questions_per_step} groups a step "
+              f"needs after {gen} generation batches (rl.max_extra_gen_batches={spec.max_extra_gen_batches}):"
               " every other group had equal rewards; raise max_extra_gen_batches, or set "
               "rl.on_insufficient='proceed' to train on the kept groups")
         break
     informative = len(kept)  # groups with a reward signal, before trimming to the step size
-    kept, kept_rewards = kept[:cfg.questions_per_step], kept_rewards[:cfg.questions_per_step]
+    kept, kept_rewards = kept[:spec.questions_per_step], kept_rewards[:spec.questions_per_step]
     scores, shaped, lengths = map(np.concatenate, (all_scores, all_rewards, all_lengths))
     metrics = {
         "reward_mean": float(shaped.mean()), "accuracy": float(scores.mean()),
@@ -178,9 +221,9 @@ class RolloutCollector:
             local: dict[tuple[int, int], list[AgentResult]]) -> TrainRows:
     """Rows of the kept groups, in kept order on every process: each process batches the groups
     it generated, then the rows of all processes are gathered and ordered by group."""
-    g = self.cfg.group_size
+    g = self.spec.group_size
     traj_adv = self.advantage_fn(np.concatenate(kept_rewards), np.repeat(np.arange(len(kept)), g),
-                                 eps=self.cfg.eps)  # [K * G]
+                                 eps=self.spec.eps)  # [K * G]
     mine = [k for k, key in enumerate(kept) if key in local]
     width = self.prompt_width + self.response_width
     if mine:
@@ -190,7 +233,7 @@ class RolloutCollector:
                                              response_width=self.response_width)
       part = rows_from_conversations(batch, row_advantages=adv_lib.broadcast_to_rows(traj_adv, traj[batch.trajectory]),
                                      row_question=traj[batch.trajectory] // g,
-                                     mask_truncated=self.cfg.mask_truncated)
+                                     mask_truncated=self.spec.mask_truncated)
     else:  # this process generated none of the kept groups: it still joins the gather
       z = lambda *shape, dt=np.float32: np.zeros(shape, dt)
       n = self.response_width

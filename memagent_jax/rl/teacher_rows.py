@@ -8,6 +8,7 @@ step's `sft` loss (token-mean negative log-likelihood of the responses) trains o
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from typing import Callable, Iterator
@@ -30,14 +31,25 @@ def language_model_rows(rows: TrainRows) -> TrainRows:
                    advantages=rows.advantages, question=rows.question, prompt_width=1)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeacherSpec:
+  """Which registered teacher writes the rows, with its keyword options (name, value) pairs."""
+  name: str
+  options: tuple[tuple[str, object], ...] = ()
+  prompt_loss: bool = False  # also train on prompt tokens (next-token loss on whole conversations)
+
+  def __post_init__(self):
+    TEACHERS.get(self.name)  # an unknown name raises, listing the known ones
+
+
 class TeacherCollector:
   """Teacher trajectories of one step's questions -> TrainRows (one trajectory per question)."""
 
-  def __init__(self, agent, teacher_cfg, *, prompt_width: int, response_width: int):
+  def __init__(self, agent, spec: TeacherSpec, *, prompt_width: int, response_width: int):
     self.agent, self.prompt_width, self.response_width = agent, prompt_width, response_width
-    self.teacher = TEACHERS.get(teacher_cfg.name)
-    self.options = dict(teacher_cfg.options)
-    self.prompt_loss = bool(teacher_cfg.prompt_loss)
+    self.teacher = TEACHERS.get(spec.name)
+    self.options = dict(spec.options)
+    self.prompt_loss = spec.prompt_loss
 
   def collect(self, batches: Iterator[dict], seed_of: Callable[[int, int], int]) -> StepRollout:
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Teacher policies for the toy world: teacher-forced conversations for supervised warm starts.
 
-`toy_memory` is the deliberately imperfect memory policy of issue 5: it always writes the latest
+`toy_memory` is the deliberately imperfect memory policy of the warm start: it always writes the latest
 fact about the asked key into memory, but on a chunk that holds only other keys' facts it
 overwrites the memory with them with probability `overwrite_prob`. A model fitted to it is a
 stochastic policy that RL can improve. `toy_direct` answers from the whole document, for the

@@ -93,23 +93,24 @@ def check_finite(st: TrainState, mesh, step: int):
                               "optimizer setting, or an overflowing update (lower optim.lr)?")
 
 
-def restore_or_init(cfg, *, workdir: str, policy, mesh, rules, tx, batches, is_chief: bool):
-  """Fresh state (params sharded by the mesh rules), or the latest complete checkpoint's (which
-  also moves `batches` to its data position and drops later lines of metrics.jsonl)."""
+def restore_or_init(*, workdir: str, policy, mesh, rules, tx, batches, is_chief: bool, seed: int, keep: int,
+                    async_save: bool, model_source: str, with_reference: bool):
+  """Fresh state (params sharded by the mesh rules, the PRNG key of `seed`, reference params when
+  `with_reference`), or the latest complete checkpoint's (which also moves `batches` to its data
+  position and drops later lines of metrics.jsonl); checkpoints keep the newest `keep` steps."""
   master = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), policy.state)  # fp32 master
   shardings = parallel.param_shardings(master, mesh, rules)
   params = parallel.shard_params(master, mesh, rules)
   opt_state = tx.init(params)
   opt_state = parallel.shard_opt_state(opt_state, params, shardings, mesh)
-  ref_params = jax.tree_util.tree_map(jnp.copy, params) if cfg.rl.kl_coef else None
-  rng = jax.random.PRNGKey(cfg.train.seed)
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.train.keep_checkpoints,
-                                    async_save=cfg.train.async_checkpoint)
+  ref_params = jax.tree_util.tree_map(jnp.copy, params) if with_reference else None
+  rng = jax.random.PRNGKey(seed)
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=keep, async_save=async_save)
   state = TrainState(params, opt_state, ref_params, 0, rng)
   if ckpt.latest_step() is None:
     return state, ckpt
   live = _tree(state, mesh)
-  expect = model_meta(cfg.model.source, policy)["model_config"]
+  expect = model_meta(model_source, policy)["model_config"]
   _, restored, meta = ckpt.restore_newest_readable(target=live, expect_model_config=expect)
   # the checkpoint holds plain dicts where the live tree has nnx.State nodes; the leaves come back
   # in the target's order (and shardings), so they refill the live structure exactly

@@ -21,12 +21,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from memagent_jax.runtime import parallel
+from memagent_jax.runtime.device_clock import DeviceClock
 from memagent_jax.runtime.preemption import Preempted, StopSignals
 from memagent_jax.runtime.workdir_lock import WorkdirLock
 from memagent_jax.rl import update as upd
 from memagent_jax.rl.batching import mini_batches
 from memagent_jax.rl.metrics import MetricWriter, device_memory, host_rss_bytes
-from memagent_jax.rl.optim import lr_at, make_optimizer, set_learning_rate
+from memagent_jax.rl.optim import OptimSpec, lr_at, make_optimizer, set_learning_rate
 from memagent_jax.rl.train_state import (NonFiniteStateError, check_finite, model_meta,  # noqa: F401
                                          restore_or_init, save_state)
 
@@ -35,35 +36,71 @@ class NonFiniteLossError(FloatingPointError):
   """Too many consecutive optimizer updates had a NaN/inf loss or gradient."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSpec:
+  """The loop's settings: length, batching of updates, checkpoints, logging; checks itself."""
+  steps: int
+  ppo_mini_batch: int  # questions per optimizer update
+  micro_batches: int = 1  # gradient accumulation per update
+  recompute_old_logprobs: bool = True  # old log-probs from the training forward (as verl), not the sampler
+  seed: int = 0
+  save_every: int = 10
+  keep_checkpoints: int = 3
+  async_checkpoint: bool = True
+  log_every: int = 1
+  max_nan_steps: int = 3  # consecutive non-finite updates before training stops
+  progress: bool = True
+  eval_every: int = 0  # 0: no held-out evaluation
+  rollout_dtype: str = "float32"  # the dtype rollouts decode in (the model's)
+  rollout_layout: str = "train"  # parallel.ROLLOUT_LAYOUTS
+  model_source: str = ""  # recorded in checkpoints, so a resume checks it loads the same model
+
+  def __post_init__(self):
+    for name in ("steps", "ppo_mini_batch", "micro_batches", "save_every", "keep_checkpoints", "log_every",
+                 "max_nan_steps"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"TrainSpec.{name}={getattr(self, name)} must be >= 1")
+    if self.eval_every < 0 or self.seed < 0:
+      raise ValueError(f"TrainSpec.eval_every={self.eval_every} and seed={self.seed} must be >= 0")
+    if self.rollout_layout not in parallel.ROLLOUT_LAYOUTS:
+      raise ValueError(f"TrainSpec.rollout_layout={self.rollout_layout!r}; choose one of {parallel.ROLLOUT_LAYOUTS}")
+
+
 class Trainer:
   """Owns the policy, agent, optimizer, mesh, data iterator and checkpoints of one run."""
 
-  def __init__(self, cfg, *, workdir: str, mesh, rules, policy, collector, batches, loss_from: int,
-               evaluate: Callable[[], dict] | None = None, shared_prefix=None):
-    """Parts come from `memagent_jax.experiment.build_experiment`; `loss_from` is the first token
-    column the loss reads, `evaluate` scores the current policy on the held-out set;
+  def __init__(self, spec: TrainSpec, *, update: upd.UpdateSpec, optim: OptimSpec, workdir: str, mesh, rules,
+               policy, collector, batches, evaluate: Callable[[], dict] | None = None, shared_prefix=None,
+               config_json: str = ""):
+    """Parts come from `memagent_jax.experiment.build_experiment`; `update.prompt_width` is the
+    first token column the loss reads, `evaluate` scores the current policy on the held-out set;
     `shared_prefix` [L]: the template opening most rows start with, run once per update batch
-    (used on a batch only where `update.prefix_fits`)."""
-    self.cfg, self.workdir, self.mesh, self.rules = cfg, workdir, mesh, rules
-    self.policy, self.collector, self.batches, self.loss_from = policy, collector, batches, loss_from
+    (used on a batch only where `update.prefix_fits`); `config_json`: the run's configuration,
+    kept in every checkpoint."""
+    if optim.total_steps != spec.steps:
+      raise ValueError(f"OptimSpec.total_steps={optim.total_steps} must equal TrainSpec.steps={spec.steps}")
+    self.spec, self.update_spec, self.optim = spec, update, optim
+    self.workdir, self.mesh, self.rules, self.config_json = workdir, mesh, rules, config_json
+    self.policy, self.collector, self.batches, self.loss_from = policy, collector, batches, update.prompt_width
     self._evaluate = evaluate
-    self.spec = upd.UpdateSpec.from_config(cfg.rl, loss_from=loss_from, remat=cfg.model.remat,
-                                           compute_dtype=cfg.model.dtype)
-    self.tx = make_optimizer(cfg.optim, cfg.train.steps)
-    self.row_multiple = cfg.rl.micro_batches * parallel.batch_shards(mesh)
+    self.tx = make_optimizer(optim)
+    self.row_multiple = spec.micro_batches * parallel.batch_shards(mesh)
     self.is_chief = jax.process_index() == 0
     self.lock = WorkdirLock(workdir).acquire()  # before anything in the workdir is read or written
     self.writer = MetricWriter(os.path.join(workdir, "logs"), enabled=self.is_chief)
-    self.state, self.checkpointer = restore_or_init(cfg, workdir=workdir, policy=policy, mesh=mesh, rules=rules,
-                                                    tx=self.tx, batches=batches, is_chief=self.is_chief)
+    self.state, self.checkpointer = restore_or_init(
+        workdir=workdir, policy=policy, mesh=mesh, rules=rules, tx=self.tx, batches=batches,
+        is_chief=self.is_chief, seed=spec.seed, keep=spec.keep_checkpoints, async_save=spec.async_checkpoint,
+        model_source=spec.model_source, with_reference=bool(update.kl_coef))
     # programs are traced on the mesh: a splash attention kernel runs per shard (models/attention.py)
     self._trace_mesh = lambda: parallel.trace_mesh(mesh)
     # rollouts decode with their own weight layout (mesh.rollout), re-sharded once per step
-    layout_rules = parallel.rollout_rules(rules, cfg.mesh.rollout)
-    self.rollout_shardings = (None if cfg.mesh.rollout == "train" else
+    layout_rules = parallel.rollout_rules(rules, spec.rollout_layout)
+    self.rollout_shardings = (None if spec.rollout_layout == "train" else
                               parallel.param_shardings(policy.state, mesh, layout_rules))
     self._sync_policy()
     self._nan_run = 0
+    self.clock = DeviceClock()  # seconds in the update's programs and transfers (perf/host_s)
     self.shared_prefix = None if shared_prefix is None else np.asarray(shared_prefix, np.int32)
     self._shared_prefix_dev = None if shared_prefix is None else jnp.asarray(self.shared_prefix)  # once
 
@@ -72,78 +109,88 @@ class Trainer:
     key = jax.random.fold_in(jax.random.fold_in(self.state.rng, self.state.step), gen * 4096 + sub)
     return int(jax.random.randint(key, (), 0, 2 ** 31 - 1))
 
-  def _device_batch(self, arrays: dict) -> dict:
-    return {k: parallel.shard_micro_batches(v, self.mesh) for k, v in arrays.items()}
+  def _device_batch(self, batch: upd.UpdateBatch) -> upd.UpdateBatch:
+    return jax.tree.map(lambda v: parallel.shard_micro_batches(v, self.mesh), batch)
 
   def train_step(self) -> dict[str, float]:
     """Rollouts, then `updates_per_step` optimizer updates; returns the step's metrics."""
-    cfg, st = self.cfg, self.state
+    spec, st = self.spec, self.state
+    agent_clock = getattr(self.collector.agent, "device_clock", None)  # a teacher's agent runs no programs
+    device0 = self.clock.seconds + (agent_clock.seconds if agent_clock else 0.0)
     t0 = time.perf_counter()
     roll = self.collector.collect(self.batches, self._seed)
     metrics = dict(roll.metrics)
     t1 = time.perf_counter()
+    device_seconds = lambda: self.clock.seconds + (agent_clock.seconds if agent_clock else 0.0) - device0
     if roll.rows is None:  # dynamic sampling proceeded with nothing to learn from
-      metrics.update(updates=0, step_seconds=time.perf_counter() - t0)
+      wall = time.perf_counter() - t0
+      metrics.update(updates=0, step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
       return metrics
     parts = mini_batches(roll.rows, num_questions=roll.num_questions,
-                         questions_per_mini_batch=cfg.rl.ppo_mini_batch, multiple=self.row_multiple,
+                         questions_per_mini_batch=spec.ppo_mini_batch, multiple=self.row_multiple,
                          pad_id=self.collector.agent.pad_id)
     batches = []
     gd = self.policy.graphdef
     tokens = int(sum(part.valid.sum() for part in parts))  # real tokens the updates process
-    recompute = cfg.rl.recompute_old_logprobs and cfg.rl.loss != "sft"  # sft reads no old log-probs
+    recompute = spec.recompute_old_logprobs and self.update_spec.loss != "sft"  # sft reads no old log-probs
     prefixed = 0
     for i, part in enumerate(parts):  # old / reference log-probs: all from the params that sampled
-      arrays = upd.split_micro(part.arrays(), cfg.rl.micro_batches)
-      dev = self._device_batch(arrays)
+      with self.clock.section():
+        dev = jax.block_until_ready(self._device_batch(upd.split_micro(part.arrays(), spec.micro_batches)))
       fits = upd.prefix_fits(part.tokens, part.valid, self.shared_prefix, self.loss_from)
       prefix = self._shared_prefix_dev if fits else None
       prefixed += fits
-      kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.spec.temperature,
-                compute_dtype=self.spec.compute_dtype, prefix=prefix)
+      kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.update_spec.temperature,
+                compute_dtype=self.update_spec.compute_dtype, prefix=prefix)
       # the first update runs on the params that sampled: its own forward pass gives the old log-probs
-      with self._trace_mesh():
+      with self._trace_mesh(), self.clock.section():
         if recompute and i > 0:
-          dev["old_logp"] = upd.batch_logprobs(st.params, dev["tokens"], dev["valid"], **kw)
-        if cfg.rl.kl_coef:
-          dev["ref_logp"] = upd.batch_logprobs(st.ref_params, dev["tokens"], dev["valid"], **kw)
-      spec = dataclasses.replace(self.spec, old_is_current=recompute and i == 0)
-      batches.append((dev, spec, prefix))
-    st.opt_state = set_learning_rate(st.opt_state, lr_at(cfg.optim, st.step, cfg.train.steps))
+          dev = dev.replace(old_logp=upd.batch_logprobs(st.params, dev.tokens, dev.valid, **kw))
+        if self.update_spec.kl_coef:
+          dev = dev.replace(ref_logp=upd.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
+        jax.block_until_ready(dev)
+      update_spec = dataclasses.replace(self.update_spec, old_is_current=recompute and i == 0)
+      batches.append((dev, update_spec, prefix))
+    st.opt_state = set_learning_rate(st.opt_state, lr_at(self.optim, st.step))
     update_metrics = []
-    for dev, spec, prefix in batches:
-      with self._trace_mesh():
-        st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
-                                                     spec=spec, prefix=prefix)
-      update_metrics.append(m)
-    update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars
+    with self.clock.section():
+      for dev, update_spec, prefix in batches:
+        with self._trace_mesh():
+          st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
+                                                       spec=update_spec, prefix=prefix)
+        update_metrics.append(m)
+      update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars: waits for the updates
     t2 = time.perf_counter()
-    finite = [bool(m["finite"]) for m in update_metrics]
+    finite = [bool(m.finite) for m in update_metrics]
     for ok, m in zip(finite, update_metrics):
       self._nan_run = 0 if ok else self._nan_run + 1
-      if self._nan_run >= cfg.train.max_nan_steps:
+      if self._nan_run >= spec.max_nan_steps:
         raise NonFiniteLossError(
             f"step {st.step + 1}: {self._nan_run} consecutive updates had a non-finite loss or gradient "
-            f"(last: loss={float(m['loss'])}, grad_norm={float(m['grad_norm'])}); stopping without saving "
-            f"this step (train.max_nan_steps={cfg.train.max_nan_steps}). Lower optim.lr or check the data.")
+            f"(last: loss={float(m.loss)}, grad_norm={float(m.grad_norm)}); stopping without saving "
+            f"this step (train.max_nan_steps={spec.max_nan_steps}). Lower optim.lr or check the data.")
     # a NaN/inf learning rate (or an overflowing update) leaves loss and gradients finite
     check_finite(st, self.mesh, st.step + 1)
-    good = [m for m in update_metrics if bool(m["finite"])] or update_metrics
-    for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "dual_clip_frac", "approx_kl_old", "grad_norm"):
-      metrics[k] = float(np.mean([m[k] for m in good]))
+    good = [m for m in update_metrics if bool(m.finite)] or update_metrics
+    for name in upd.UpdateMetrics.mean_names():
+      metrics[name] = float(np.mean([getattr(m, name) for m in good]))
     metrics.update(updates=len(parts), skipped_updates=finite.count(False), nan_run=self._nan_run,
                    prefix_shared_frac=prefixed / len(parts),
                    update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=metrics["rollout_tokens"] / max(t1 - t0, 1e-9),
-                   update_seconds=t2 - t1, step_seconds=t2 - t0)
-    self._sync_policy()
+                   update_seconds=t2 - t1)
+    with self.clock.section():
+      self._sync_policy()
+      jax.block_until_ready(self.policy.state)
+    wall = time.perf_counter() - t0
+    metrics.update(step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
     return metrics
 
   def _sync_policy(self):
     """Rollouts run the current params in the model's dtype (bf16 on accelerators), in the rollout
     weight layout. In float32 they may share the params' buffers: nothing reads them between the
     (donating) updates and this call."""
-    state = upd.cast_params(self.state.params, self.cfg.model.dtype)
+    state = upd.cast_params(self.state.params, self.spec.rollout_dtype)
     if self.rollout_shardings is not None:
       state = jax.device_put(state, self.rollout_shardings)
     self.policy.state = state
@@ -163,15 +210,15 @@ class Trainer:
     process after the same step: it is saved, then `Preempted` is raised. The returned history holds
     the last `keep_history` steps' metrics (all of them are in metrics.jsonl): a long run's memory
     stays flat."""
-    cfg, st = self.cfg, self.state
-    until = cfg.train.steps if until is None else min(until, cfg.train.steps)
+    spec, st = self.spec, self.state
+    until = spec.steps if until is None else min(until, spec.steps)
     history = collections.deque(maxlen=keep_history)
     self.lock.acquire()  # again, if an earlier train() released it
     stop = StopSignals().install()
     bar = tqdm(total=until, initial=st.step, desc="train", unit="step",
-               disable=not (cfg.train.progress and self.is_chief))
+               disable=not (spec.progress and self.is_chief))
     try:
-      if cfg.eval.every and st.step == 0 and until > 0:  # the starting policy: "before" of every curve
+      if spec.eval_every and st.step == 0 and until > 0:  # the starting policy: "before" of every curve
         self._log(0, self.evaluate(), prefix="eval/")
       while not (signum := stop.agreed()) and st.step < until:  # a step runs whole or not at all
         metrics = self.train_step()
@@ -179,13 +226,13 @@ class Trainer:
         metrics["lr"] = float(self._lr())
         metrics["perf/host_rss_bytes"] = host_rss_bytes()
         metrics.update(device_memory())
-        if st.step % cfg.train.log_every == 0 or st.step == until:
+        if st.step % spec.log_every == 0 or st.step == until:
           self._log(st.step, metrics, prefix="train/")
-        if cfg.eval.every and (st.step % cfg.eval.every == 0 or st.step == cfg.train.steps):
+        if spec.eval_every and (st.step % spec.eval_every == 0 or st.step == spec.steps):
           ev = self.evaluate()
           self._log(st.step, ev, prefix="eval/")
           metrics.update({f"eval_{k}": v for k, v in ev.items()})
-        if st.step % cfg.train.save_every == 0 or st.step == until:
+        if st.step % spec.save_every == 0 or st.step == until:
           save_state(self.checkpointer, st, mesh=self.mesh, meta=self.checkpoint_meta())
         history.append({"step": st.step, **metrics})
         bar.update(1)
@@ -214,9 +261,9 @@ class Trainer:
 
   def checkpoint_meta(self) -> dict:
     """What a checkpoint carries beside the arrays: the model, the data position, the config."""
-    return dict(model_meta(self.cfg.model.source, self.policy), data_state=self.batches.get_state(),
-                step=self.state.step, config=self.cfg.to_json_best_effort())
+    return dict(model_meta(self.spec.model_source, self.policy), data_state=self.batches.get_state(),
+                step=self.state.step, config=self.config_json)
 
   def _lr(self):
     """The learning rate of the step just taken."""
-    return lr_at(self.cfg.optim, self.state.step - 1, self.cfg.train.steps)
+    return lr_at(self.optim, self.state.step - 1)

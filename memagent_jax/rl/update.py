@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from memagent_jax.models.decoder import positions_from_mask
+from memagent_jax.models.decoder import positions_from_mask, remat_policy
 from memagent_jax.policy.sampling import cache_with_prefix, prefix_cache
 from memagent_jax.rl import losses
 
@@ -42,13 +42,70 @@ class UpdateSpec:
   # log-probs are the current ones without gradient (ratio 1), not a separate forward pass
   old_is_current: bool = False
 
+  def __post_init__(self):
+    losses.get_policy_loss(self.loss)  # unknown names raise, listing the known ones
+    remat_policy(self.remat)
+    if self.agg not in losses.AGG_MODES:
+      raise ValueError(f"UpdateSpec.agg={self.agg!r}; choose one of {losses.AGG_MODES}")
+    if losses.KL_ALIASES.get(self.kl_kind, self.kl_kind) not in losses.KL_KINDS:
+      raise ValueError(f"UpdateSpec.kl_kind={self.kl_kind!r}; choose one of {losses.KL_KINDS}")
+    if not (self.prompt_width >= 1 and self.clip_low >= 0 and self.clip_high >= 0 and self.kl_coef >= 0
+            and self.temperature > 0 and (self.clip_c is None or self.clip_c > 1)):
+      raise ValueError("UpdateSpec needs prompt_width >= 1, clip_low, clip_high, kl_coef >= 0, temperature > 0 "
+                       f"and clip_c None or > 1; got {self}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UpdateBatch:
+  """One mini-batch as M micro-batches of r rows of P + N token columns (P: prompt, N: response)."""
+  tokens: jax.Array  # [M, r, P + N] int32
+  valid: jax.Array  # [M, r, P + N] bool: real tokens (attention mask)
+  loss_mask: jax.Array  # [M, r, N] bool: response tokens that count in the loss
+  old_logp: jax.Array  # [M, r, N] float32: log-probs of the policy that sampled
+  ref_logp: jax.Array  # [M, r, N] float32: reference-policy log-probs (zeros when KL is off)
+  advantages: jax.Array  # [M, r] float32
+
+  def replace(self, **fields) -> "UpdateBatch":
+    return dataclasses.replace(self, **fields)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LossSums:
+  """Per micro-batch sums the update turns into its metrics (token-weighted where a mean is wanted)."""
+  pg_loss: jax.Array
+  kl: jax.Array
+  entropy: jax.Array
+  clip_tokens: jax.Array  # tokens whose ratio was clipped
+  dual_clip_tokens: jax.Array  # tokens the dual clip bounded
+  approx_kl_old_tokens: jax.Array  # approximate KL to the sampling policy, summed over tokens
+  tokens: jax.Array  # tokens in the loss
+
   @classmethod
-  def from_config(cls, rl, *, loss_from: int, remat: str | bool, compute_dtype: str) -> "UpdateSpec":
-    """The spec of a config's `rl` section; the loss reads token columns from `loss_from` on."""
-    return cls(prompt_width=loss_from, loss=rl.loss, agg=rl.agg, clip_low=rl.clip_low, clip_high=rl.clip_high,
-               clip_c=rl.clip_c if rl.clip_c else None, kl_coef=rl.kl_coef, kl_kind=rl.kl_kind,
-               entropy_coef=rl.entropy_coef, remat=remat, temperature=rl.temperature,
-               compute_dtype=compute_dtype)
+  def zeros(cls) -> "LossSums":
+    return cls(**{f.name: jnp.float32(0) for f in dataclasses.fields(cls)})
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UpdateMetrics:
+  """What one update reports (scalars, replicated)."""
+  loss: jax.Array
+  pg_loss: jax.Array
+  kl: jax.Array
+  entropy: jax.Array
+  clip_frac: jax.Array
+  dual_clip_frac: jax.Array
+  approx_kl_old: jax.Array
+  grad_norm: jax.Array
+  tokens: jax.Array
+  finite: jax.Array  # bool: the loss and gradients were finite, so the update was applied
+
+  @classmethod
+  def mean_names(cls) -> tuple[str, ...]:
+    """The metrics a step averages over its updates (a count and a flag are not averaged)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("tokens", "finite"))
 
 
 def cast_params(params, dtype):
@@ -129,38 +186,39 @@ def batch_logprobs(params, tokens, valid, *, graphdef, prompt_width: int, temper
 def _micro_loss(params, mb, denominator, prefix, *, graphdef, spec: UpdateSpec):
   """Loss of one micro-batch (already divided by the mini-batch denominator) + metric sums."""
   model = nnx.merge(graphdef, cast_params(params, spec.compute_dtype))
-  logp, entropy = response_logprobs(model, mb["tokens"], mb["valid"], prompt_width=spec.prompt_width,
+  logp, entropy = response_logprobs(model, mb.tokens, mb.valid, prompt_width=spec.prompt_width,
                                     remat=spec.remat, temperature=spec.temperature, prefix=prefix)
-  mask = mb["loss_mask"]
-  old_logp = jax.lax.stop_gradient(logp) if spec.old_is_current else mb["old_logp"]
+  mask = mb.loss_mask
+  old_logp = jax.lax.stop_gradient(logp) if spec.old_is_current else mb.old_logp
   loss_fn = losses.get_policy_loss(spec.loss)  # "ppo_clip" is losses.policy_loss, "sft" losses.sft_loss
-  pg, terms = loss_fn(logp, old_logp, mb["advantages"], mask, clip_low=spec.clip_low,
+  pg, terms = loss_fn(logp, old_logp, mb.advantages, mask, clip_low=spec.clip_low,
                       clip_high=spec.clip_high, clip_c=spec.clip_c, agg=spec.agg, denominator=denominator)
   ent = losses.aggregate(entropy, mask, agg=spec.agg, denominator=denominator)
   total = pg - spec.entropy_coef * ent if spec.entropy_coef else pg
   kl = jnp.float32(0)
   if spec.kl_coef:
-    kl_mat = losses.kl_penalty(logp, mb["ref_logp"], kind=spec.kl_kind)  # [r, N]
+    kl_mat = losses.kl_penalty(logp, mb.ref_logp, kind=spec.kl_kind)  # [r, N]
     kl = losses.aggregate(kl_mat, mask, agg=spec.agg, denominator=denominator)
     total = total + spec.kl_coef * kl
   n = jnp.sum(mask.astype(jnp.float32))  # the loss's per-call means -> token-weighted sums
-  sums = {"pg_loss": pg, "kl": kl, "entropy": ent,
-          "clip_tokens": terms.get("clipfrac", 0.0) * n, "dual_clip_tokens": terms.get("clipfrac_lower", 0.0) * n,
-          "approx_kl_old_sum": terms.get("ppo_kl", 0.0) * n, "tokens": n}
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  sums = LossSums(pg_loss=f32(pg), kl=f32(kl), entropy=f32(ent), clip_tokens=f32(terms.get("clipfrac", 0.0) * n),
+                  dual_clip_tokens=f32(terms.get("clipfrac_lower", 0.0) * n),
+                  approx_kl_old_tokens=f32(terms.get("ppo_kl", 0.0) * n), tokens=n)
   return total, sums
 
 
 # params and optimizer state are donated: the updated ones reuse their buffers, so a step holds one
 # copy of each (the caller must not read the arrays it passed in again)
 @functools.partial(jax.jit, static_argnames=("graphdef", "tx", "spec"), donate_argnames=("params", "opt_state"))
-def update_step(params, opt_state, batch, *, graphdef, tx: optax.GradientTransformation, spec: UpdateSpec,
-                prefix=None):
-  """One optimizer update on a mini-batch given as micro-batches: every array [M, r, ...];
+def update_step(params, opt_state, batch: UpdateBatch, *, graphdef, tx: optax.GradientTransformation,
+                spec: UpdateSpec, prefix=None):
+  """One optimizer update on a mini-batch given as micro-batches (every array [M, r, ...]);
   prefix: a template opening [L] every row shares (`prefix_fits`), run once per micro-batch.
 
-  Returns (params, opt_state, metrics); when the loss or gradients are not finite the inputs
-  come back unchanged and metrics["finite"] is False."""
-  mask = batch["loss_mask"]  # [M, r, N]
+  Returns (params, opt_state, UpdateMetrics); when the loss or gradients are not finite the
+  inputs come back unchanged and metrics.finite is False."""
+  mask = batch.loss_mask  # [M, r, N]
   denominator = losses.agg_denominator(mask.reshape(-1, mask.shape[-1]), spec.agg)
   grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
   zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
@@ -171,27 +229,27 @@ def update_step(params, opt_state, batch, *, graphdef, tx: optax.GradientTransfo
     grads = jax.tree_util.tree_map(jnp.add, grads, g)
     return (grads, loss + l, jax.tree_util.tree_map(jnp.add, sums, s)), None
 
-  sums0 = {k: jnp.float32(0) for k in ("pg_loss", "kl", "entropy", "clip_tokens", "dual_clip_tokens",
-                                       "approx_kl_old_sum", "tokens")}
-  (grads, loss, sums), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), sums0), batch)
+  (grads, loss, sums), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), LossSums.zeros()), batch)
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, new_opt_state = tx.update(grads, opt_state, params)
   new_params = optax.apply_updates(params, updates)
   keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)
-  tokens = jnp.maximum(sums["tokens"], 1.0)
-  metrics = {"loss": loss, "pg_loss": sums["pg_loss"], "kl": sums["kl"], "entropy": sums["entropy"],
-             "clip_frac": sums["clip_tokens"] / tokens, "dual_clip_frac": sums["dual_clip_tokens"] / tokens,
-             "approx_kl_old": sums["approx_kl_old_sum"] / tokens, "grad_norm": grad_norm,
-             "tokens": sums["tokens"], "finite": finite}
+  tokens = jnp.maximum(sums.tokens, 1.0)
+  metrics = UpdateMetrics(loss=loss, pg_loss=sums.pg_loss, kl=sums.kl, entropy=sums.entropy,
+                          clip_frac=sums.clip_tokens / tokens, dual_clip_frac=sums.dual_clip_tokens / tokens,
+                          approx_kl_old=sums.approx_kl_old_tokens / tokens, grad_norm=grad_norm,
+                          tokens=sums.tokens, finite=finite)
   return keep(new_params, params), keep(new_opt_state, opt_state), metrics
 
 
-def split_micro(arrays: dict, micro_batches: int) -> dict:
-  """[R, ...] host arrays -> [M, R / M, ...] (R must divide)."""
+def split_micro(rows, micro_batches: int) -> UpdateBatch:
+  """Row arrays [R, ...] (the UpdateBatch fields, by name) -> an UpdateBatch of [M, R / M, ...]
+  (R must divide)."""
   out = {}
-  for k, a in arrays.items():
+  for f in dataclasses.fields(UpdateBatch):
+    a = rows[f.name]
     if a.shape[0] % micro_batches:
       raise ValueError(f"{a.shape[0]} rows do not split into {micro_batches} micro-batches")
-    out[k] = a.reshape((micro_batches, a.shape[0] // micro_batches) + a.shape[1:])
-  return out
+    out[f.name] = a.reshape((micro_batches, a.shape[0] // micro_batches) + a.shape[1:])
+  return UpdateBatch(**out)

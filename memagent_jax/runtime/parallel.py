@@ -65,14 +65,39 @@ def _get(cfg, key: str, default=None):
 # ---------------------------------------------------------------------------------------
 
 
-def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshSpec:
+  """Mesh axis sizes (one may be -1: the rest of the devices), axis rules overriding the defaults,
+  and the weight layout rollouts decode with; checks itself on construction."""
+  data: int = -1
+  fsdp: int = 1
+  tensor: int = 1
+  rules: tuple[tuple[str, Any], ...] = ()  # (logical name, mesh axis / tuple of axes / None)
+  rollout: str = "train"  # ROLLOUT_LAYOUTS
+
+  def __post_init__(self):
+    sizes = self.sizes()
+    desc = " x ".join(f"{n}={s}" for n, s in zip(MESH_AXES, sizes))
+    if sizes.count(-1) > 1:
+      raise ValueError(f"mesh {desc}: at most one axis may be -1 (the rest of the devices)")
+    if any(s == 0 or s < -1 for s in sizes):
+      raise ValueError(f"mesh {desc}: sizes must be positive (or one -1)")
+    if self.rollout not in ROLLOUT_LAYOUTS:
+      raise ValueError(f"mesh.rollout={self.rollout!r}; choose one of {ROLLOUT_LAYOUTS}")
+    axis_rules(self.rules)  # a malformed rule raises here
+
+  def sizes(self) -> list[int]:
+    return [int(self.data), int(self.fsdp), int(self.tensor)]
+
+  def axis_rules(self) -> tuple[tuple[str, Any], ...]:
+    """The default rules with this spec's overrides."""
+    return axis_rules(self.rules or None)
+
+
+def mesh_shape(spec: MeshSpec, num_devices: int) -> tuple[int, int, int]:
   """Resolves (data, fsdp, tensor) sizes; at most one may be -1 ("the rest")."""
-  sizes = [int(_get(mesh_cfg, name, 1)) for name in MESH_AXES]
+  sizes = spec.sizes()
   desc = " x ".join(f"{n}={s}" for n, s in zip(MESH_AXES, sizes))
-  if sizes.count(-1) > 1:
-    raise ValueError(f"mesh {desc}: at most one axis may be -1 (the rest of the devices)")
-  if any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f"mesh {desc}: sizes must be positive (or one -1)")
   fixed = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % fixed:
@@ -84,7 +109,7 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
   return tuple(sizes)
 
 
-def make_mesh(mesh_cfg=None, devices: Sequence[Any] | None = None) -> Mesh:
+def make_mesh(spec: MeshSpec | None = None, devices: Sequence[Any] | None = None) -> Mesh:
   """A ("data", "fsdp", "tensor") mesh over `devices` (default: all global devices).
 
   Axes are Auto (XLA's partitioner propagates shardings), so model code needs no
@@ -92,7 +117,7 @@ def make_mesh(mesh_cfg=None, devices: Sequence[Any] | None = None) -> Mesh:
   axis spans hosts and `tensor` stays within one host when sizes allow.
   """
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(mesh_cfg if mesh_cfg is not None else {"data": -1}, len(devices))
+  shape = mesh_shape(spec or MeshSpec(), len(devices))
   slices = len({getattr(d, "slice_index", 0) for d in devices})
   if slices > 1:  # multi-slice: the outer `data` axis crosses slices (DCN), the rest stays inside one
     if shape[0] % slices:

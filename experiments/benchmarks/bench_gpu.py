@@ -3,13 +3,12 @@
 2. update tokens/s and MFU: `update_step` (bf16 compute, fp32 master, full remat) vs PyTorch + transformers;
 3. decode tokens/s of our sampler beside HF `generate`, and its share of the HBM-bandwidth limit;
 4. the RL step split (rollout / logprobs / update seconds) of a small config through `build_trainer`.
-  make bench-gpu                                            # python -m experiments.bench_gpu (NVIDIA GPU)
-  python -m experiments.bench_gpu --smoke --out=/tmp/g.md   # tiny shapes: < 1 min on CPU, a pre-check on a GPU
+  make bench-gpu                                            # python -m experiments.benchmarks.bench_gpu (NVIDIA GPU)
+  python -m experiments.benchmarks.bench_gpu --smoke --out=/tmp/g.md   # tiny shapes: < 1 min on CPU, a pre-check on a GPU
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import os
@@ -25,6 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from absl import app, flags  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from memagent_jax.models import attention  # noqa: E402
@@ -160,13 +160,13 @@ def bench_attention(s: Shapes, repeats: int) -> str:
 
 
 # --- 2. update -------------------------------------------------------------------------------
-def update_batch(s: Shapes, vocab: int) -> dict:
+def update_batch(s: Shapes, vocab: int) -> upd.UpdateBatch:
   """One micro-batch: tokens, valid [1, R, L]; loss_mask, old_logp, ref_logp [1, R, N]; advantages [1, R]."""
   rng, r, n = np.random.default_rng(0), s.rows, s.response
   b = dict(tokens=rng.integers(0, vocab, (r, s.length)).astype(np.int32), valid=np.ones((r, s.length), bool),
            loss_mask=np.ones((r, n), bool), old_logp=np.zeros((r, n), np.float32),
            ref_logp=np.zeros((r, n), np.float32), advantages=rng.standard_normal(r).astype(np.float32))
-  return {k: jnp.asarray(v) for k, v in upd.split_micro(b, 1).items()}
+  return jax.tree.map(jnp.asarray, upd.split_micro(b, 1))
 
 
 def jax_update(s: Shapes, repeats: int) -> tuple[float, float]:
@@ -186,7 +186,7 @@ def jax_update(s: Shapes, repeats: int) -> tuple[float, float]:
 
   def step():  # params and opt_state are donated: only the returned ones are used again
     carry[0], carry[1], metrics = compiled(*carry, batch)
-    jax.block_until_ready(metrics["loss"])
+    jax.block_until_ready(metrics.loss)
 
   return timed(step, repeats), gib
 
@@ -351,7 +351,7 @@ def bench_rl(spec: str, steps: int) -> str:
 def header(smoke: bool, repeats: int) -> str:
   (torch, dev), peaks = torch_device(), gpu_peaks()
   return (f"# GPU benchmarks{': SMOKE RUN at tiny shapes, not a measurement' if smoke else ''}\n\n"
-          f"Command: `{' '.join(['python -m experiments.bench_gpu'] + sys.argv[1:])}`\n\n"
+          f"Command: `{' '.join(['python -m experiments.benchmarks.bench_gpu'] + sys.argv[1:])}`\n\n"
           f"Device: {jax.devices()[0].device_kind} ({jax.default_backend()}) x{jax.device_count()}; jax "
           f"{jax.__version__}; {f'torch {torch.__version__} on {dev}' if torch else 'no torch'}; spec peak "
           f"{fmt(peaks and peaks[0] / 1e12, '.0f')} TFLOP/s bf16 dense, HBM {fmt(peaks and peaks[1] / 1e12, '.2f')} "
@@ -359,16 +359,19 @@ def header(smoke: bool, repeats: int) -> str:
           "pre-allocation), in one process.\n")
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: under a minute; GPU: a pre-check)")
-  ap.add_argument("--out", default=None, help=f"markdown output (default {DEFAULT_OUT}; a tmp file with --smoke)")
-  ap.add_argument("--sections", default="attention,update,decode,rl")
-  ap.add_argument("--repeats", type=int, default=None, help="timed calls per case (default 5; 2 with --smoke)")
-  ap.add_argument("--rl_config", default=None, help="'path.py:variant' for section 4")
-  ap.add_argument("--rl_steps", type=int, default=2)
-  ap.add_argument("--no_torch", action="store_true", help="skip the PyTorch + transformers references")
-  args = ap.parse_args(argv)
+flags.DEFINE_bool("smoke", False, "tiny shapes (CPU: under a minute; GPU: a pre-check)")
+flags.DEFINE_string("out", None, f"markdown output (default {DEFAULT_OUT}; a tmp file with --smoke)")
+flags.DEFINE_string("sections", "attention,update,decode,rl", "sections to run, comma separated")
+flags.DEFINE_integer("repeats", None, "timed calls per case (default 5; 2 with --smoke)")
+flags.DEFINE_string("rl_config", None, "'path.py:variant' for section 4")
+flags.DEFINE_integer("rl_steps", 2, "RL steps timed in section 4")
+flags.DEFINE_bool("no_torch", False, "skip the PyTorch + transformers references")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
   out = args.out or (os.path.join(tempfile.gettempdir(), "bench_gpu_smoke.md") if args.smoke else DEFAULT_OUT)
   if args.smoke and os.path.abspath(out) == os.path.abspath(DEFAULT_OUT):
     raise SystemExit(f"--smoke must not overwrite {DEFAULT_OUT}: pass --out=<another path>")
@@ -396,4 +399,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -1,7 +1,7 @@
 """Throughput of the RL update step: tokens/s and achieved FLOP/s against the measured matmul peak.
 
-  python experiments/bench_train.py                       # toy-tiny, toy-1m, tiny-smollm2 on this machine
-  python experiments/bench_train.py --presets=qwen2.5-0.5b-instruct --rows=8 --length=2048 --dtype=bfloat16
+  python -m experiments.benchmarks.bench_train                   # toy-tiny, toy-1m, tiny-smollm2 on this machine
+  python -m experiments.benchmarks.bench_train --presets=qwen2.5-0.5b-instruct --rows=8 --length=2048 --dtype=bfloat16
 
 FLOPs are XLA's own count for the compiled update (forward + backward + AdamW), and the usual
 6 x params x tokens estimate beside it; the peak is a large jitted matmul in the same dtype.
@@ -9,8 +9,6 @@ FLOPs are XLA's own count for the compiled update (forward + backward + AdamW), 
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 
@@ -19,13 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from memagent_jax.runtime.atomic_io import atomic_write  # noqa: E402
-from memagent_jax.models.config import get_preset  # noqa: E402
-from memagent_jax.models.decoder import Decoder  # noqa: E402
-from memagent_jax.rl import update as upd  # noqa: E402
+from memagent_jax.runtime.atomic_io import atomic_write
+from memagent_jax.models.config import get_preset
+from memagent_jax.models.decoder import Decoder
+from memagent_jax.rl import update as upd
 
 
 def _time(fn, repeats: int) -> float:
@@ -58,7 +55,7 @@ def bench_update(preset: str, rows: int, length: int, prompt_width: int, dtype, 
                valid=np.ones((rows, length), bool), loss_mask=np.ones((rows, n), bool),
                old_logp=np.full((rows, n), -5.0, np.float32), ref_logp=np.full((rows, n), -5.0, np.float32),
                advantages=rng.standard_normal(rows).astype(np.float32))
-  batch = {k: jnp.asarray(v) for k, v in upd.split_micro(batch, micro).items()}
+  batch = jax.tree.map(jnp.asarray, upd.split_micro(batch, micro))
   spec = upd.UpdateSpec(prompt_width=prompt_width, loss="ppo_clip", agg="token-mean", clip_low=0.2,
                         clip_high=0.28, clip_c=None, kl_coef=0.0, kl_kind="low_var_kl", entropy_coef=0.0,
                         remat=remat, temperature=1.0, compute_dtype=jnp.dtype(dtype).name)  # the model dtype: bf16 runs bf16
@@ -67,7 +64,7 @@ def bench_update(preset: str, rows: int, length: int, prompt_width: int, dtype, 
 
   def step():
     state[0], state[1], metrics = upd.update_step(*state, batch, graphdef=gd, tx=tx, spec=spec)
-    return metrics["loss"]
+    return metrics.loss
 
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -110,19 +107,22 @@ def bench_torch(preset: str, rows: int, length: int, prompt_width: int, repeats:
   return best
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--presets", default="toy-tiny,toy-1m,tiny-smollm2")
-  p.add_argument("--rows", type=int, default=64)
-  p.add_argument("--length", type=int, default=256)
-  p.add_argument("--prompt_width", type=int, default=224)
-  p.add_argument("--micro_batches", type=int, default=1)
-  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-  p.add_argument("--remat", action="store_true")
-  p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--out", default=None, help="write the markdown table here too")
-  p.add_argument("--no_torch", action="store_true", help="skip the PyTorch + transformers reference")
-  args = p.parse_args(argv)
+flags.DEFINE_string("presets", "toy-tiny,toy-1m,tiny-smollm2", "model presets, comma separated")
+flags.DEFINE_integer("rows", 64, "rows per update")
+flags.DEFINE_integer("length", 256, "row width in tokens")
+flags.DEFINE_integer("prompt_width", 224, "prompt slots of a row (the rest is response)")
+flags.DEFINE_integer("micro_batches", 1, "gradient accumulation steps")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype")
+flags.DEFINE_bool("remat", False, "rematerialise each layer in the backward pass")
+flags.DEFINE_integer("repeats", 3, "timed updates")
+flags.DEFINE_string("out", None, "write the markdown table here too")
+flags.DEFINE_bool("no_torch", False, "skip the PyTorch + transformers reference")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
   dtype = jnp.dtype(args.dtype)
   peak = matmul_peak(dtype)
   lines = [f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, dtype {args.dtype}, "
@@ -147,8 +147,8 @@ def main(argv=None):
   print(table)
   if args.out:
     with atomic_write(args.out) as f:
-      f.write(f"Command: `python experiments/bench_train.py {' '.join(argv or sys.argv[1:])}`\n\n{table}\n")
+      f.write(f"Command: `python -m experiments.benchmarks.bench_train {' '.join(sys.argv[1:])}`\n\n{table}\n")
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -10,6 +10,7 @@ from memagent_jax.agent.memagent import PREFIX_CACHE_CHOICES
 from memagent_jax.models.decoder import REMAT_POLICIES
 from memagent_jax.runtime.parallel import CLUSTER_CHOICES, ROLLOUT_LAYOUTS
 from memagent_jax.data import curriculum
+from memagent_jax.experiment import phase_configs
 from memagent_jax.models import attention
 from memagent_jax.rl import advantages, losses, rollout
 from memagent_jax.rl.optim import SCHEDULES
@@ -167,7 +168,7 @@ def validate_config(cfg):
     _fail("agent.kind='direct' (the full-attention baseline) trains only supervised: set train.source='teacher'")
   if cfg.data.get("phases", ""):
     for _, settings in curriculum.parse_phases(cfg.data.phases, cfg.data.options, t.steps):
-      curriculum.phase_config(cfg, settings)  # each phase's values fit data.options' types
+      phase_configs.phase_config(cfg, settings)  # each phase's values fit data.options' types
   if t.source == "teacher":
     if cfg.teacher.name not in TEACHERS:
       _fail(f"teacher.name={cfg.teacher.name!r}; known: {sorted(TEACHERS)}")

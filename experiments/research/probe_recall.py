@@ -1,12 +1,12 @@
 """How fast a toy-1m model trained from scratch learns to find and copy a fact (why the toy world
 asks about one key, and why the base model is pretrained on short texts first).
 
-  python experiments/probe_recall.py --key=random --steps=800
-  python experiments/probe_recall.py --key=fixed --steps=400
-  python experiments/probe_recall.py --key=fixed --filler=30 --steps=300
-  python experiments/probe_recall.py --key=askable --facts=6 --questions=4 --steps=600
-  python experiments/probe_recall.py --key=askable --questions=4 --fixed_steps=300 --steps=600
-  python experiments/probe_recall.py --key=askable --facts=6 --questions=4 --preset=toy-1m-shift2 --steps=600
+  python -m experiments.research.probe_recall --key=random --steps=800
+  python -m experiments.research.probe_recall --key=fixed --steps=400
+  python -m experiments.research.probe_recall --key=fixed --filler=30 --steps=300
+  python -m experiments.research.probe_recall --key=askable --facts=6 --questions=4 --steps=600
+  python -m experiments.research.probe_recall --key=askable --questions=4 --fixed_steps=300 --steps=600
+  python -m experiments.research.probe_recall --key=askable --facts=6 --questions=4 --preset=toy-1m-shift2 --steps=600
 
 Rows: `--facts` facts "the code of K is V ." (each followed by `--filler` random filler words),
 then `--questions` times "what is the latest code of K ? \\boxed{ V }" about distinct facts
@@ -18,42 +18,39 @@ Asked keys: `fixed` always oslo, `random` any of the 24, `askable` the toy world
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
-import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import optax
 import tqdm
+from absl import app, flags
+from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import memagent_jax as mj
+from memagent_jax.data import toy
+from memagent_jax.models import decoder as D
+
+flags.DEFINE_enum("key", "fixed", ["fixed", "random", "askable"],
+                  "asked key: always oslo, any key, or one of toy.ASKED_KEYS")
+flags.DEFINE_integer("facts", 4, "facts per row")
+flags.DEFINE_integer("questions", 1, "questions per row, about distinct facts")
+flags.DEFINE_integer("fixed_steps", 0, "first ask about oslo for this many steps")
+flags.DEFINE_string("preset", "toy-1m", "random:<preset> model")
+flags.DEFINE_integer("warmup", 20, "learning-rate warm-up steps")
+flags.DEFINE_integer("filler", 0, "filler words after each fact")
+flags.DEFINE_integer("steps", 400, "training steps")
+flags.DEFINE_float("lr", 1e-3, "peak learning rate")
+flags.DEFINE_integer("batch", 64, "rows per step")
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--key", choices=["fixed", "random", "askable"], default="fixed",
-                 help="asked key: always oslo, any key, or one of toy.ASKED_KEYS")
-  p.add_argument("--facts", type=int, default=4)
-  p.add_argument("--questions", type=int, default=1, help="questions per row, about distinct facts")
-  p.add_argument("--fixed_steps", type=int, default=0, help="first ask about oslo for this many steps")
-  p.add_argument("--preset", default="toy-1m", help="random:<preset> model")
-  p.add_argument("--warmup", type=int, default=20)
-  p.add_argument("--filler", type=int, default=0, help="filler words after each fact")
-  p.add_argument("--steps", type=int, default=400)
-  p.add_argument("--lr", type=float, default=1e-3)
-  p.add_argument("--batch", type=int, default=64)
-  args = p.parse_args(argv)
-  import jax
-  import jax.numpy as jnp
-  import optax
-  from flax import nnx
-
-  import memagent_jax as mj
-  from memagent_jax.data import toy
-  from memagent_jax.models import decoder as D
-
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
   if not 1 <= args.questions <= args.facts:
-    p.error(f"--questions={args.questions} must lie in [1, --facts={args.facts}]")
+    raise app.UsageError(f"--questions={args.questions} must lie in [1, --facts={args.facts}]")
   policy = mj.load_policy(f"random:{args.preset}", seed=0)
   tok = policy.tokenizer
   graphdef, params = nnx.split(nnx.merge(policy.graphdef, policy.state), nnx.Param)
@@ -113,4 +110,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -2,19 +2,20 @@
 topologies on this CPU (`memagent compile`, one command per row), with before/after rows for the
 rollout weight layout and the remat policy.
 
-  python -m experiments.tpu_compile_table [--rows=NAME,...] [--out=docs/results/tpu_compile.md]
+  python -m experiments.benchmarks.tpu_compile_table [--rows=NAME,...] [--out=docs/results/tpu_compile.md]
 Each row's JSON is kept in runs/tpu_compile/<row>.json; a row whose JSON exists is not compiled again
 (delete it to redo). Takes about an hour on 2 CPU cores for every row.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+
+from absl import app, flags
 
 from memagent_jax.runtime import tpu_targets
 
@@ -82,7 +83,7 @@ def table(reports: dict[str, dict]) -> list[str]:
   return lines
 
 
-# Measured before this code existed (issue 32's report, the same 2-core CPU): the update donated nothing.
+# The update compiled without donation (the same 2-core CPU), for comparison: it donated nothing.
 BEFORE = [
     "| Qwen2.5-0.5B update, 64 rows x 2048 tokens, 4 micro-batches, remat, v5p-8 (fsdp 4) | 1.4 | 1.4 | **0** | "
     "9.2 | about 5.5 min |",
@@ -163,19 +164,22 @@ def comparisons(reports: dict[str, dict]) -> list[str]:
   return out
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names")
-  parser.add_argument("--out", default="docs/results/tpu_compile.md")
-  parser.add_argument("--folder", default="runs/tpu_compile")
-  args = parser.parse_args(argv)
+flags.DEFINE_string("rows", ",".join(ROWS), "comma-separated row names")
+flags.DEFINE_string("out", "docs/results/tpu_compile.md", "the markdown written")
+flags.DEFINE_string("folder", "runs/tpu_compile", "each row's JSON (a row whose JSON exists is not compiled again)")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
   os.makedirs(args.folder, exist_ok=True)
   reports = {name: run_row(name, args.folder) for name in args.rows.split(",")}
   lines = ["# The RL step compiled for TPU pods on a 2-core CPU", "",
            "Every number below comes from the real XLA TPU compiler (libtpu 0.0.42, jax 0.10.2) run on this "
            "CPU for compile-only devices: `memagent compile`, one command per row. Per chip; a compiler's "
            "estimate, not a measured run (see README, \"Will it fit my pod?\"). Regenerate with "
-           "`python -m experiments.tpu_compile_table` (about an hour).", "",
+           "`python -m experiments.benchmarks.tpu_compile_table` (about an hour).", "",
            "## Before", "", "The update before donation (aliased = the bytes the outputs reuse from the inputs):", "",
            "| program | args GiB | out GiB | aliased GiB | temp GiB | compile |", "|---|---|---|---|---|---|", *BEFORE, "",
            "The released 7B config's rollout had never been compiled for an accelerator.", "",
@@ -193,4 +197,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

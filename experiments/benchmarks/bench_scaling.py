@@ -3,12 +3,11 @@
 Each point runs in a fresh subprocess (so peak RSS is that point's own): MemAgent from 8 to 1024
 chunks (time per chunk, peak RSS), DirectReader on the same documents up to the model's context
 window, and a 1M-token document through `memagent answer` (the CLI's streaming path).
-Writes a markdown table and a PNG. Run: `.venv/bin/python experiments/bench_scaling.py`.
+Writes a markdown table and a PNG. Run: `python -m experiments.benchmarks.bench_scaling`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -18,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from absl import app, flags
 
 from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 
@@ -97,8 +97,8 @@ def worker(kind: str, n: int) -> dict:
 
 
 def measure(kind: str, n: int) -> dict:
-  out = subprocess.run([sys.executable, __file__, "--worker", kind, "--n", str(n)],
-                       capture_output=True, text=True)
+  out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.bench_scaling", f"--worker={kind}",
+                        f"--n={n}"], capture_output=True, text=True)
   if out.returncode:
     return dict(kind=kind, tokens=n, error=out.stderr.strip().splitlines()[-1])
   return json.loads(out.stdout.strip().splitlines()[-1])
@@ -125,15 +125,18 @@ def plot(rows_mem, rows_dir, path):
   save_figure(fig, path, dpi=110)
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--worker")
-  p.add_argument("--n", type=int)
-  p.add_argument("--chunks", default="8,16,32,64,128,256,512,1024")
-  p.add_argument("--direct-tokens", default="1024,2048,4096,8192,16384,30000,65536")
-  p.add_argument("--cli-tokens", default="65536,1048576")
-  p.add_argument("--out", default="docs/results")
-  args = p.parse_args()
+flags.DEFINE_string("worker", None, "internal: measure one case in this process and print it as JSON")
+flags.DEFINE_integer("n", None, "internal: the worker's document tokens")
+flags.DEFINE_string("chunks", "8,16,32,64,128,256,512,1024", "MemAgent document lengths in chunks")
+flags.DEFINE_string("direct_tokens", "1024,2048,4096,8192,16384,30000,65536", "direct-reading lengths in tokens")
+flags.DEFINE_string("cli_tokens", "65536,1048576", "file lengths read through `memagent answer`")
+flags.DEFINE_string("out", "docs/results", "directory of the table and plot")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
   if args.worker:
     print(json.dumps(worker(args.worker, args.n)))
     return
@@ -193,4 +196,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -1,11 +1,10 @@
 """Sampler benchmark: our compiled decode/prefill vs transformers (PyTorch) on the same prompts.
 
-Prints a markdown table (and writes it with --out). Run: `.venv/bin/python experiments/bench_sampler.py`.
+Prints a markdown table (and writes it with --out). Run: `python -m experiments.benchmarks.bench_sampler`.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import platform
@@ -17,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from absl import app, flags
 
 import memagent_jax as mj
 from memagent_jax.runtime.atomic_io import atomic_write
@@ -64,15 +64,18 @@ def _prefill(graphdef, state, ids, cache_size):
   return sampling.prefill(nnx.merge(graphdef, state), ids, jnp.ones(ids.shape, bool), cache_size=cache_size)[0]
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__)
-  ap.add_argument("--model", default="smollm2-135m-instruct")
-  ap.add_argument("--new-tokens", type=int, default=128)
-  ap.add_argument("--batches", default="1,8")
-  ap.add_argument("--prefill", default="1024,4096")
-  ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--out", default="", help="also write the table to this markdown file")
-  args = ap.parse_args(argv)
+flags.DEFINE_string("model", "smollm2-135m-instruct", "what load_policy takes")
+flags.DEFINE_integer("new_tokens", 128, "decoded tokens per row")
+flags.DEFINE_string("batches", "1,8", "decode batch sizes, comma separated")
+flags.DEFINE_string("prefill", "1024,4096", "prefill lengths, comma separated")
+flags.DEFINE_integer("repeats", 3, "timed calls per case")
+flags.DEFINE_string("out", "", "also write the table to this markdown file")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
 
   import torch
   from transformers import AutoModelForCausalLM
@@ -125,8 +128,8 @@ def main(argv=None):
   print(table)
   if args.out:
     with atomic_write(args.out) as f:
-      f.write(f"# Sampler benchmark\n\nCommand: `{' '.join([sys.executable.split('/')[-1]] + sys.argv)}`\n\n{table}\n")
+      f.write(f"# Sampler benchmark\n\nCommand: `{' '.join(['python -m experiments.benchmarks.bench_sampler'] + sys.argv[1:])}`\n\n{table}\n")
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

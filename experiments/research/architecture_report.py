@@ -1,14 +1,14 @@
-"""Numbers on a package's structure (issue 15): import arrows and how many point upward, imports
+"""Numbers on a package's structure: import arrows and how many point upward, imports
 inside functions, config knobs given a default again in function signatures, long files and
 possibly-dead functions. Pure `ast`: nothing of the package is imported, so it measures any
 checkout (e.g. an old commit unpacked with `git archive <commit> | tar -x -C /tmp/before`).
 
-  python experiments/architecture_report.py                                   # this repo
-  python experiments/architecture_report.py /tmp/before/memagent_jax memagent_jax --details
+  python -m experiments.research.architecture_report                          # this repo
+  python -m experiments.research.architecture_report /tmp/other/memagent_jax memagent_jax --details
 
 Layers (docs/DESIGN.md), bottom to top: 0 runtime, 1 text, 2 models, 3 data, 4 policy, 5 agent,
-6 rl, 7 evaluation, 8 experiment, 9 cli. Modules of the old layout (before the reorganisation)
-count in the layer of their new home: registry / atomic_io / orbax_quiet / parallel /
+6 rl, 7 evaluation, 8 experiment, 9 cli. Modules of the flat layout (top-level modules, which an
+older checkout may have) count in the layer of their home here: registry / atomic_io / orbax_quiet / parallel /
 checkpointing -> runtime, tokenization -> text, word_tokenizer -> data, sampling / policy ->
 policy, evaluation / length_sweep -> evaluation; models/loading.py -> policy,
 data/toy_teacher.py -> rl, agent/templates.py -> text, data/tfds_builders.py -> experiment.
@@ -24,19 +24,19 @@ names that occur only in docstrings do not count as uses.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import collections
 import importlib.util
 import json
 import os
 import re
-import sys
+
+from absl import app, flags
 
 LAYER_NAMES = ("runtime", "text", "models", "data", "policy", "agent", "rl", "evaluation", "experiment", "cli")
 FOLDER_LAYER = {name: i for i, name in enumerate(LAYER_NAMES[:-1])}
 TOP_MODULE_LAYER = {"cli": 9,
-                    # the old layout's top-level modules, in the layer of their new home
+                    # the flat layout's top-level modules, in the layer of their home here
                     "registry": 0, "atomic_io": 0, "orbax_quiet": 0, "parallel": 0, "checkpointing": 0,
                     "tokenization": 1, "word_tokenizer": 3, "sampling": 4, "policy": 4,
                     "evaluation": 7, "length_sweep": 7}
@@ -392,26 +392,27 @@ def table(results: list[dict], labels: list[str]) -> str:
   return "\n".join(out)
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  ap.add_argument("packages", nargs="*", default=[os.path.join(here, "memagent_jax")],
-                  help="package directories (one column each)")
-  ap.add_argument("--repo", default=None, help="repo root holding configs/base.py and experiments/ "
-                  "(default: each package's parent directory)")
-  ap.add_argument("--folder-layers", action="store_true", help="old layout: every module in its folder's "
-                  "layer (models/loading.py in models, ...) instead of its new home's")
-  ap.add_argument("--details", action="store_true", help="also list every counted item")
-  ap.add_argument("--json", default=None, help="write the numbers and details to this JSON file")
-  args = ap.parse_args(argv)
+flags.DEFINE_string("repo", None, "repo root holding configs/base.py and experiments/ (default: each package's "
+                    "parent directory)")
+flags.DEFINE_bool("folder_layers", False, "flat layout: every module in its folder's layer (models/loading.py "
+                  "in models, ...) instead of its home's here")
+flags.DEFINE_bool("details", False, "also list every counted item")
+flags.DEFINE_string("json", None, "write the numbers and details to this JSON file")
+
+
+def main(argv):
+  """argv[1:]: package directories, one column each (default: this repo's memagent_jax)."""
+  args = flags.FLAGS
+  here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  packages = argv[1:] or [os.path.join(here, "memagent_jax")]
   if args.folder_layers:
     MOVED_MODULE_LAYER.clear()
-  results = [measure(p, args.repo) for p in args.packages]
+  results = [measure(p, args.repo) for p in packages]
   cwd = os.getcwd()
-  labels = [os.path.relpath(p) if os.path.abspath(p).startswith(cwd + os.sep) else p for p in args.packages]
+  labels = [os.path.relpath(p) if os.path.abspath(p).startswith(cwd + os.sep) else p for p in packages]
   print(table(results, labels))
   if args.details:
-    for p, r in zip(args.packages, results):
+    for p, r in zip(packages, results):
       print(f"\n## {p}")
       for k, v in r["details"].items():
         print(f"\n{k}:")
@@ -421,8 +422,7 @@ def main(argv=None):
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=1)
-  return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  app.run(main)

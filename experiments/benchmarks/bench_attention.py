@@ -1,18 +1,17 @@
 """Attention backend benchmark: forward + backward time and compiled scratch memory of each
 backend the platform has (xla everywhere, cudnn on NVIDIA GPUs, splash on TPUs).
 
-Rows are left-padded by --pad-frac, so every backend pays for its padding handling. With
+Rows are left-padded by --pad_frac, so every backend pays for its padding handling. With
 --model, also times a whole training forward + backward (response log-probs, remat) of that
 preset with random weights: the "32K tokens on one H100" check.
 
-  .venv/bin/python experiments/bench_attention.py                       # accelerator sizes
-  .venv/bin/python experiments/bench_attention.py --shapes 2x256,1x1024 --dtype float32  # CPU
-  .venv/bin/python experiments/bench_attention.py --shapes 1x32768 --model qwen2.5-0.5b-instruct
+  python -m experiments.benchmarks.bench_attention                                     # accelerator sizes
+  python -m experiments.benchmarks.bench_attention --shapes=2x256,1x1024 --dtype=float32  # CPU
+  python -m experiments.benchmarks.bench_attention --shapes=1x32768 --model=qwen2.5-0.5b-instruct
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -20,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from absl import app, flags
 
 from memagent_jax.models import attention
 from memagent_jax.models.config import get_preset
@@ -78,7 +78,7 @@ def attention_case(backend, b, t, args, dtype):
 
 
 def model_case(backend, b, t, args, dtype):
-  """Whole-model training forward + backward: log-probs of the last --response-tokens tokens."""
+  """Whole-model training forward + backward: log-probs of the last --response_tokens tokens."""
   model = Decoder(get_preset(args.model), dtype, attention=backend, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
   cfg = model.config
@@ -95,21 +95,24 @@ def model_case(backend, b, t, args, dtype):
   return fn, (params, tokens, valid), flops
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--shapes", default="8x2048,4x8192,1x32768", help="BxT cases, comma separated")
-  ap.add_argument("--heads", type=int, default=14)
-  ap.add_argument("--kv-heads", type=int, default=2)
-  ap.add_argument("--head-dim", type=int, default=64)
-  ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-  ap.add_argument("--backends", default="xla,cudnn,splash")
-  ap.add_argument("--pad-frac", type=float, default=0.1, help="rows are left-padded by up to this fraction")
-  ap.add_argument("--repeats", type=int, default=5)
-  ap.add_argument("--model", default="", help="a preset: time its whole training fwd+bwd instead")
-  ap.add_argument("--response-tokens", type=int, default=1024, help="with --model: tokens scored")
-  args = ap.parse_args()
+flags.DEFINE_string("shapes", "8x2048,4x8192,1x32768", "BxT cases, comma separated")
+flags.DEFINE_integer("heads", 14, "query heads")
+flags.DEFINE_integer("kv_heads", 2, "key/value heads")
+flags.DEFINE_integer("head_dim", 64, "head dimension")
+flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16", "float32"], "compute dtype")
+flags.DEFINE_string("backends", "xla,cudnn,splash", "backends to time, comma separated")
+flags.DEFINE_float("pad_frac", 0.1, "rows are left-padded by up to this fraction")
+flags.DEFINE_integer("repeats", 5, "timed calls per case")
+flags.DEFINE_string("model", "", "a preset: time its whole training fwd+bwd instead")
+flags.DEFINE_integer("response_tokens", 1024, "with --model: tokens scored")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
   if args.heads % args.kv_heads:
-    raise SystemExit(f"--heads={args.heads} must be a multiple of --kv-heads={args.kv_heads}")
+    raise SystemExit(f"--heads={args.heads} must be a multiple of --kv_heads={args.kv_heads}")
   dtype = jnp.dtype(args.dtype)
   case = model_case if args.model else attention_case
   what = f"model {args.model}" if args.model else f"H={args.heads} K={args.kv_heads} D={args.head_dim}"
@@ -132,4 +135,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)
