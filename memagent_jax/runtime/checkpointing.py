@@ -196,6 +196,12 @@ class Checkpointer:
       if jax.dtypes.issubdtype(getattr(leaf, "dtype", np.dtype(np.float32)), jax.dtypes.prng_key):
         raise ValueError("typed PRNG keys cannot be checkpointed; store jax.random.key_data(key)")
     self.wait()  # nothing of ours in flight while we clean up; raises the last save's error
+    if self._failed is not None:  # reported already (the caller went on): orbax may still hold it
+      try:
+        self._mngr.wait_until_finished()
+      except Exception:  # noqa: BLE001 - that same failure
+        pass
+      self._failed = None  # this save's own failure will be raised
     self._clean_up(step)
     self._writing = step
     with self._write_errors():
