@@ -18,20 +18,25 @@ class MetricWriter:
   """`write(step, {name: number})` appends to `<dir>/metrics.jsonl` and TensorBoard events."""
 
   def __init__(self, log_dir: str, enabled: bool = True, tensorboard: bool = True):
-    self.log_dir, self.enabled = log_dir, enabled
+    self.log_dir, self.enabled, self.tensorboard = log_dir, enabled, tensorboard
     self._tb = self._jsonl = None
-    if not enabled:
-      return
-    os.makedirs(log_dir, exist_ok=True)
-    self._jsonl = open(os.path.join(log_dir, "metrics.jsonl"), "a")
-    if tensorboard:
+    if enabled:
+      self._open()
+
+  def _open(self):
+    """Opens both sinks for appending (again after close(): a Trainer's train() may run twice)."""
+    os.makedirs(self.log_dir, exist_ok=True)
+    self._jsonl = open(os.path.join(self.log_dir, "metrics.jsonl"), "a")
+    if self.tensorboard:
       # lazy: tensorboardX takes ~1.7 s to import; only runs writing TensorBoard events need it
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(log_dir=os.path.join(log_dir, "tensorboard"), flush_secs=10)
+      self._tb = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"), flush_secs=10)
 
   def write(self, step: int, scalars: dict[str, float], prefix: str = ""):
     if not self.enabled:
       return
+    if self._jsonl is None or self._jsonl.closed:
+      self._open()
     clean = {prefix + k: float(v) for k, v in scalars.items() if v is not None}
     try:
       self._jsonl.write(json.dumps({"step": int(step), **{k: (v if math.isfinite(v) else str(v))
