@@ -97,17 +97,19 @@ def _asked_keys(world: str) -> tuple[str, ...]:
   return toy.ONE_KEY if toy_memagent.WORLDS[world][0] == toy.ONE_KEY_TASK else toy.ASKED_KEYS
 
 
-def _training_documents(world: str, scale: str) -> str:
+def _training_documents(world: str, scale: str, get_config=None) -> str:
   """A sentence on each stage's training documents where its config's data.options shapes them (the
-  evaluated documents are always the world as it is)."""
+  evaluated documents are always the world as it is). get_config: variant -> config (default
+  configs/toy_memagent.py's)."""
   from configs import toy_memagent
+  get_config = get_config or toy_memagent.get_config
   variant = "" if scale == "full" else f",{scale}"
   told = []
   defaults = {k: p.default for k, p in inspect.signature(toy.generate).parameters.items()}
   shaping = lambda options: ", ".join(f"{k}={v}" for k, v in sorted(options.items())  # what shapes them
                                      if k not in defaults or v != defaults[k])
   for stage in ("warm_start", "rl"):
-    cfg = toy_memagent.get_config(f"{stage}{variant},{world}")
+    cfg = get_config(f"{stage}{variant},{world}")
     options = cfg.data.get("options") or {}
     phases = curriculum.parse_phases(cfg.data.get("phases", ""), options, cfg.train.steps)
     if phases:  # a curriculum: each step range's documents

@@ -185,13 +185,15 @@ def sweep_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
 
 
 def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str,
-             trained: list[str], workers: int = 1, pool=None, started: dict | None = None) -> list[dict]:
+             trained: list[str], workers: int = 1, pool=None, started: dict | None = None,
+             sweep=sweep_stage) -> list[dict]:
   """The sweep of every trained stage of METHODS (make demo trains no full-attention baseline).
 
   workers > 1 runs that many sweep tasks at once, each in its own process of `pool` (made here if
   None; a MemAgent method is two tasks, `sweep_parts`): on 2 cores two sweeps take about 0.75x the
   time of one after the other (one sweep leaves a core half idle). `started`: {stage: future} of
-  sweeps submitted earlier (the warm start's, run beside RL training)."""
+  sweeps submitted earlier (the warm start's, run beside RL training). `sweep`: what sweeps one stage
+  (`sweep_stage`; a module-level function when workers > 1, as the pool pickles it)."""
   stages = [stage for stage, _ in METHODS if stage in trained]
   if workers > 1 and jax.default_backend() != "cpu":
     print(f"--eval_workers={workers} ignored on {jax.default_backend()}: one process holds the device", flush=True)
@@ -201,7 +203,7 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
   print(f"\n== eval {', '.join(dict(METHODS)[s] for s in stages)}: {n} documents at {len(kw['lengths'])} lengths"
         + (f", {workers} at a time" if workers > 1 else ""), flush=True)
   if workers <= 1:
-    return [row for stage in stages for row in sweep_stage(stage, **kw)]
+    return [row for stage in stages for row in sweep(stage, **kw)]
   started = started or {}
   own = pool is None
   pool = pool or sweep_pool(workers)
@@ -211,7 +213,7 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
       if stage in started:
         futures[stage] = [started[stage]]
         continue
-      futures[stage] = [pool.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
+      futures[stage] = [pool.submit(sweep, stage, progress=False, concurrent_sweeps=workers,
                                     **{**kw, "lengths": part}, warmup_length=min(kw["lengths"]))
                         for part in sweep_parts(stage, kw["lengths"], workers)]
     return [row for stage in stages

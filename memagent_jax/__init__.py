@@ -2,7 +2,9 @@
 from memagent_jax.models import ModelConfig, WeightsError, get_preset
 from memagent_jax.policy import Policy
 from memagent_jax.policy.loading import load_policy
-from memagent_jax.policy.sampling import SamplingParams
+from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.agent import AgentResult, ContextBudgetError, DirectReader, MemAgent
+
+SamplingParams = DecodeSpec  # the name README examples use for the same settings
 
 __version__ = "0.1.0"

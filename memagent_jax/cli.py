@@ -100,18 +100,19 @@ def default_eval_out(args) -> str:
   return os.path.join("runs", "eval", f"eval_{args.task}_{args.length}_{args.method}.jsonl")
 
 
-def cmd_eval(args) -> int:
+def cmd_eval(args, *, make_samples=tasks.make_samples, make_reader=_reader) -> int:
   """Generates the task at the length, runs the reader, prints accuracy, writes JSONL.
 
-  Finished batches go to `<out>.partial` as they come; `<out>` is replaced only on success."""
+  Finished batches go to `<out>.partial` as they come; `<out>` is replaced only on success.
+  make_samples / make_reader: where samples and the reader come from (as `tasks.make_samples`, `_reader`)."""
   _check_flags(args)
   out = args.out or default_eval_out(args)
   if os.path.isdir(out):
     raise IsADirectoryError(f"--out {out} is a directory; pass a file name for the JSONL")
   policy = _load(args)
-  samples = tasks.make_samples(args.task, args.length, args.n, args.data_seed, policy._require_tokenizer(),
-                               args.data_dir, chunk_tokens=agent_config(args).chunk_tokens)
-  reader = _reader(args, policy)
+  samples = make_samples(args.task, args.length, args.n, args.data_seed, policy._require_tokenizer(),
+                         args.data_dir, chunk_tokens=agent_config(args).chunk_tokens)
+  reader = make_reader(args, policy)
   args.partial = evaluation.partial_path(out)  # named by the main thread if interrupted
   summary = evaluation.run_eval(reader, args.task, samples, out, batch_size=args.batch_size,
                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed,
@@ -352,16 +353,17 @@ def _interrupted(args):
   os._exit(130)
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, commands: dict | None = None) -> int:
   """Parses argv and runs the command: user errors are one `memagent: error:` line (exit 2),
-  internal errors one line too (exit 1); --debug adds the traceback; Ctrl-C exits 130."""
+  internal errors one line too (exit 1); --debug adds the traceback; Ctrl-C exits 130.
+  commands: {name: func(args) -> exit code} run in place of the built-in subcommands of those names."""
   args, extra = build_parser().parse_known_args(argv)
   if args.command == "compile":
     args.overrides = extra
   elif extra:
     build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
   try:
-    return _run_in_worker(args.func, args)
+    return _run_in_worker((commands or {}).get(args.command, args.func), args)
   except KeyboardInterrupt:
     _interrupted(args)
   except SystemExit:

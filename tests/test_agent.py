@@ -13,7 +13,8 @@ from memagent_jax.text import templates
 from memagent_jax.agent.recurrence import _strip_stop, pack_left
 from memagent_jax.text.templates import (FINAL_TEMPLATE_BOXED, FINAL_TEMPLATE_EVAL, MEMORY_TEMPLATE,
                                           NO_MEMORY)
-from memagent_jax.policy.sampling import GREEDY, Generation
+from memagent_jax.policy.decode_spec import GREEDY
+from memagent_jax.policy.sampling import Generation
 
 SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
 

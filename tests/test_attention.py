@@ -2,7 +2,8 @@
 and a jaxpr walk proving no [.., T, T] tensor exists in a long forward + backward pass.
 
 No GPU or TPU here: the `cudnn` glue (row packing, lengths) runs with the XLA implementation of
-`jax.nn.dot_product_attention` in its place, and `splash` runs its Pallas kernel in interpret mode.
+`jax.nn.dot_product_attention` in its place, and `splash` runs its Pallas kernel in interpret mode
+(`AttentionSpec(emulate_kernels=True)`).
 """
 
 import jax
@@ -13,6 +14,7 @@ from flax import nnx
 
 import memagent_jax as mj
 from memagent_jax.models import attention
+from memagent_jax.models.attention import AttentionSpec
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.decoder import Decoder, forward_logits, positions_from_mask
 from memagent_jax.rl.update import response_logprobs
@@ -75,7 +77,7 @@ def _close_on_valid(out, ref, valid, atol=1e-5):
 def test_xla_matches_dense_reference(t, h, kh):
   q, k, v = _qkv(6, t, t, h, kh, 8, seed=t + h)
   valid = _rows(6, t, seed=t)
-  out = attention.attend(q, k, v, jnp.asarray(valid), backend="xla", query_block=32, scan_from=96)
+  out = attention.attend(q, k, v, jnp.asarray(valid), spec=AttentionSpec(backend="xla", query_block=32, scan_from=96))
   _close_on_valid(out, _reference(q, k, v, valid), valid)
 
 
@@ -86,8 +88,8 @@ def test_xla_against_a_cache_matches_reference(t, offset):
   q, k, v = _qkv(3, t, s, 4, 2, 8, seed=t)
   valid = np.zeros((3, s), bool)
   valid[0, 4:offset + t] = valid[1, offset - 1:offset + t] = valid[2, :offset + t] = True
-  run = jax.jit(lambda q, k, v, kv, off: attention.attend(q, k, v, kv, q_offset=off, backend="xla",
-                                                          query_block=16, scan_from=16))
+  spec = AttentionSpec(backend="xla", query_block=16, scan_from=16)
+  run = jax.jit(lambda q, k, v, kv, off: attention.attend(q, k, v, kv, q_offset=off, spec=spec))
   out = run(q, k, v, jnp.asarray(valid), jnp.int32(offset))  # a traced offset, as in decoding
   _close_on_valid(out, _reference(q, k, v, valid, offset), np.ones((3, t), bool))
 
@@ -99,77 +101,77 @@ def _loss_grads(fn, q, k, v, valid):
 
 
 @pytest.mark.parametrize("h,kh", [(4, 2), (2, 2)])
-def test_cudnn_glue_packs_rows_and_matches_reference(monkeypatch, h, kh):
+def test_cudnn_glue_packs_rows_and_matches_reference(h, kh):
   """The cudnn backend's row packing + sequence lengths, with XLA in the kernel's place."""
-  monkeypatch.setattr(attention, "CUDNN_IMPLEMENTATION", "xla")
+  cudnn = lambda *a: attention.cudnn_attention(*a, implementation="xla")
   q, k, v = _qkv(6, 40, 40, h, kh, 8, seed=1)
   valid = _rows(6, 40, seed=3)
   kv = jnp.asarray(valid)
-  out = jax.jit(attention.cudnn_attention)(q, k, v, kv)
+  out = jax.jit(cudnn)(q, k, v, kv)
   _close_on_valid(out, _reference(q, k, v, valid), valid)
   assert np.all(np.asarray(out)[~valid] == 0)
-  ours = _loss_grads(lambda *a: attention.cudnn_attention(*a, kv), q, k, v, valid)
+  ours = _loss_grads(lambda *a: cudnn(*a, kv), q, k, v, valid)
   xla = _loss_grads(lambda *a: attention.xla_attention(*a, kv), q, k, v, valid)
   for a, b in zip(ours, xla):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
-def test_splash_glue_matches_reference_in_interpret_mode(monkeypatch):
+def test_splash_glue_matches_reference_in_interpret_mode():
   """Segment ids + causal block mask, T = 200 padded to the 128-lane tile, GQA; fwd and bwd."""
-  monkeypatch.setattr(attention, "SPLASH_INTERPRET", True)
+  splash = lambda *a: attention.splash_attention(*a, interpret=True)
   q, k, v = _qkv(3, 200, 200, 4, 2, 8, seed=2)
   valid = _rows(6, 200, seed=4)[[0, 1, 3]]
   kv = jnp.asarray(valid)
-  _close_on_valid(attention.splash_attention(q, k, v, kv), _reference(q, k, v, valid), valid)
-  ours = _loss_grads(lambda *a: attention.splash_attention(*a, kv), q, k, v, valid)
+  _close_on_valid(splash(q, k, v, kv), _reference(q, k, v, valid), valid)
+  ours = _loss_grads(lambda *a: splash(*a, kv), q, k, v, valid)
   xla = _loss_grads(lambda *a: attention.xla_attention(*a, kv), q, k, v, valid)
   for a, b in zip(ours, xla):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
 @pytest.mark.parametrize("fused", ["cudnn", "splash"])
-def test_training_forward_and_gradients_equal_across_backends(monkeypatch, fused):
+def test_training_forward_and_gradients_equal_across_backends(fused):
   """Whole model, training rows (prompt left-padded, response right-padded): response log-probs
   and their parameter gradients through each fused backend's glue equal the xla backend's."""
-  monkeypatch.setattr(attention, "CUDNN_IMPLEMENTATION", "xla")
-  monkeypatch.setattr(attention, "SPLASH_INTERPRET", True)
   p, n = 12, 9
   rng = np.random.default_rng(5)
   tokens = jnp.asarray(rng.integers(0, 64, size=(3, p + n)), jnp.int32)
   valid = np.zeros((3, p + n), bool)
   valid[0, 3:p + 5] = valid[1, :] = valid[2, p - 1:p + 2] = True
-  graphdef, params = nnx.split(Decoder(TINY, attention="xla", rngs=nnx.Rngs(0)))
+  model = Decoder(TINY, attention="xla", rngs=nnx.Rngs(0))
 
-  def loss(params):
-    logp, _ = response_logprobs(nnx.merge(graphdef, params), tokens, jnp.asarray(valid), prompt_width=p,
-                                remat=False, temperature=1.0)
-    return jnp.sum(jnp.where(valid[:, p:], logp, 0.0)), logp
+  def run():
+    graphdef, params = nnx.split(model)  # the backend is a static field of the graphdef
 
-  run = lambda: jax.jit(jax.value_and_grad(loss, has_aux=True))(params)  # a new jit: traced anew
+    def loss(params):
+      logp, _ = response_logprobs(nnx.merge(graphdef, params), tokens, jnp.asarray(valid), prompt_width=p,
+                                  remat=False, temperature=1.0)
+      return jnp.sum(jnp.where(valid[:, p:], logp, 0.0)), logp
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
   (_, ref_logp), ref_grads = run()
-  monkeypatch.setattr(attention, "resolve_backend", lambda name, dtype, platform=None: fused)
+  model.set_attention(AttentionSpec(backend=fused, emulate_kernels=True))
   (_, logp), grads = run()
   np.testing.assert_allclose(np.asarray(logp)[valid[:, p:]], np.asarray(ref_logp)[valid[:, p:]], atol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
-def test_prefill_through_the_cudnn_glue_samples_the_same_tokens(monkeypatch):
+def test_prefill_through_the_cudnn_glue_samples_the_same_tokens():
   """Left-packed prompts: prefill runs the packed-rows path, decoding the xla path over the cache."""
-  from memagent_jax.policy.sampling import left_pad, sample_from_prompts
-  monkeypatch.setattr(attention, "CUDNN_IMPLEMENTATION", "xla")
+  from memagent_jax.policy.decode_spec import GREEDY
+  from memagent_jax.policy.sampling import PromptRows, left_pad, sample_from_prompts
   model = Decoder(TINY, attention="xla", rngs=nnx.Rngs(1))
   rng = np.random.default_rng(6)
   tokens, valid = left_pad([rng.integers(0, 64, size=n).tolist() for n in (3, 11, 7)], 0)
 
   def sample():
     return jax.jit(lambda t, m: sample_from_prompts(
-        model, t, m, stop_tokens=-jnp.ones((3, 1), jnp.int32), keys=jnp.zeros((3, 2), jnp.uint32),
-        temperature=0.0, top_p=1.0, done=jnp.zeros((3,), bool), max_new_tokens=8, cache_size=24,
-        greedy=True, top_k=0, use_top_p=False, pad_id=0))(tokens, valid)
+        model, PromptRows(tokens=t, valid=m, keys=jnp.zeros((3, 2), jnp.uint32), stop_tokens=-jnp.ones((3, 1), jnp.int32),
+                          inactive=jnp.zeros((3,), bool)), GREEDY, max_new_tokens=8, pad_id=0, cache_size=24))(tokens, valid)
 
   ref = sample()
-  monkeypatch.setattr(attention, "resolve_backend", lambda name, dtype, platform=None: "cudnn")
+  model.set_attention(AttentionSpec(backend="cudnn", emulate_kernels=True))
   out = sample()
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=1e-5)
@@ -188,16 +190,17 @@ def test_choosing_a_backend_the_platform_lacks_is_a_clear_error():
     attention.check_backend("flash")
 
 
-def test_auto_picks_xla_on_cpu_and_cudnn_only_for_16_bit_on_gpu(monkeypatch):
+def test_auto_picks_xla_on_cpu_and_cudnn_only_for_16_bit_on_gpu():
   for dtype in (jnp.float32, jnp.bfloat16):
     assert attention.resolve_backend("auto", dtype) == "xla"
-  assert mj.load_policy("random:tiny-llama").model.attention == "auto"
+  assert mj.load_policy("random:tiny-llama").model.attention.backend == "auto"
   assert attention.resolve_backend("auto", jnp.bfloat16, "tpu") == "splash"  # by the target, not this host
-  monkeypatch.setattr(attention, "_has_cudnn", lambda: True)  # as on an NVIDIA GPU
-  assert attention.resolve_backend("auto", jnp.bfloat16, "gpu") == "cudnn"
-  assert attention.resolve_backend("auto", jnp.float32, "gpu") == "xla"  # cuDNN has no fp32 flash kernel
+  nvidia = dict(has_cudnn=True)  # as on an NVIDIA GPU
+  assert attention.resolve_backend("auto", jnp.bfloat16, "gpu", **nvidia) == "cudnn"
+  assert attention.resolve_backend("auto", jnp.float32, "gpu", **nvidia) == "xla"  # cuDNN has no fp32 flash kernel
+  assert attention.resolve_backend("auto", jnp.bfloat16, "gpu", has_cudnn=False) == "xla"  # e.g. ROCm
   with pytest.raises(ValueError, match="model.attention='cudnn' runs bfloat16 or float16.*float32"):
-    attention.resolve_backend("cudnn", jnp.float32, "gpu")
+    attention.resolve_backend("cudnn", jnp.float32, "gpu", **nvidia)
 
 
 def test_decoder_refuses_a_dense_mask():
@@ -250,8 +253,10 @@ def test_fused_glue_holds_no_t_by_t_tensor(monkeypatch, fused):
   t = 4096
   stub = lambda q, k, v, **kw: q * kw["query_seq_lengths"][:, None, None, None] + k.mean() + v.mean()
   monkeypatch.setattr(jax.nn, "dot_product_attention", stub)
-  monkeypatch.setattr(attention, "resolve_backend", lambda name, dtype, platform=None: fused)
-  found = _big_intermediates(_train_jaxpr(Decoder(TINY, rngs=nnx.Rngs(0)), t), t, [])
+  spec = (AttentionSpec(backend="splash", platform="tpu") if fused == "splash"  # the kernel, compiled for a TPU
+          else AttentionSpec(backend="cudnn", emulate_kernels=True))  # the stub above in the kernel's place
+  model = Decoder(TINY, attention=spec, rngs=nnx.Rngs(0))
+  found = _big_intermediates(_train_jaxpr(model, t), t, [])
   assert not found, f"[.., T, T] intermediates at T={t}: {found[:5]}"
 
 

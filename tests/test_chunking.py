@@ -44,29 +44,27 @@ def test_no_blind_cuts(tok):
   assert pieces[0].startswith("x" * 5000) and "".join(pieces) == text
 
 
-def test_file_stream_matches_text(tok, text, tmp_path, monkeypatch):
+def test_file_stream_matches_text(tok, text, tmp_path):
   path = tmp_path / "doc.txt"
   path.write_bytes(text.encode("utf-8"))
-  monkeypatch.setattr(chunking, "READ_BYTES", 777)  # multi-byte characters straddle reads
-  pieces = list(chunking.read_text_pieces(str(path), tok, piece_chars=2000))
-  assert len(pieces) > 10 and "".join(pieces) == text
-  chunks = list(chunking.document_chunks(tok, str(path), chunk_tokens=300, from_file=True))
+  pieces = list(chunking.read_text_pieces(str(path), tok, piece_chars=2000, read_bytes=777))  # multi-byte
+  assert len(pieces) > 10 and "".join(pieces) == text  # characters straddle reads
+  chunks = list(chunking.document_chunks(tok, str(path), chunk_tokens=300, from_file=True, read_bytes=777))
   assert all(len(c) == 300 for c in chunks[:-1]) and 0 < len(chunks[-1]) <= 300
   assert np.concatenate(chunks).tolist() == tok.encode(text)
 
 
-def test_bad_utf8_offset_across_reads(tok, tmp_path, monkeypatch):
+def test_bad_utf8_offset_across_reads(tok, tmp_path):
   """The reported offset is the byte's position in the file, also when a character straddles reads."""
   data = ("ab\u00e9" * 10).encode() + b"\xff tail"  # \u00e9 is 2 bytes
   path = tmp_path / "bad.txt"
   path.write_bytes(data)
-  monkeypatch.setattr(chunking, "READ_BYTES", 3)  # splits every second \u00e9
   bad_at = data.index(b"\xff")
   with pytest.raises(ValueError, match=rf"bad.txt is not UTF-8 text \(invalid byte at offset {bad_at}:"):
-    list(chunking.read_text_pieces(str(path), tok))
+    list(chunking.read_text_pieces(str(path), tok, read_bytes=3))  # splits every second \u00e9
   path.write_bytes(b"abc \xc3")  # truncated 2-byte character at the end
   with pytest.raises(ValueError, match=r"invalid byte at offset 4: b'\\xc3'"):
-    list(chunking.read_text_pieces(str(path), tok))
+    list(chunking.read_text_pieces(str(path), tok, read_bytes=3))
 
 
 def test_clean_cut_check_rejects_merging_boundaries(tok):
@@ -116,17 +114,16 @@ def test_whitespace_controls_are_allowed(tok):
   assert ids == tok.encode(text)
 
 
-def test_control_character_in_file_names_file_and_offset(tok, tmp_path, monkeypatch):
+def test_control_character_in_file_names_file_and_offset(tok, tmp_path):
   """The offset counts characters of the whole file, across reads and multi-byte characters."""
   text = "caf\u00e9 words\n" * 300 + "bad\x00byte"
   path = tmp_path / "doc.txt"
   path.write_bytes(text.encode())
-  monkeypatch.setattr(chunking, "READ_BYTES", 101)
   at = text.index("\x00")
   with pytest.raises(chunking.ControlCharacterError,
                      match=rf"doc\.txt contains the control character U\+0000 at character offset {at} "
                            r"\(line 301\)"):
-    list(chunking.document_chunks(tok, str(path), chunk_tokens=50, from_file=True))
+    list(chunking.document_chunks(tok, str(path), chunk_tokens=50, from_file=True, read_bytes=101))
 
 
 def test_token_stream_checks_pieces_it_is_given(tok):

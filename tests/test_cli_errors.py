@@ -1,6 +1,7 @@
 """CLI reliability: one-line errors (exit 2, 1 for bugs), validated sizes, outputs that are never
 truncated, `.partial` results kept on failure or Ctrl-C, and Ctrl-C that stops at once (exit 130)."""
 
+import functools
 import json
 import os
 import signal
@@ -12,8 +13,6 @@ import types
 import pytest
 
 from memagent_jax import cli, evaluation
-from memagent_jax.data import tasks
-from memagent_jax.policy import export
 from memagent_jax.runtime import checkpointing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,10 +26,10 @@ HF_CONFIG = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_s
 GREEDY_EVAL = dict(temperature=0.0, top_p=1.0, seed=0, progress=False)
 
 
-def fails(capsys, argv, code=2) -> str:
+def fails(capsys, argv, code=2, commands=None) -> str:
   """Runs the CLI in-process expecting exactly one error line on stderr; returns it."""
   with pytest.raises(SystemExit) as e:
-    cli.main(argv)
+    cli.main(argv, commands=commands)
   err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[memagent]")]
   assert e.value.code == code, err
   assert len(err) == 1 and "Traceback" not in err[0], err
@@ -122,28 +121,30 @@ def test_debug_shows_the_traceback(capsys):
   assert err.strip().splitlines()[-1] == "memagent: error: document not found: /no/such/doc.txt"
 
 
-def test_internal_error_exit_1(capsys, monkeypatch, doc):
+def test_internal_error_exit_1(capsys, doc):
   def boom(args):
     raise RuntimeError("something\nbroke")
-  monkeypatch.setattr(cli, "cmd_answer", boom)
   with pytest.raises(SystemExit) as e:
-    cli.main(["answer", "--doc", doc] + TINY)
+    cli.main(["answer", "--doc", doc] + TINY, commands={"answer": boom})
   err = capsys.readouterr().err.strip().splitlines()
   assert e.value.code == 1 and err == ["memagent: internal error: RuntimeError: something broke "
                                        "(run with --debug for the traceback)"]
 
 
-def test_export_errors_are_one_line(capsys, tmp_path, monkeypatch):
+def test_export_errors_are_one_line(capsys, tmp_path):
+  from test_checkpointing import _data_files, make_state
   line = fails(capsys, ["export", "--ckpt", str(tmp_path / "nope"), "--out", str(tmp_path / "hf")])
   assert line == f"memagent: error: checkpoint directory not found: {tmp_path / 'nope'}"
-
-  def corrupt(*a, **k):
-    raise checkpointing.CheckpointCorruptError(f"checkpoint {tmp_path / '2'} could not be read")
-  monkeypatch.setattr(export, "export_checkpoint", corrupt)
+  _, state, meta = make_state()
+  with checkpointing.Checkpointer(tmp_path) as c:
+    c.save(2, state, meta)
+  for f in _data_files(tmp_path / "2"):  # a damaged step: its arrays cut in half
+    with open(f, "r+b") as fh:
+      fh.truncate(os.path.getsize(f) // 2)
   (tmp_path / "hf").mkdir()
   (tmp_path / "hf" / "config.json").write_text("{}")  # an earlier export: kept on failure
   line = fails(capsys, ["export", "--ckpt", str(tmp_path), "--out", str(tmp_path / "hf")])
-  assert line == f"memagent: error: checkpoint {tmp_path / '2'} could not be read"
+  assert line.startswith(f"memagent: error: checkpoint {tmp_path / '2'} could not be read")
   assert (tmp_path / "hf" / "config.json").read_text() == "{}"
   (tmp_path / "mine").mkdir()
   (tmp_path / "mine" / "notes.txt").write_text("x")
@@ -203,20 +204,23 @@ def test_run_eval_rejects_empty_input(tmp_path):
   assert not os.listdir(tmp_path)
 
 
-def test_failed_cli_eval_leaves_existing_out_untouched(tmp_path, capsys, monkeypatch):
+def _eval(**kw):
+  """`memagent eval` with its samples or reader from the test."""
+  return {"eval": functools.partial(cli.cmd_eval, **kw)}
+
+
+def test_failed_cli_eval_leaves_existing_out_untouched(tmp_path, capsys):
   out = tmp_path / "preds.jsonl"
   out.write_bytes(b'{"earlier": 1}\n')
-  monkeypatch.setattr(cli, "_reader", lambda args, policy: StubReader(fail_at=1, fail=ValueError))
   line = fails(capsys, ["eval", "--task", "niah_single_1", "--length", "300", "--n", "2", "--out", str(out)]
-               + TINY[2:])
+               + TINY[2:], commands=_eval(make_reader=lambda args, policy: StubReader(fail_at=1, fail=ValueError)))
   assert line == "memagent: error: stopped" and out.read_bytes() == b'{"earlier": 1}\n'
 
 
 def test_default_eval_output_goes_under_runs(tmp_path, capsys, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  monkeypatch.setattr(cli, "_reader", lambda args, policy: StubReader())
-  monkeypatch.setattr(tasks, "make_samples", lambda *a, **k: samples(3))
-  assert cli.main(["eval", "--task", "squad", "--length", "300", "--n", "3"] + TINY[2:]) == 0
+  stubs = _eval(make_reader=lambda args, policy: StubReader(), make_samples=lambda *a, **k: samples(3))
+  assert cli.main(["eval", "--task", "squad", "--length", "300", "--n", "3"] + TINY[2:], commands=stubs) == 0
   expected = os.path.join("runs", "eval", "eval_squad_300_memagent.jsonl")
   assert json.loads(capsys.readouterr().out.splitlines()[-1])["predictions"] == expected
   assert os.listdir(tmp_path) == ["runs"]

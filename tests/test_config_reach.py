@@ -12,6 +12,7 @@ built, take a train step and evaluate.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,12 +24,10 @@ import numpy as np
 import pytest
 
 from configs import base, toy_cpu
-from memagent_jax.agent import memagent as memagent_lib
 from memagent_jax.agent.results import AgentResult, Conversation
 from memagent_jax.data import pipeline, toy
 from memagent_jax.experiment import assembly
 from memagent_jax.rl import losses, rollout, toy_teacher
-from memagent_jax.rl import update as upd
 
 
 def config(**overrides) -> ml_collections.ConfigDict:
@@ -123,7 +122,7 @@ class Run:
     passes ran before it (one per mini-batch when old log-probs are recomputed)."""
     def go():
       c, seen = self.trainer.collector, []
-      saved = c.agent, upd.batch_logprobs, upd.update_step
+      saved = c.agent, self.trainer.programs
 
       def logprobs(params, tokens, valid, *, prompt_width, **_):
         seen.append(tuple(tokens.shape))
@@ -131,34 +130,34 @@ class Run:
 
       def update(*a, **k):
         raise _Stop
-      c.agent, upd.batch_logprobs, upd.update_step = ScriptedAgent(c.agent), logprobs, update
+      c.agent = ScriptedAgent(c.agent)
+      self.trainer.programs = dataclasses.replace(saved[1], batch_logprobs=logprobs, update_step=update)
       try:
         self.trainer.train_step()
       except _Stop:
         pass
       finally:
-        c.agent, upd.batch_logprobs, upd.update_step = saved
+        c.agent, self.trainer.programs = saved
       return {"logprob_passes": seen}
     return self._once("step", go)
 
   def blocks(self) -> dict:
     """What the MemAgent hands its compiled memory block for two training documents (stopped there)."""
     def go():
-      seen = {}
-      real = memagent_lib.memory_block
+      seen, agent = {}, self.exp.agent
 
       def block(graphdef, state, **kw):
-        seen.update(chunks=tuple(kw["chunks"].shape), tokens_read=np.asarray(kw["chunk_len"]).sum(1).tolist(),
-                    memory=tuple(kw["memory"].shape))
+        seen.update(chunks=tuple(kw["block"].chunks.shape), tokens_read=np.asarray(kw["block"].lengths).sum(1).tolist(),
+                    memory=tuple(kw["rows"].memory.shape))
         raise _Stop
-      memagent_lib.memory_block = block
+      agent.memory_block = block  # this agent's block only
       pool = self.exp.train_pool[:2]
       try:
-        self.exp.agent.answer_batch([s["question"] for s in pool], [s["context"] for s in pool], temperature=1.0)
+        agent.answer_batch([s["question"] for s in pool], [s["context"] for s in pool], temperature=1.0)
       except _Stop:
         pass
       finally:
-        memagent_lib.memory_block = real
+        del agent.memory_block
       return seen
     return self._once("blocks", go)
 

@@ -45,13 +45,14 @@ def test_bad_value_names_key_value_and_range(key, value):
 
 
 @pytest.mark.parametrize("key", ["optim.lr", "rl.temperature"])
-def test_nan_is_refused_before_anything_is_compiled(key, tmp_path, monkeypatch):
-  """The issue's two reports: both fail in Trainer.__init__ before any JAX work or file."""
-  from memagent_jax.runtime import parallel
+def test_nan_is_refused_before_anything_is_compiled(key, tmp_path):
+  """The issue's two reports: both fail in Trainer.__init__ before any JAX work or file. Two processes
+  without a coordinator would fail in the runtime's start, the first step after validation."""
   from memagent_jax.experiment import assembly
-  monkeypatch.setattr(parallel, "initialize_distributed", lambda *a: pytest.fail("got past validation"))
+  with pytest.raises(ValueError, match="needs coordinator_address"):  # what getting past validation does
+    assembly.build_trainer(tiny(**{"distributed.num_processes": 2}), workdir=str(tmp_path / "run"))
   with pytest.raises(ValueError, match=f"config: {key}=nan must be a finite number > 0"):
-    assembly.build_trainer(tiny(**{key: NAN}), workdir=str(tmp_path / "run"))
+    assembly.build_trainer(tiny(**{key: NAN, "distributed.num_processes": 2}), workdir=str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
 
 

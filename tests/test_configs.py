@@ -111,3 +111,38 @@ def test_one_host_configs_are_valid(variant):
   assert 8 % (c.mesh.fsdp * c.mesh.tensor) == 0
   with pytest.raises(ValueError, match="unknown variant"):
     _get("memagent_qwen2_5_small", "7b")
+
+
+def _variants():
+  """Every config file with every variant it names."""
+  from configs import memagent_qwen2_5_small, toy_memagent
+  yield from (("base", ""), ("toy_cpu", ""), ("toy_cpu", "tiny"), ("toy_cpu", "dapo"), ("smollm2_niah_rl", ""),
+              ("smollm2_niah_rl", "smoke"))
+  yield from ((n, v) for n in ("memagent_qwen2_5_7b", "memagent_qwen2_5_14b") for v in ("", "dapo"))
+  yield from (("memagent_qwen2_5_small", v) for v in memagent_qwen2_5_small.SIZES)
+  yield from (("toy_memagent", ",".join((stage, scale, world))) for stage in toy_memagent.STAGES
+              for scale in toy_memagent.SCALES for world in toy_memagent.WORLDS)
+
+
+def test_every_configs_sharding_rules_shard_every_param_without_a_collision():
+  """The rules of each config (training and rollout layout) map no two logical axes of any param
+  (Llama and Qwen2 layouts, token shift) to one mesh axis; a collision would raise."""
+  import jax.numpy as jnp
+  from flax import nnx
+  from jax.sharding import AbstractMesh
+  from memagent_jax.models.config import get_preset
+  from memagent_jax.experiment import specs
+  from memagent_jax.models.decoder import Decoder
+  from memagent_jax.runtime import parallel
+  states = [nnx.state(nnx.eval_shape(lambda p=p: Decoder(get_preset(p), jnp.float32, rngs=nnx.Rngs(0))), nnx.Param)
+            for p in ("tiny-llama", "tiny-qwen2", "toy-1m-shift2")]
+  mesh = AbstractMesh((2, 2, 2), parallel.MESH_AXES)
+  seen = 0
+  for name, variant in _variants():
+    mesh_spec = specs.mesh_spec(_get(name, variant))
+    rules = mesh_spec.axis_rules()
+    for layout in {"train", mesh_spec.rollout}:
+      for state in states:
+        parallel.param_shardings(state, mesh, parallel.rollout_rules(rules, layout))
+    seen += 1
+  assert seen >= 20

@@ -130,13 +130,11 @@ def test_a_real_run_switches_documents_at_the_phase_end(tmp_path):
   assert hand["step"] == 2
 
 
-def test_the_report_names_each_phase_documents(monkeypatch):
+def test_the_report_names_each_phase_documents():
   """toy_report's sentence on the training documents gives a curriculum's step ranges."""
   from experiments import toy_report
-  real = toy_memagent.get_config
-  monkeypatch.setattr(toy_memagent, "get_config",
-                      lambda v: _curriculum_config() if v == LOOKUP_RL.replace(",full", "") else real(v))
-  told = toy_report._training_documents("lookup", "full")
+  configs = lambda v: _curriculum_config() if v == LOOKUP_RL.replace(",full", "") else toy_memagent.get_config(v)
+  told = toy_report._training_documents("lookup", "full", get_config=configs)
   assert ("rl on 1x documents generated with, in turn, steps 1-200 distractor_keys=askable, num_distractors=3; "
           "steps 201-300 distractor_keys=mixed, num_distractors=3; steps 301-400 distractor_keys=mixed, "
           "late_fact_share=1.0, num_distractors=3;") in told

@@ -1,6 +1,7 @@
 """RULER-style generators: fitting, determinism, needles, vt chains, fwe counts, errors."""
 
 import collections
+import dataclasses
 import re
 import time
 
@@ -200,12 +201,12 @@ def test_noise_sentence_exact():
                                      "Here we go. There and back again.")
 
 
-def test_needle_haystack_never_reuses_real_keys(tok, monkeypatch):
+def test_needle_haystack_never_reuses_real_keys(tok):
   """With only four possible word keys, filler needles must still avoid the queried one."""
-  from memagent_jax.data import words
-  monkeypatch.setattr(words, "KEY_ADJECTIVES", ("red", "blue"))
-  monkeypatch.setattr(words, "KEY_NOUNS", ("fox", "cat"))
-  s = ruler.generate("niah_multikey_2", 1024, n=1, seed=0, tokenizer=tok)[0]
+  from memagent_jax.data.ruler_niah import make_niah
+  from memagent_jax.data.tokens import TokenCounter
+  spec = dataclasses.replace(ruler.NIAH_SPECS["niah_multikey_2"], words=(("red", "blue"), ("fox", "cat")))
+  s = make_niah(spec, ruler.sample_rng("niah_multikey_2", 1024, 0, 0), 1024, TokenCounter(tok))
   key = _queried_keys(s["question"])[0]
   found = _needles(s["context"])
   assert len(found) > 20 and {k for _, k, _ in found} <= {"red-fox", "red-cat", "blue-fox",

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -10,7 +11,6 @@ import pytest
 import memagent_jax as mj
 from conftest import make_tiny_hf_dir
 from memagent_jax.models import gguf_weights
-from memagent_jax.policy import loading
 from memagent_jax.models.config import UnknownModelError
 from memagent_jax.models.safetensors_io import load_tensors, save_tensors
 
@@ -358,12 +358,14 @@ def test_garbage_empty_and_truncated_gguf(gguf_cache):
     mj.load_policy(str(gguf_cache / "cut.gguf"))
 
 
-def test_corrupt_cached_conversion_says_how_to_rebuild(gguf_cache, monkeypatch, llama_dir):
-  cached = str(gguf_cache / "converted")
+def test_corrupt_cached_conversion_says_how_to_rebuild(gguf_cache, llama_dir):
+  gguf_path = _write_gguf(gguf_cache / "m.gguf")
+  cached = gguf_weights.conversion_dir(gguf_path)  # a finished conversion whose weights were damaged since
   shutil.copytree(llama_dir, cached)
+  open(os.path.join(cached, "COMPLETE"), "w").write(gguf_path + "\n")
   open(os.path.join(cached, "model.safetensors"), "wb").write(b"junk")
-  monkeypatch.setattr(loading, "convert_gguf", lambda path: cached)
-  with pytest.raises(WeightsError, match=r"converted[/\\]model\.safetensors: corrupt.*cached conversion of "
-                                         r".*m\.gguf; delete .*converted to convert it again"):
-    mj.load_policy(str(gguf_cache / "m.gguf"))
+  converted = re.escape(os.path.basename(cached))
+  with pytest.raises(WeightsError, match=rf"{converted}[/\\]model\.safetensors: corrupt.*cached conversion of "
+                                         rf".*m\.gguf; delete .*{converted} to convert it again"):
+    mj.load_policy(gguf_path)
   assert gguf_weights.CONVERTER_VERSION >= 2

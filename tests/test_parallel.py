@@ -97,17 +97,32 @@ def test_rules_to_partition_spec():
   assert par.logical_to_spec(("vocab", "embed")) == P("tensor", "fsdp")
   assert par.logical_to_spec(("embed", "q_heads", "head_dim")) == P("fsdp", "tensor", None)
   assert par.logical_to_spec(("norm",)) == P(None)
-  # A mesh axis is used once per spec: batch takes fsdp, so embed stays replicated.
-  assert par.logical_to_spec(("batch", "length", "embed")) == P(("data", "fsdp"), None, None)
   rules = par.axis_rules([("embed", None), ("mlp", ["fsdp", "tensor"])])
   assert par.logical_to_spec(("embed", "mlp"), rules) == P(None, ("fsdp", "tensor"))
   assert par.logical_to_spec(("vocab",), rules) == P("tensor")  # defaults kept
-  cfg = ml_collections.ConfigDict({"axis_rules": [("vocab", None)]})
-  assert par.logical_to_spec(("vocab", "embed"), par.axis_rules(cfg)) == P(None, "fsdp")
+  assert par.logical_to_spec(("vocab", "embed"), par.axis_rules([("vocab", None)])) == P(None, "fsdp")
   with pytest.raises(KeyError, match="'bogus' has no rule"):
     par.logical_to_spec(("bogus",))
   with pytest.raises(ValueError, match="mesh axes are"):
     par.axis_rules([("embed", "model")])
+  with pytest.raises(ValueError, match="'embed' given twice"):
+    par.axis_rules([("embed", None), ("embed", "fsdp")])
+
+
+def test_two_logical_axes_on_one_mesh_axis_is_an_error():
+  """A mesh axis shards one dimension: a second logical axis mapped to it raises, naming both."""
+  rules = par.axis_rules([("mlp", ["fsdp", "tensor"])])  # embed -> fsdp as well
+  with pytest.raises(ValueError, match=r"logical axes 'embed' and 'mlp' \(of \('embed', 'mlp'\)\) both to mesh "
+                                       r"axis 'fsdp'"):
+    par.logical_to_spec(("embed", "mlp"), rules)
+  with pytest.raises(ValueError, match=r"'vocab' and 'q_heads' .* mesh axis 'tensor'"):
+    par.logical_to_spec(("vocab", "q_heads"))
+  state = nnx.state(nnx.eval_shape(lambda: Decoder(get_preset("tiny-llama"), jnp.float32, rngs=nnx.Rngs(0))),
+                    nnx.Param)
+  with pytest.raises(ValueError, match="both to mesh axis 'fsdp'"):  # the model's own params
+    par.param_shardings(state, AbstractMesh((1, 2, 2), par.MESH_AXES), rules)
+  for layout in par.ROLLOUT_LAYOUTS:  # the default rules shard every param without a collision
+    par.param_shardings(state, AbstractMesh((1, 2, 2), par.MESH_AXES), par.rollout_rules(par.DEFAULT_RULES, layout))
 
 
 def test_non_divisible_dim_falls_back_to_replication(caplog):
@@ -260,7 +275,7 @@ DISTRIBUTED_SCRIPT = textwrap.dedent("""
     import os
     from memagent_jax.runtime import parallel as par
     dist = {"num_processes": int(os.environ["NPROC"]), "process_id": int(os.environ["PID"]),
-            "coordinator_address": os.environ["COORD"], "initialization_timeout": 60}
+            "coordinator_address": os.environ["COORD"]}
     started = par.initialize_distributed(dist)
     assert par.initialize_distributed(dist) == started  # idempotent
 """) + STEP_CODE + textwrap.dedent("""

@@ -6,7 +6,8 @@ import torch
 
 import memagent_jax as mj
 from conftest import make_tiny_hf_dir, torch_logits
-from memagent_jax.policy.sampling import GREEDY
+from memagent_jax.models.attention import AttentionSpec
+from memagent_jax.policy.decode_spec import GREEDY
 
 
 def test_tiny_checkpoint_logits_match_transformers(tiny_hf_dir):
@@ -31,25 +32,20 @@ def test_qwen2_biases_are_nonzero_and_used(tmp_path_factory):
   assert np.abs(np.asarray(zeroed.logits(ids)) - with_bias).max() > 1e-4
 
 
-def test_blocked_prefill_attention_matches_transformers(tiny_hf_dir, monkeypatch):
+def test_blocked_prefill_attention_matches_transformers(tiny_hf_dir):
   """Prefill attention runs in causal query blocks; shrink the block so a short input uses it."""
-  from memagent_jax.models import decoder
   _, path = tiny_hf_dir
-  monkeypatch.setattr(decoder, "QUERY_BLOCK", 16)
-  policy = mj.load_policy(path)
+  policy = mj.load_policy(path, attention=AttentionSpec(query_block=16))
   ids = np.random.default_rng(2).integers(0, 128, size=(2, 53))  # 53: a shape traced only here
   diff = np.abs(np.asarray(policy.logits(ids)) - torch_logits(path, ids)).max()
   assert diff <= 1e-4
 
 
-def test_long_prefill_loop_matches_transformers(tiny_hf_dir, monkeypatch):
+def test_long_prefill_loop_matches_transformers(tiny_hf_dir):
   """Long prefills run one query block at a time in `lax.map` (bounded memory); shrink the
   thresholds so a short input takes that path, including a partial last block and left padding."""
-  from memagent_jax.models import decoder
   _, path = tiny_hf_dir
-  monkeypatch.setattr(decoder, "QUERY_BLOCK", 16)
-  monkeypatch.setattr(decoder, "SCAN_PREFILL_FROM", 32)
-  policy = mj.load_policy(path)
+  policy = mj.load_policy(path, attention=AttentionSpec(query_block=16, scan_from=32))
   ids = np.random.default_rng(3).integers(0, 128, size=(2, 59))  # 59: traced only here
   assert np.abs(np.asarray(policy.logits(ids)) - torch_logits(path, ids)).max() <= 1e-4
   mask = np.ones_like(ids)

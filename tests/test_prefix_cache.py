@@ -9,7 +9,8 @@ from flax import nnx
 
 import memagent_jax as mj
 from memagent_jax.agent.memagent import MemAgent, question_bucket
-from memagent_jax.agent.recurrence import memory_block
+from memagent_jax.agent.recurrence import ChunkBlock, MemoryRows, memory_block
+from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.data import tasks
 from memagent_jax.policy import sampling
 
@@ -53,13 +54,13 @@ def test_reused_prefix_on_a_grouped_query_model():
 
 
 def _block_flops(agent, policy, b=4, k=2):
-  spec = agent._spec(sampling.SamplingParams(temperature=1.0), keep_prompts=False)
   m, q = agent.memory_width, 8
-  args = dict(pieces=agent._memory_pieces, question=jnp.ones((b, q), jnp.int32), q_len=jnp.full((b,), q),
-              memory=jnp.ones((b, m), jnp.int32), mem_len=jnp.full((b,), m),
-              chunks=jnp.ones((b, k, agent.chunk_tokens), jnp.int32),
-              chunk_len=jnp.full((b, k), agent.chunk_tokens), keys=jnp.zeros((b, 2), jnp.uint32),
-              first_chunk=jnp.int32(0), temperature=jnp.float32(1.0), top_p=jnp.float32(1.0), spec=spec)
+  rows = MemoryRows(question=jnp.ones((b, q), jnp.int32), q_len=jnp.full((b,), q), memory=jnp.ones((b, m), jnp.int32),
+                    mem_len=jnp.full((b,), m), keys=jnp.zeros((b, 2), jnp.uint32))
+  block = ChunkBlock(chunks=jnp.ones((b, k, agent.chunk_tokens), jnp.int32),
+                     lengths=jnp.full((b, k), agent.chunk_tokens), first=jnp.int32(0))
+  args = dict(pieces=agent._memory_pieces, rows=rows, block=block, decode=DecodeSpec(temperature=1.0),
+              spec=agent._spec(keep_prompts=False))
   return memory_block.lower(policy.graphdef, policy.state, **args).compile().cost_analysis()["flops"]
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import memagent_jax as mj
-from memagent_jax.policy.sampling import GREEDY, SamplingParams
+from memagent_jax.policy.decode_spec import GREEDY, DecodeSpec
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +50,8 @@ def test_smollm2_batch_equals_alone(smollm):
     np.testing.assert_array_equal(batch.tokens[i, :n], alone.tokens[0, :n])
 
 
-@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.7, top_p=1.0, top_k=20),
-                                    SamplingParams(temperature=1.3, top_p=0.8, top_k=0)])
+@pytest.mark.parametrize("params", [GREEDY, DecodeSpec(temperature=0.7, top_p=1.0, top_k=20),
+                                    DecodeSpec(temperature=1.3, top_p=0.8, top_k=0)])
 def test_logprobs_equal_full_forward(tiny, params):
   prompts = _ragged(1, [7, 12], 256)
   out = tiny.sample(prompts, 16, params=params, seed=5, stop_tokens=[])
@@ -82,7 +82,7 @@ def test_logprobs_equal_full_forward(tiny, params):
 
 def test_stop_tokens_end_rows_early_and_per_row(tiny):
   prompts = _ragged(2, [6, 11], 256)
-  hot = SamplingParams(temperature=1.0, top_p=1.0, top_k=0)  # a random tiny model repeats one token when greedy
+  hot = DecodeSpec(temperature=1.0, top_p=1.0, top_k=0)  # a random tiny model repeats one token when greedy
   free = tiny.sample(prompts, 20, params=hot, seed=4, stop_tokens=[])
   assert int(free.steps) == 20 and not free.stopped.any()
   first_new = lambda row: next(j for j in range(2, 20) if row[j] not in row[:j])
@@ -99,14 +99,14 @@ def test_stop_tokens_end_rows_early_and_per_row(tiny):
 def test_seeds_top_k_one_and_tiny_top_p_are_greedy(tiny):
   prompts = _ragged(3, [8, 8], 256)
   greedy = tiny.sample(prompts, 12, params=GREEDY, stop_tokens=[])
-  hot = SamplingParams(temperature=1.0, top_p=1.0, top_k=0)
+  hot = DecodeSpec(temperature=1.0, top_p=1.0, top_k=0)
   a = tiny.sample(prompts, 12, params=hot, seed=1, stop_tokens=[])
   b = tiny.sample(prompts, 12, params=hot, seed=1, stop_tokens=[])
   c = tiny.sample(prompts, 12, params=hot, seed=2, stop_tokens=[])
   np.testing.assert_array_equal(a.tokens, b.tokens)
   assert not np.array_equal(a.tokens, c.tokens)
-  for p in (SamplingParams(temperature=1.0, top_p=1.0, top_k=1),
-            SamplingParams(temperature=1.0, top_p=1e-6, top_k=0)):
+  for p in (DecodeSpec(temperature=1.0, top_p=1.0, top_k=1),
+            DecodeSpec(temperature=1.0, top_p=1e-6, top_k=0)):
     out = tiny.sample(prompts, 12, params=p, seed=9, stop_tokens=[])
     np.testing.assert_array_equal(out.tokens, greedy.tokens)
     np.testing.assert_allclose(out.sample_logprobs, 0.0, atol=1e-6)
@@ -119,7 +119,7 @@ def test_temperature_sampling_matches_the_model_distribution():
   policy = mj.Policy(model)
   prompt = _ragged(4, [10], 256)[0]
   t = 0.5
-  hot = SamplingParams(temperature=t, top_p=1.0, top_k=0)
+  hot = DecodeSpec(temperature=t, top_p=1.0, top_k=0)
   out = policy.sample([prompt] * 8000, 1, params=hot, seed=0, stop_tokens=[])
   logits = np.asarray(policy.logits(np.array([prompt])))[0, -1]
   freq = np.bincount(out.tokens[:, 0], minlength=256) / 8000

@@ -124,7 +124,7 @@ def test_committed_lookup_base_looks_facts_up_by_key():
   from configs import toy_memagent
   from memagent_jax.data import toy
   from memagent_jax.experiment.assembly import sample_pool
-  from memagent_jax.policy import sampling
+  from memagent_jax.policy.decode_spec import GREEDY
   assert json.load(open(os.path.join(BASE, "base.json")))["world"] == "lookup"
   cfg = toy_memagent.get_config("pretrain,lookup")
   policy = mj.load_policy(BASE)
@@ -133,7 +133,7 @@ def test_committed_lookup_base_looks_facts_up_by_key():
                         tokenizer=tok)
   assert len({s["key"] for s in samples}) == 8  # all eight askable keys asked
   prompts = [tok.encode(s["context"]) + tok.encode(s["question"]) for s in samples]  # the teacher's rows
-  out = policy.sample(prompts, 8, params=sampling.GREEDY)
+  out = policy.sample(prompts, 8, params=GREEDY)
   said = [re.findall(r"boxed\{ (\w+) \}", tok.decode(row[:n])) for row, n in zip(out.tokens, out.lengths)]
   right = sum(w == [s["answers"][0]] for w, s in zip(said, samples)) / len(samples)
   shortcut = sum([v for k, v in s["facts"] if k in toy.ASKED_KEYS][-1] == s["answers"][0] for s in samples) / len(samples)
@@ -164,15 +164,12 @@ def test_base_of_another_world_or_an_incomplete_one_is_refused(tmp_path):
   assert not (tmp_path / "run").exists()  # nothing copied before the checks pass
 
 
-def test_eval_sweeps_only_the_trained_stages(monkeypatch, tmp_path):
+def test_eval_sweeps_only_the_trained_stages(tmp_path):
   """make demo trains no full-attention baseline: the sweep skips it instead of failing on a missing export."""
   from experiments import toy_reproduction
   swept = []
-  monkeypatch.setattr(toy_reproduction, "make_reader", lambda stage, *a: stage)
-  monkeypatch.setattr(toy_reproduction, "reader_digest", lambda stage, *a: stage)
-  monkeypatch.setattr(toy_reproduction, "sweep_lengths",
-                      lambda reader, stage, task, lengths, **kw: swept.append((stage, lengths)) or [])
-  toy_reproduction.evaluate("demo", str(tmp_path), 4, 2, 1000, "lookup", trained=["pretrain", "warm_start", "rl"])
+  toy_reproduction.evaluate("demo", str(tmp_path), 4, 2, 1000, "lookup", trained=["pretrain", "warm_start", "rl"],
+                            sweep=lambda stage, lengths, **kw: swept.append((stage, lengths)) or [])
   assert swept == [("rl", [128, 256]), ("warm_start", [128, 256])]
 
 

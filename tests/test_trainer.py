@@ -95,16 +95,15 @@ def test_resume_from_another_model_shape_is_refused(tmp_path, base1):
     assembly.build_trainer(tiny(**{"model.source": "random:toy-1m"}), workdir=str(tmp_path))
 
 
-def test_consecutive_non_finite_updates_stop_training(tmp_path, monkeypatch):
+def test_consecutive_non_finite_updates_stop_training(tmp_path):
   from memagent_jax.rl import update as upd
-  real = upd.update_step
 
   def poisoned(params, opt, batch, **kw):
     batch = batch.replace(advantages=batch.advantages * np.nan)
-    return real(params, opt, batch, **kw)
+    return upd.update_step(params, opt, batch, **kw)
 
-  monkeypatch.setattr(upd, "update_step", poisoned)
-  t = assembly.build_trainer(tiny(**{"train.steps": 5, "train.max_nan_steps": 3}), workdir=str(tmp_path))
+  t = assembly.build_trainer(tiny(**{"train.steps": 5, "train.max_nan_steps": 3}), workdir=str(tmp_path),
+                             programs=trainer_lib.StepPrograms(update_step=poisoned))
   before = _leaves(t.state.params)
   with pytest.raises(trainer_lib.NonFiniteLossError, match=r"step 2: 3 consecutive updates .*loss=nan"):
     t.train()
@@ -151,23 +150,23 @@ def test_resume_skips_an_unreadable_newest_checkpoint(tmp_path, caplog, base2):
   assert steps_logged == [1, 2]
 
 
-def test_recompute_old_logprobs_knob(tmp_path, monkeypatch):
+def test_recompute_old_logprobs_knob(tmp_path):
   """On: the first update's old log-probs come from its own forward pass (its params sampled), each
   later mini-batch's from a forward pass before the updates; off: from the sampler (equal to float
   rounding here, so the knob is checked by what runs). The toy rows share the template opening,
   run once per update batch."""
   from memagent_jax.rl import update as upd
   calls, specs = [], []
-  real, real_update = upd.batch_logprobs, upd.update_step
-  monkeypatch.setattr(upd, "batch_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
-  monkeypatch.setattr(upd, "update_step", lambda *a, **k: specs.append(k["spec"]) or real_update(*a, **k))
-  t = assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "on"))
+  counting = trainer_lib.StepPrograms(
+      batch_logprobs=lambda *a, **k: calls.append(1) or upd.batch_logprobs(*a, **k),
+      update_step=lambda *a, **k: specs.append(k["spec"]) or upd.update_step(*a, **k))
+  t = assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "on"), programs=counting)
   history = t.train()["history"]
   assert [s.old_is_current for s in specs] == [True, False]  # two mini-batches
   assert len(calls) == 1 and history[0]["prefix_shared_frac"] == 1.0
   calls.clear(), specs.clear()
   assembly.build_trainer(tiny(**{"train.steps": 1, "rl.recompute_old_logprobs": False}),
-                         workdir=str(tmp_path / "off")).train()
+                         workdir=str(tmp_path / "off"), programs=counting).train()
   assert not calls and [s.old_is_current for s in specs] == [False, False]
 
 

@@ -73,12 +73,12 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("chunk", [512, 4])  # one projection, or chunks of 4 positions (N = 6: padded)
-def test_response_logprobs_align_with_full_forward(chunk, monkeypatch):
+def test_response_logprobs_align_with_full_forward(chunk):
   """logp[i, j] is log p(response token j | prompt and earlier response), row by row unpadded."""
-  monkeypatch.setattr(upd, "LOGITS_CHUNK", chunk)
   model = _model()
   rows = _rows()
-  logp, ent = upd.response_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), **LOGP)
+  logp, ent = upd.response_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), **LOGP,
+                                    logits_chunk=chunk)
   for i in range(R):
     ids = rows["tokens"][i][rows["valid"][i]]
     plen = int(rows["valid"][i, :P].sum())
@@ -90,19 +90,18 @@ def test_response_logprobs_align_with_full_forward(chunk, monkeypatch):
     np.testing.assert_allclose(np.asarray(ent[i, :n]), -(p * np.log(p)).sum(-1), atol=2e-4)
 
 
-def test_chunked_logprobs_hold_no_full_logits_and_give_the_same_update(monkeypatch):
+def test_chunked_logprobs_hold_no_full_logits_and_give_the_same_update():
   """With chunks, no [r, N, V] logits tensor exists in the forward or backward, and the update
   equals the one-projection update."""
   model, rows = _model(), _rows()
   vocab = get_preset("tiny-llama").vocab_size
   spec = _spec()
   _, whole, _ = _step(model, rows, spec)
-  monkeypatch.setattr(upd, "LOGITS_CHUNK", 2)
-  _, chunked, _ = _step(_model(), rows, spec)
+  _, chunked, _ = _step(_model(), rows, dataclasses.replace(spec, logits_chunk=2))
   assert _rel(chunked, whole) < 1e-6
   gd, params = nnx.split(_model())
   loss = lambda p: upd.response_logprobs(nnx.merge(gd, p), jnp.asarray(rows["tokens"]),
-                                         jnp.asarray(rows["valid"]), **LOGP)[0].sum()
+                                         jnp.asarray(rows["valid"]), **LOGP, logits_chunk=2)[0].sum()
   jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
 
   def shapes(jp):

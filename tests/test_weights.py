@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from conftest import torch_logits
 from memagent_jax.models import gguf_weights
 from memagent_jax.models.config import PRESETS, ModelConfig
 from memagent_jax.policy import loading
-from memagent_jax.policy.sampling import GREEDY
+from memagent_jax.policy.decode_spec import GREEDY
 
 
 def test_export_round_trip_through_transformers(tiny_hf_dir, tmp_path):
@@ -46,14 +47,14 @@ def test_smollm2_export_round_trip(smollm, tmp_path):
   assert AutoTokenizer.from_pretrained(out).encode("memory agent") == smollm.tokenizer.encode("memory agent")
 
 
-def test_embedded_default_is_cached(smollm, monkeypatch):
+def test_embedded_default_is_cached(smollm):
   src = gguf_weights.convert_gguf(loading.embedded_gguf_path())
   assert os.path.isfile(os.path.join(src, "COMPLETE"))
-
-  def must_not_reconvert(path):
-    raise AssertionError(f"the cached conversion of {path} was redone")
-  monkeypatch.setattr(gguf_weights, "_open", must_not_reconvert)
+  files = ("COMPLETE", "model.safetensors")
+  stamp = lambda: [(os.stat(os.path.join(src, f)).st_ino, os.stat(os.path.join(src, f)).st_mtime_ns) for f in files]
+  before = stamp()
   assert gguf_weights.convert_gguf(loading.embedded_gguf_path()) == src
+  assert stamp() == before  # the same files: a redone conversion renames fresh ones into place
   assert smollm.config == PRESETS["smollm2-135m-instruct"]
 
 
@@ -168,9 +169,8 @@ def test_prompt_longer_than_cache_and_cache_overflow():
     policy.logits(np.array([[1, 999]]))
 
 
-def test_export_replaces_the_directory_atomically(tmp_path, monkeypatch):
+def test_export_replaces_the_directory_atomically(tmp_path):
   """A failed export leaves the previous one intact; a finished one leaves no stale shards."""
-  from memagent_jax.models import hf_weights
   policy = mj.load_policy("random:tiny-llama", seed=2)
   out = tmp_path / "export"
   policy.export(str(out))
@@ -179,12 +179,16 @@ def test_export_replaces_the_directory_atomically(tmp_path, monkeypatch):
   assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
   before = {f: (out / f).read_bytes() for f in os.listdir(out)}
 
-  def fail_midway(path, tensors, metadata=None):
-    open(path, "wb").write(b"half")
-    raise OSError(28, "No space left on device")
-  monkeypatch.setattr(hf_weights, "save_tensors", fail_midway)
+  class DiskFullTokenizer:  # the disk fills up after the weights, while the tokenizer files are written
+    bos_token_id = eos_token_id = pad_token_id = 0
+
+    def save_pretrained(self, directory):
+      open(os.path.join(directory, "tokenizer.json"), "wb").write(b"half")
+      raise OSError(28, "No space left on device")
+  model = mj.load_policy("random:tiny-llama", seed=3).model
+  failing = mj.Policy(model, types.SimpleNamespace(hf=DiskFullTokenizer()))
   with pytest.raises(OSError, match="No space left"):
-    mj.load_policy("random:tiny-llama", seed=3).export(str(out))
+    failing.export(str(out))
   assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
   assert sorted(os.listdir(tmp_path)) == ["export"]  # no temporary directory left behind
 

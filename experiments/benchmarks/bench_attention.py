@@ -71,7 +71,8 @@ def attention_case(backend, b, t, args, dtype):
   k, v = (jnp.asarray(x, dtype) for x in rng.normal(size=(2, b, args.kv_heads, t, args.head_dim)))
   valid = jnp.asarray(left_padded(b, t, args.pad_frac))
   cot = jnp.asarray(rng.normal(size=q.shape), dtype)
-  fn = jax.grad(lambda q, k, v, valid: jnp.sum(attention.attend(q, k, v, valid, backend=backend) * cot)
+  spec = attention.AttentionSpec(backend=backend)
+  fn = jax.grad(lambda q, k, v, valid: jnp.sum(attention.attend(q, k, v, valid, spec=spec) * cot)
                 .astype(jnp.float32), argnums=(0, 1, 2))
   flops = 3.5 * 4 * b * args.heads * args.head_dim * t * t / 2  # causal; backward ~2.5x forward
   return fn, (q, k, v, valid), flops

@@ -31,6 +31,7 @@ from memagent_jax.models import attention  # noqa: E402
 from memagent_jax.models.config import get_preset  # noqa: E402
 from memagent_jax.models.decoder import Decoder  # noqa: E402
 from memagent_jax.policy import sampling  # noqa: E402
+from memagent_jax.policy.decode_spec import GREEDY  # noqa: E402
 from memagent_jax.rl import update as upd  # noqa: E402
 from memagent_jax.runtime.atomic_io import atomic_write  # noqa: E402
 
@@ -140,7 +141,8 @@ def attention_ms(name: str, b: int, t: int, heads, repeats: int):
     k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, T, K, D], its native layout
     fn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
   else:
-    fn = lambda q, k, v: attention.attend(q, k, v, valid, backend=name.split()[-1])
+    spec = attention.AttentionSpec(backend=name.split()[-1])
+    fn = lambda q, k, v: attention.attend(q, k, v, valid, spec=spec)
   grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum((fn(q, k, v) * cot).astype(jnp.float32)), argnums=(0, 1, 2)))
   return 1e3 * timed(lambda: jax.block_until_ready(grad(q, k, v)), repeats)
 
@@ -247,10 +249,11 @@ def jax_decode(s: Shapes, b: int, repeats: int) -> float:
   """Seconds to prefill [b, prompt] and greedily decode `new` tokens per row (no stop token)."""
   cfg, gd, state = random_model(s.preset)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (b, s.prompt)), jnp.int32)  # [B, P]
-  kw = dict(valid=jnp.ones(tokens.shape, bool), stop_tokens=-jnp.ones((b, 1), jnp.int32),
-            key=jax.random.PRNGKey(0), temperature=jnp.float32(1.0), top_p=jnp.float32(1.0),
-            max_new_tokens=s.new, cache_size=s.prompt + s.new, greedy=True, top_k=0, use_top_p=False, pad_id=0)
-  return timed(lambda: jax.block_until_ready(sampling.generate_tokens(gd, state, tokens, **kw).tokens), repeats)
+  rows = sampling.PromptRows(tokens=tokens, valid=jnp.ones(tokens.shape, bool),
+                             keys=sampling.row_keys(jax.random.PRNGKey(0), np.arange(b)),
+                             stop_tokens=-jnp.ones((b, 1), jnp.int32), inactive=jnp.zeros((b,), bool))
+  kw = dict(max_new_tokens=s.new, cache_size=s.prompt + s.new, pad_id=0)
+  return timed(lambda: jax.block_until_ready(sampling.generate_tokens(gd, state, rows, GREEDY, **kw).tokens), repeats)
 
 
 def hf_decode(s: Shapes, b: int, repeats: int) -> float:

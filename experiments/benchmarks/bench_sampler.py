@@ -21,6 +21,7 @@ from absl import app, flags
 import memagent_jax as mj
 from memagent_jax.runtime.atomic_io import atomic_write
 from memagent_jax.policy import sampling
+from memagent_jax.policy.decode_spec import GREEDY
 
 
 def timed(fn, repeats: int) -> float:
@@ -95,7 +96,7 @@ def main(argv):
     width = max(len(p) for p in prompts)
     ids = np.array([[policy.tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    ours = timed(lambda: policy.sample(prompts, n, params=sampling.GREEDY, stop_tokens=[]), args.repeats)
+    ours = timed(lambda: policy.sample(prompts, n, params=GREEDY, stop_tokens=[]), args.repeats)
     with torch.no_grad():
       theirs = timed(lambda: ref.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
                                           max_new_tokens=n, min_new_tokens=n, do_sample=False,

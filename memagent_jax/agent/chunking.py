@@ -87,8 +87,10 @@ def split_text(text: str, tokenizer, *, piece_chars: int = PIECE_CHARS, final: b
     yield text[start:]
 
 
-def read_text_pieces(path: str, tokenizer, *, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
-  """Streams a UTF-8 file ('-' = stdin) as clean-cut text pieces; errors name the file and byte."""
+def read_text_pieces(path: str, tokenizer, *, piece_chars: int = PIECE_CHARS,
+                     read_bytes: int = READ_BYTES) -> Iterator[str]:
+  """Streams a UTF-8 file ('-' = stdin) as clean-cut text pieces, `read_bytes` at a time; errors name
+  the file and byte."""
   decoder = codecs.getincrementaldecoder("utf-8")("strict")
   offset, pending, chars, lines = 0, "", 0, 1
   try:
@@ -99,7 +101,7 @@ def read_text_pieces(path: str, tokenizer, *, piece_chars: int = PIECE_CHARS) ->
     raise IsADirectoryError(f"document is a directory, not a text file: {path}") from None
   with contextlib.nullcontext(f) if path == "-" else f:
     while True:
-      raw = f.read(READ_BYTES)
+      raw = f.read(read_bytes)
       held = decoder.getstate()[0]  # bytes of a character split across reads
       try:
         text = decoder.decode(raw, final=not raw)
@@ -145,12 +147,12 @@ def chunk_stream(token_arrays: Iterable[np.ndarray], chunk_tokens: int) -> Itera
     yield buf
 
 
-def text_pieces(tokenizer, document: str, *, name: str = "document",
-                from_file: bool = False) -> Iterator[str]:
+def text_pieces(tokenizer, document: str, *, name: str = "document", from_file: bool = False,
+                read_bytes: int = READ_BYTES) -> Iterator[str]:
   """Clean-cut pieces of a document given as text (checked for control characters here, at
   once) or as a file path ('-' = stdin) when `from_file` (checked as it is read)."""
   if from_file:
-    return read_text_pieces(document, tokenizer)
+    return read_text_pieces(document, tokenizer, read_bytes=read_bytes)
   if not isinstance(document, str):
     raise TypeError(f"{name} must be a str, got {type(document).__name__}")
   check_text(document, name)
@@ -158,9 +160,9 @@ def text_pieces(tokenizer, document: str, *, name: str = "document",
 
 
 def document_chunks(tokenizer, document: str, *, chunk_tokens: int, name: str = "document",
-                    from_file: bool = False) -> Iterator[np.ndarray]:
+                    from_file: bool = False, read_bytes: int = READ_BYTES) -> Iterator[np.ndarray]:
   """Chunks of a document given as text, or as a file path ('-' = stdin) when `from_file`."""
-  pieces = text_pieces(tokenizer, document, name=name, from_file=from_file)
+  pieces = text_pieces(tokenizer, document, name=name, from_file=from_file, read_bytes=read_bytes)
   return chunk_stream(token_stream(tokenizer, pieces, name), chunk_tokens)
 
 

@@ -15,7 +15,7 @@ from memagent_jax.agent.memagent import ContextBudgetError, encode_question
 from memagent_jax.agent.results import AgentResult, Conversation
 from memagent_jax.text.templates import DIRECT_TEMPLATE, TemplateSegments, answer_text_to_prediction
 from memagent_jax.text import answers
-from memagent_jax.policy.sampling import SamplingParams
+from memagent_jax.policy.decode_spec import DecodeSpec
 
 
 class DirectReader:
@@ -75,7 +75,7 @@ class DirectReader:
     prompts = [p for p, _ in built]
     longest = max(len(p) for p in prompts)
     gen = self.policy.sample(prompts, self.answer_tokens,
-                             params=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k),
+                             params=DecodeSpec(temperature=temperature, top_p=top_p, top_k=top_k),
                              seed=seed, cache_size=longest + self.answer_tokens)
     results = []
     for i, (prompt, n_doc) in enumerate(built):

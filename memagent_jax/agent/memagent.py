@@ -18,15 +18,15 @@ from tqdm.auto import tqdm
 
 from memagent_jax.agent import chunking
 from memagent_jax.agent.placement import RowPlacement
-from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_block
+from memagent_jax.agent.recurrence import ChunkBlock, MemoryRows, RecurrenceSpec, answer_block, memory_block
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
-from memagent_jax.models.attention import resolve_backend
 from memagent_jax.runtime import parallel
 from memagent_jax.runtime.device_clock import DeviceClock
 from memagent_jax.text.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
                                           TemplateSegments, answer_text_to_prediction)
 from memagent_jax.text import answers
-from memagent_jax.policy.sampling import SamplingParams, round_up, row_keys
+from memagent_jax.policy.decode_spec import DecodeSpec
+from memagent_jax.policy.sampling import round_up, row_keys
 
 
 def question_bucket(longest: int) -> int:
@@ -63,6 +63,9 @@ class MemAgent:
   With a `mesh`, the batch's rows (and their memories) are split over its ("data", "fsdp") axes
   and over processes: each process passes its own questions and documents and gets its own
   results, while the policy's params stay sharded as in training."""
+
+  # the compiled memory block (agent/recurrence.py) the reader runs; an instance may wrap its own
+  memory_block = staticmethod(memory_block)
 
   # The documented call `mj.MemAgent(policy, chunk_tokens=, memory_tokens=, answer_tokens=)` names the
   # three budgets; the rest default to the released reader (trainer: configs/base.py agent section).
@@ -108,7 +111,7 @@ class MemAgent:
     if choice != "auto":
       return choice == "on"
     prefix = len(self.memory_segments.pieces[0])
-    backend = resolve_backend(self.policy.model.attention, self.policy.dtype, self.policy.model.platform)
+    backend = self.policy.model.attention.resolve(self.policy.dtype)
     prompt = self.prompt_tokens(question_bucket(1))["memory update"]
     return backend == "xla" and prefix >= PREFIX_CACHE_SHARE * prompt
 
@@ -162,10 +165,9 @@ class MemAgent:
     return iter([ids[i:i + self.chunk_tokens] for i in range(0, len(ids), self.chunk_tokens)])
 
   # ----- running -------------------------------------------------------------------------------
-  def _spec(self, params: SamplingParams, keep_prompts: bool) -> RecurrenceSpec:
+  def _spec(self, keep_prompts: bool) -> RecurrenceSpec:
     return RecurrenceSpec(memory_tokens=self.memory_tokens, answer_tokens=self.answer_tokens,
-                          stop_tokens=self.stop_tokens, pad_id=self.pad_id, greedy=params.temperature == 0.0,
-                          top_k=params.top_k, use_top_p=params.top_p < 1.0, keep_prompts=keep_prompts,
+                          stop_tokens=self.stop_tokens, pad_id=self.pad_id, keep_prompts=keep_prompts,
                           reuse_prefix=self.reuse_prefix)
 
   # Documented public API (DESIGN.md): greedy unless asked, as `Policy.generate`.
@@ -185,17 +187,16 @@ class MemAgent:
     row_ids = np.arange(b) if row_ids is None else np.asarray(row_ids, np.int64)
     if row_ids.shape != (b,) or (b and (row_ids.min() < 0 or row_ids.max() >= 2 ** 32)):
       raise ValueError(f"row_ids must be {b} integers in [0, 2**32) (one per question); got {row_ids}")
-    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    spec = self._spec(params, keep_prompts)
+    decode = DecodeSpec(temperature=temperature, top_p=top_p, top_k=top_k)
+    spec = self._spec(keep_prompts)
     place = RowPlacement(self.mesh, b)
     question, q_len = self._question_ids(questions, place)
     streams = [self._chunks(d, i, from_files) for i, d in enumerate(documents)]
     memory = np.full((b, self.memory_width), self.pad_id, np.int32)
     memory[:, :len(self.initial_memory)] = self.initial_memory
-    memory, mem_len = place.put(memory), place.put(np.full((b,), len(self.initial_memory), np.int32))
-    question, q_len = place.put(question), place.put(q_len)
-    keys = place.put(np.asarray(row_keys(jax.random.PRNGKey(seed), row_ids)))  # [b, 2]
-    temp, tp = jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p)
+    rows = MemoryRows(question=place.put(question), q_len=place.put(q_len), memory=place.put(memory),
+                      mem_len=place.put(np.full((b,), len(self.initial_memory), np.int32)),
+                      keys=place.put(np.asarray(row_keys(jax.random.PRNGKey(seed), row_ids))))  # keys [b, 2]
     pol = self.policy
     conversations = [[] for _ in range(b)]
     memories = [[] for _ in range(b)]
@@ -203,16 +204,15 @@ class MemAgent:
     bar = tqdm(desc="reading", unit="tok", unit_scale=True, disable=not progress, leave=False)
     first_chunk = 0
     while True:
-      rows = [list(itertools.islice(s, self.block_chunks)) for s in streams]
-      if not place.any_process(any(rows)):  # every process runs the same blocks
+      pending = [list(itertools.islice(s, self.block_chunks)) for s in streams]
+      if not place.any_process(any(pending)):  # every process runs the same blocks
         break
-      chunks, lengths = chunking.pack_chunks(rows, num_steps=self.block_chunks,
+      chunks, lengths = chunking.pack_chunks(pending, num_steps=self.block_chunks,
                                              chunk_tokens=self.chunk_tokens, pad_id=self.pad_id)
+      block = ChunkBlock(chunks=place.put(chunks), lengths=place.put(lengths), first=jnp.int32(first_chunk))
       with self._trace_mesh(), self.device_clock.section():
-        memory, mem_len, outs = memory_block(
-            pol.graphdef, pol.state, pieces=self._memory_pieces, question=question, q_len=q_len, memory=memory,
-            mem_len=mem_len, chunks=place.put(chunks), chunk_len=place.put(lengths), keys=keys,
-            first_chunk=jnp.int32(first_chunk), temperature=temp, top_p=tp, spec=spec)
+        rows, outs = self.memory_block(pol.graphdef, pol.state, pieces=self._memory_pieces, rows=rows, block=block,
+                                       decode=decode, spec=spec)
         outs = place.local(outs, row_axis=1)  # to the host: waits for the block
       first_chunk += self.block_chunks
       self._collect(outs, conversations, memories=memories, is_final=False)
@@ -220,9 +220,8 @@ class MemAgent:
       bar.update(int(lengths.sum()))
     bar.close()
     with self._trace_mesh(), self.device_clock.section():
-      prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, question=question,
-                                        q_len=q_len, memory=memory, mem_len=mem_len, keys=keys,
-                                        temperature=temp, top_p=tp, spec=spec)
+      prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, rows=rows,
+                                        decode=decode, spec=spec)
       prompt, valid, gen = place.local((prompt, valid, gen))
     final = dict(response=gen.tokens[None], logprobs=gen.logprobs[None],
                  sample_logprobs=gen.sample_logprobs[None], response_len=gen.lengths[None],

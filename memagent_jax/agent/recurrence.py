@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.policy.sampling import Generation, fold_rows, prefix_cache, sample_from_prompts
+from memagent_jax.policy.decode_spec import DecodeSpec
+from memagent_jax.policy.sampling import Generation, PromptRows, fold_rows, prefix_cache, sample_from_prompts
 
 FINAL_STREAM = 0xFFFFFFFF  # the final answer's key is fold_in(row key, FINAL_STREAM); chunk k uses k
 
@@ -27,11 +29,24 @@ class RecurrenceSpec:
   answer_tokens: int  # new-token cap of the final answer
   stop_tokens: tuple[int, ...]
   pad_id: int
-  greedy: bool
-  top_k: int  # 0: off
-  use_top_p: bool
   keep_prompts: bool  # return the assembled prompts (RL needs them; long reads may not)
   reuse_prefix: bool  # compute the template's first piece once per block, not once per row and chunk
+
+
+class MemoryRows(NamedTuple):
+  """Each row's state from block to block: its question, its memory so far and its PRNG key."""
+  question: jax.Array  # [B, Q] int32 question ids, padded after q_len
+  q_len: jax.Array  # [B] int32
+  memory: jax.Array  # [B, M] int32 memory ids, padded after mem_len
+  mem_len: jax.Array  # [B] int32
+  keys: jax.Array  # [B, 2] uint32: chunk k samples with fold_in(keys[r], k), the answer with FINAL_STREAM
+
+
+class ChunkBlock(NamedTuple):
+  """The next K chunks of every row's document, read by one `memory_block`."""
+  chunks: jax.Array  # [B, K, C] int32 chunk ids, padded after lengths
+  lengths: jax.Array  # [B, K] int32 tokens per chunk (0: the row's document has ended, inactive)
+  first: jax.Array  # [] int32 index in the document of this block's chunk 0
 
 
 def pack_left(parts, pad_id: int):
@@ -70,31 +85,25 @@ def _empty_generation(b: int, n: int, pad_id: int) -> Generation:
                     jnp.zeros((b,), bool), jnp.int32(0))
 
 
-def _sample(model, tokens, valid, *, keys, temperature, top_p, inactive, n: int, spec: RecurrenceSpec,
+def _sample(model, tokens, valid, *, keys, inactive, n: int, decode: DecodeSpec, spec: RecurrenceSpec,
             prefix=None):
   """Up to n new tokens for left-padded prompts tokens, valid [B, P]; inactive [B] rows generate none.
   prefix: the KV of the template piece every prompt starts with (`sampling.prefix_cache`) or None."""
-  stops = jnp.broadcast_to(jnp.asarray(spec.stop_tokens or (-1,), jnp.int32)[None],
-                           (tokens.shape[0], max(1, len(spec.stop_tokens))))
-  return sample_from_prompts(
-      model, tokens, valid, stop_tokens=stops, keys=keys, temperature=temperature, top_p=top_p,
-      done=inactive, max_new_tokens=n, cache_size=tokens.shape[1] + n, greedy=spec.greedy,
-      top_k=spec.top_k, use_top_p=spec.use_top_p, pad_id=spec.pad_id, prefix=prefix)
+  b = tokens.shape[0]
+  stops = jnp.broadcast_to(jnp.asarray(spec.stop_tokens or (-1,), jnp.int32)[None], (b, max(1, len(spec.stop_tokens))))
+  rows = PromptRows(tokens=tokens, valid=valid, keys=keys, stop_tokens=stops, inactive=inactive)
+  return sample_from_prompts(model, rows, decode, max_new_tokens=n, pad_id=spec.pad_id, prefix=prefix)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
-def memory_block(graphdef, state, *, pieces, question, q_len, memory, mem_len, chunks, chunk_len,
-                 keys, first_chunk, temperature, top_p, spec: RecurrenceSpec):
-  """K memory updates in one scan.
-
-  pieces: 4 template pieces [L_i]; question [B, Q], q_len [B]; memory [B, M], mem_len [B];
-  chunks [B, K, C], chunk_len [B, K] (0 = inactive); keys [B, 2] one PRNG key per row: chunk
-  first_chunk + k samples with fold_in(keys[r], first_chunk + k), so a row's trajectory depends
-  on its own key alone (not on the batch, the block size or the device count).
-  Returns (memory, mem_len, per-step outputs stacked [K, B, ...]).
-  """
+def memory_block(graphdef, state, *, pieces, rows: MemoryRows, block: ChunkBlock, decode: DecodeSpec,
+                 spec: RecurrenceSpec):
+  """K memory updates in one scan: pieces are the 4 template pieces [L_i]. Chunk block.first + k of
+  row r samples with fold_in(rows.keys[r], block.first + k), so a row's trajectory depends on its
+  own key alone (not on the batch, the block size or the device count).
+  Returns (rows with the new memories, per-step outputs stacked [K, B, ...])."""
   model = nnx.merge(graphdef, state)
-  b, m = memory.shape
+  b, m = rows.memory.shape
   n = spec.memory_tokens
   prefix = prefix_cache(model, pieces[0]) if spec.reuse_prefix else None  # the same for every step
 
@@ -102,14 +111,14 @@ def memory_block(graphdef, state, *, pieces, question, q_len, memory, mem_len, c
     memory, mem_len = carry
     chunk, clen, k = xs  # [B, C], [B], []
     active = clen > 0
-    step_keys = fold_rows(keys, (first_chunk + k).astype(jnp.uint32))
-    tokens, valid = pack_left([_fixed(pieces[0], b), (question, q_len), _fixed(pieces[1], b),
+    step_keys = fold_rows(rows.keys, (block.first + k).astype(jnp.uint32))
+    tokens, valid = pack_left([_fixed(pieces[0], b), (rows.question, rows.q_len), _fixed(pieces[1], b),
                                (memory, mem_len), _fixed(pieces[2], b), (chunk, clen),
                                _fixed(pieces[3], b)], spec.pad_id)
     gen = jax.lax.cond(
         jnp.any(active),
-        lambda: _sample(model, tokens, valid, keys=step_keys, temperature=temperature, top_p=top_p,
-                        inactive=~active, n=n, spec=spec, prefix=prefix),
+        lambda: _sample(model, tokens, valid, keys=step_keys, inactive=~active, n=n, decode=decode, spec=spec,
+                        prefix=prefix),
         lambda: _empty_generation(b, n, spec.pad_id))
     new_memory, new_len = _strip_stop(gen, m, spec.pad_id)
     memory = jnp.where(active[:, None], new_memory, memory)
@@ -121,20 +130,19 @@ def memory_block(graphdef, state, *, pieces, question, q_len, memory, mem_len, c
       out["prompt"] = tokens
     return (memory, mem_len), out
 
-  xs = (jnp.swapaxes(chunks, 0, 1), jnp.swapaxes(chunk_len, 0, 1), jnp.arange(chunks.shape[1]))
-  (memory, mem_len), outs = jax.lax.scan(step, (memory, mem_len), xs)
-  return memory, mem_len, outs
+  xs = (jnp.swapaxes(block.chunks, 0, 1), jnp.swapaxes(block.lengths, 0, 1), jnp.arange(block.chunks.shape[1]))
+  (memory, mem_len), outs = jax.lax.scan(step, (rows.memory, rows.mem_len), xs)
+  return rows._replace(memory=memory, mem_len=mem_len), outs
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
-def answer_block(graphdef, state, *, pieces, question, q_len, memory, mem_len, keys, temperature,
-                 top_p, spec: RecurrenceSpec):
+def answer_block(graphdef, state, *, pieces, rows: MemoryRows, decode: DecodeSpec, spec: RecurrenceSpec):
   """The final conversation: question + final memory -> answer, row r sampled with
-  fold_in(keys[r], FINAL_STREAM). Returns (prompt [B, P], valid, gen)."""
+  fold_in(rows.keys[r], FINAL_STREAM); pieces are the 3 final-template pieces. Returns (prompt [B, P], valid, gen)."""
   model = nnx.merge(graphdef, state)
-  b = question.shape[0]
-  tokens, valid = pack_left([_fixed(pieces[0], b), (question, q_len), _fixed(pieces[1], b),
-                             (memory, mem_len), _fixed(pieces[2], b)], spec.pad_id)
-  gen = _sample(model, tokens, valid, keys=fold_rows(keys, jnp.uint32(FINAL_STREAM)), temperature=temperature,
-                top_p=top_p, inactive=jnp.zeros((b,), bool), n=spec.answer_tokens, spec=spec)
+  b = rows.question.shape[0]
+  tokens, valid = pack_left([_fixed(pieces[0], b), (rows.question, rows.q_len), _fixed(pieces[1], b),
+                             (rows.memory, rows.mem_len), _fixed(pieces[2], b)], spec.pad_id)
+  gen = _sample(model, tokens, valid, keys=fold_rows(rows.keys, jnp.uint32(FINAL_STREAM)), inactive=jnp.zeros((b,), bool),
+                n=spec.answer_tokens, decode=decode, spec=spec)
   return tokens, valid, gen

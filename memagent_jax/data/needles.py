@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Sequence
 
 from memagent_jax.data import words as W
 
@@ -15,22 +16,26 @@ def needle(kind: str, key: str, value: str) -> str:
   return NEEDLE.format(kind=kind, key=key, value=value)
 
 
-def random_item(rng: random.Random, kind: str) -> str:
-  """A 7-digit number, a version-4 uuid, or an "adjective-noun" word, as RULER draws them."""
+WORDS = (W.KEY_ADJECTIVES, W.KEY_NOUNS)  # what "adjective-noun" word items are drawn from
+
+
+def random_item(rng: random.Random, kind: str, words: tuple[Sequence[str], Sequence[str]] = WORDS) -> str:
+  """A 7-digit number, a version-4 uuid, or an "adjective-noun" word (from `words`), as RULER draws them."""
   if kind == "numbers":
     return str(rng.randint(10**6, 10**7 - 1))
   if kind == "uuids":
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
   if kind == "words":
-    return f"{rng.choice(W.KEY_ADJECTIVES)}-{rng.choice(W.KEY_NOUNS)}"
+    return f"{rng.choice(words[0])}-{rng.choice(words[1])}"
   raise ValueError(f"unknown needle kind {kind!r}; known: {', '.join(KINDS)}")
 
 
-def distinct_items(rng: random.Random, kind: str, k: int, exclude: set[str]) -> list[str]:
+def distinct_items(rng: random.Random, kind: str, k: int, exclude: set[str],
+                   words: tuple[Sequence[str], Sequence[str]] = WORDS) -> list[str]:
   """k new items not in `exclude`; adds them to `exclude` so answers are never ambiguous."""
   out = []
   while len(out) < k:
-    item = random_item(rng, kind)
+    item = random_item(rng, kind, words)
     if item not in exclude:
       exclude.add(item)
       out.append(item)

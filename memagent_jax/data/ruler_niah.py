@@ -23,6 +23,8 @@ class NiahSpec:
   num_keys: int = 1  # needles with distinct keys: the queried ones plus distractors
   num_values: int = 1  # values per key (all must be returned)
   num_queries: int = 1  # keys asked about
+  # (adjectives, nouns) that "words" keys and values are drawn from
+  words: tuple[tuple[str, ...], tuple[str, ...]] = dataclasses.field(default=N.WORDS, repr=False)
 
   def __post_init__(self):
     if self.haystack not in HAYSTACKS:
@@ -51,8 +53,8 @@ class _NeedleFiller:
 
   def __call__(self, i: int) -> str:
     while len(self._units) <= i:
-      key = N.random_item(self._rng, self._spec.key_kind)
-      value = N.random_item(self._rng, self._spec.value_kind)
+      key = N.random_item(self._rng, self._spec.key_kind, self._spec.words)
+      value = N.random_item(self._rng, self._spec.value_kind, self._spec.words)
       if key in self._bad_keys or value in self._bad_values:
         continue
       self._units.append(N.needle(self._spec.value_kind, key, value))
@@ -74,8 +76,8 @@ def make_niah(spec: NiahSpec, rng: random.Random, length: int,
   """One sample whose context has as many tokens as fit in `length` (context only)."""
   used_keys: set[str] = set()
   used_values: set[str] = set()
-  keys = N.distinct_items(rng, spec.key_kind, spec.num_keys, used_keys)
-  values = [N.distinct_items(rng, spec.value_kind, spec.num_values, used_values) for _ in keys]
+  keys = N.distinct_items(rng, spec.key_kind, spec.num_keys, used_keys, spec.words)
+  values = [N.distinct_items(rng, spec.value_kind, spec.num_values, used_values, spec.words) for _ in keys]
   needles = [N.needle(spec.value_kind, k, v) for k, vs in zip(keys, values) for v in vs]
   rng.shuffle(needles)
   depths = sorted(rng.random() for _ in needles)

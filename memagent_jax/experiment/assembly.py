@@ -21,7 +21,7 @@ from memagent_jax.experiment.config_checks import validate_config
 from memagent_jax.policy.loading import load_policy
 from memagent_jax.rl.rollout import RolloutCollector
 from memagent_jax.rl.teacher_rows import TeacherCollector
-from memagent_jax.rl.trainer import Trainer
+from memagent_jax.rl.trainer import StepPrograms, Trainer
 from memagent_jax.runtime import parallel
 
 
@@ -156,10 +156,10 @@ class Experiment:
   trainer: Trainer
 
 
-def build_experiment(cfg, workdir: str | None = None) -> Experiment:
+def build_experiment(cfg, workdir: str | None = None, *, programs: StepPrograms = StepPrograms()) -> Experiment:
   """The config turned into its parts, once: validate, start the runtime, load the policy, build
   the reader, draw the data, pick the collector (RL rollouts or teacher rows), the evaluator and
-  the trainer (which restores the newest readable checkpoint of workdir)."""
+  the trainer (which restores the newest readable checkpoint of workdir; `programs`: what its steps run)."""
   validate_config(cfg)
   mesh, rules = start_runtime(cfg)
   policy = load_policy_of(cfg)
@@ -195,13 +195,13 @@ def build_experiment(cfg, workdir: str | None = None) -> Experiment:
   trainer = Trainer(specs.train_spec(cfg), update=specs.update_spec(cfg, loss_from=loss_from),
                     optim=specs.optim_spec(cfg), workdir=workdir or cfg.train.workdir, mesh=mesh, rules=rules,
                     policy=policy, collector=collector, batches=batches, evaluate=evaluator, shared_prefix=shared,
-                    config_json=cfg.to_json_best_effort())
+                    config_json=cfg.to_json_best_effort(), programs=programs)
   return Experiment(cfg, mesh, policy, agent, pool, evaluator, trainer)
 
 
-def build_trainer(cfg, workdir: str | None = None) -> Trainer:
+def build_trainer(cfg, workdir: str | None = None, *, programs: StepPrograms = StepPrograms()) -> Trainer:
   """`build_experiment(cfg, workdir).trainer`: what a training entry point needs."""
-  return build_experiment(cfg, workdir).trainer
+  return build_experiment(cfg, workdir, programs=programs).trainer
 
 
 def train_phases(cfg, workdir: str | None = None, build=None) -> dict:

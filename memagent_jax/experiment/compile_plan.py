@@ -17,11 +17,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.agent.memagent import question_bucket
 from memagent_jax.experiment import specs
-from memagent_jax.agent.recurrence import RecurrenceSpec, answer_block, memory_block
+from memagent_jax.agent.recurrence import ChunkBlock, MemoryRows, RecurrenceSpec, answer_block, memory_block
 from memagent_jax.models.attention import resolve_backend
 from memagent_jax.models.config import PRESETS, get_preset
 from memagent_jax.models.decoder import Decoder
 from memagent_jax.models.hf_weights import read_hf_config
+from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.policy.loading import EMBEDDED_DEFAULT, load_tokenizer, tokenizer_source_for_preset
 from memagent_jax.rl import update as upd
 from memagent_jax.rl.batching import bucket_rows
@@ -155,17 +156,18 @@ def build_programs(cfg, mesh, rules, *, platform: str = "tpu") -> tuple[list[Pro
   stops = tuple(tokenizer.stop_token_ids)
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   spec = RecurrenceSpec(memory_tokens=a.memory_tokens, answer_tokens=a.answer_tokens, stop_tokens=stops,
-                        pad_id=pad, greedy=rl.temperature == 0, top_k=0, use_top_p=rl.top_p < 1.0,
-                        keep_prompts=True, reuse_prefix=a.template_prefix_cache == "on")
+                        pad_id=pad, keep_prompts=True, reuse_prefix=a.template_prefix_cache == "on")
   i32, f32 = jnp.int32, jnp.float32
-  row = dict(question=_rows(mesh, (b, s.question_width), i32), q_len=_rows(mesh, (b,), i32),
-             memory=_rows(mesh, (b, s.memory_width), i32), mem_len=_rows(mesh, (b,), i32),
-             keys=_rows(mesh, (b, 2), jnp.uint32), temperature=_replicated(mesh, (), f32),
-             top_p=_replicated(mesh, (), f32))
+  rows = MemoryRows(question=_rows(mesh, (b, s.question_width), i32), q_len=_rows(mesh, (b,), i32),
+                    memory=_rows(mesh, (b, s.memory_width), i32), mem_len=_rows(mesh, (b,), i32),
+                    keys=_rows(mesh, (b, 2), jnp.uint32))
+  decode = jax.tree.map(lambda _: _replicated(mesh, (), f32),  # temperature, top-p: traced leaves
+                        DecodeSpec(temperature=rl.temperature, top_p=rl.top_p))
+  row = dict(rows=rows, decode=decode)
+  block = ChunkBlock(chunks=_rows(mesh, (b, s.block_chunks, s.chunk_tokens), i32),
+                     lengths=_rows(mesh, (b, s.block_chunks), i32), first=_replicated(mesh, (), i32))
   memory = Program("rollout", memory_block, (graphdef, rollout_params), dict(
-      pieces=tuple(_replicated(mesh, (n,), i32) for n in s.pieces),
-      chunks=_rows(mesh, (b, s.block_chunks, s.chunk_tokens), i32), chunk_len=_rows(mesh, (b, s.block_chunks), i32),
-      first_chunk=_replicated(mesh, (), i32), spec=spec, **row),
+      pieces=tuple(_replicated(mesh, (n,), i32) for n in s.pieces), block=block, spec=spec, **row),
       f"memory_block: {s.block_chunks} memory updates of {b} rows (prompt <= {s.prompt_width}, "
       f"{a.memory_tokens} new tokens each)")
   answer = Program("answer", answer_block, (graphdef, rollout_params), dict(

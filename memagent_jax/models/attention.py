@@ -8,6 +8,7 @@ score tensor for long rows. `model.attention` = auto | xla | cudnn | splash pick
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -15,17 +16,8 @@ import jax
 import jax.numpy as jnp
 
 BACKENDS = ("auto", "xla", "cudnn", "splash")
-# xla backend: prefill attention runs in query blocks of this many tokens, each against only the
-# keys it can see (causal), which halves attention FLOPs and keeps score tensors small.
-QUERY_BLOCK = 512
-# xla backend: square attention longer than this runs block by block in a loop (bounded memory).
-SCAN_PREFILL_FROM = 8192
 # A very negative (finite) score so fully masked rows give a uniform softmax, never NaN.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-# Tests set these to run the fused backends' glue on CPU: the `jax.nn.dot_product_attention`
-# implementation behind `cudnn`, and Pallas interpret mode for `splash`.
-CUDNN_IMPLEMENTATION = "cudnn"
-SPLASH_INTERPRET = False
 _HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -40,13 +32,15 @@ def _has_cudnn() -> bool:
   return cuda_versions is not None
 
 
-def check_backend(name: str, platform: str | None = None) -> str:
+def check_backend(name: str, platform: str | None = None, *, has_cudnn: bool | None = None) -> str:
   """Validates a `model.attention` choice against the platform the program is compiled for (default:
-  this process's; a compile-only TPU target passes "tpu" from a CPU host); returns it."""
+  this process's; a compile-only TPU target passes "tpu" from a CPU host); returns it.
+  has_cudnn: whether the GPU has cuDNN attention (None: as this process's jaxlib says)."""
   if name not in BACKENDS:
     raise ValueError(f"model.attention={name!r} is not a backend; choose one of {', '.join(BACKENDS)}")
   platform = platform or jax.default_backend()
-  if name == "cudnn" and not (platform == "gpu" and _has_cudnn()):
+  has_cudnn = _has_cudnn() if has_cudnn is None else has_cudnn
+  if name == "cudnn" and not (platform == "gpu" and has_cudnn):
     where = "a GPU without cuDNN bindings" if platform == "gpu" else f"platform {platform!r}"
     raise ValueError(f"model.attention='cudnn' needs an NVIDIA GPU with cuDNN, but this process "
                      f"runs on {where}; use model.attention='xla' (portable) or 'auto' (picks by platform)")
@@ -56,17 +50,18 @@ def check_backend(name: str, platform: str | None = None) -> str:
   return name
 
 
-def resolve_backend(name: str, dtype, platform: str | None = None) -> str:
+def resolve_backend(name: str, dtype, platform: str | None = None, *, has_cudnn: bool | None = None) -> str:
   """'auto' -> splash on TPU, cudnn on an NVIDIA GPU for 16-bit activations, else xla (cuDNN flash
   attention has no float32 kernel). An explicit choice the platform or dtype lacks raises.
-  platform: where the program runs (default: this process's backend)."""
+  platform: where the program runs (default: this process's backend); has_cudnn: see check_backend."""
   platform = platform or jax.default_backend()
-  check_backend(name, platform)
+  has_cudnn = _has_cudnn() if has_cudnn is None else has_cudnn
+  check_backend(name, platform, has_cudnn=has_cudnn)
   half = jnp.dtype(dtype) in _HALF_DTYPES
   if name == "auto":
     if platform == "tpu":
       return "splash"
-    return "cudnn" if half and platform == "gpu" and _has_cudnn() else "xla"
+    return "cudnn" if half and platform == "gpu" and has_cudnn else "xla"
   if name == "cudnn" and not half:
     raise ValueError(f"model.attention='cudnn' runs bfloat16 or float16 activations only (cuDNN flash "
                      f"attention has no {jnp.dtype(dtype).name} kernel); set model.dtype='bfloat16' or "
@@ -74,15 +69,49 @@ def resolve_backend(name: str, dtype, platform: str | None = None) -> str:
   return name
 
 
-def attend(q, k, v, key_valid, *, q_offset=0, backend: str = "auto", query_block: int = QUERY_BLOCK,
-           scan_from: int = SCAN_PREFILL_FROM, platform: str | None = None):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionSpec:
+  """Everything attention reads while tracing (hashable: a static field of the Decoder).
+
+  emulate_kernels runs a fused backend's glue on any platform with a stand-in kernel: `cudnn` with the
+  XLA implementation of `jax.nn.dot_product_attention`, `splash` with its Pallas kernel in interpret
+  mode; the platform check is skipped for them (tests, CPU debugging)."""
+  backend: str = "auto"  # auto | xla | cudnn | splash (`model.attention`)
+  platform: str | None = None  # where the programs run (None: this process's backend)
+  # xla backend: prefill attention runs in query blocks of this many tokens, each against only the
+  # keys it can see (causal), which halves attention FLOPs and keeps score tensors small.
+  query_block: int = 512
+  # xla backend: square attention longer than this runs block by block in a loop (bounded memory).
+  scan_from: int = 8192
+  emulate_kernels: bool = False
+
+  def __post_init__(self):
+    if self.backend not in BACKENDS:
+      check_backend(self.backend)  # raises, naming the backends
+    if self.query_block < 1 or self.scan_from < 1:
+      raise ValueError(f"AttentionSpec: query_block={self.query_block} and scan_from={self.scan_from} "
+                       "must be >= 1")
+
+  def check(self) -> "AttentionSpec":
+    """Raises when the platform lacks the chosen backend (unless emulated); returns self."""
+    if not (self.emulate_kernels and self.backend in ("cudnn", "splash")):
+      check_backend(self.backend, self.platform)
+    return self
+
+  def resolve(self, dtype) -> str:
+    """The backend that runs activations of `dtype` (see resolve_backend)."""
+    if self.emulate_kernels and self.backend in ("cudnn", "splash"):
+      return self.backend
+    return resolve_backend(self.backend, dtype, self.platform)
+
+
+def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpec()):
   """Causal attention over slots. q [B, T, H, D]; k, v [B, K, S, D] (H = G * K); key_valid [B, S]
   -> [B, T, H, D]. Query t sits at slot q_offset + t and sees the valid keys at slots <= its own.
 
-  T == S (a whole row, q_offset 0: training, prefill) runs on the chosen backend; T < S (decoding
+  T == S (a whole row, q_offset 0: training, prefill) runs on the spec's backend; T < S (decoding
   against a cache) always runs on xla, whose mask is then only [B, T, S] for a few queries.
-  Outputs at padding queries are unspecified (finite); nothing downstream reads them.
-  platform: where the program will run (the model's target; default this process's backend)."""
+  Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
   b, t, h, d = q.shape
   s = k.shape[2]
   if k.shape[0] != b or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
@@ -94,13 +123,13 @@ def attend(q, k, v, key_valid, *, q_offset=0, backend: str = "auto", query_block
     raise ValueError(f"attend: {t} queries but only {s} key slots; queries must be slots of the keys")
   if t == s and isinstance(q_offset, int) and q_offset:
     raise ValueError(f"attend: T == S == {t} means the queries are slots 0..{t - 1}; got q_offset={q_offset}")
-  kind = resolve_backend(backend, q.dtype, platform)
+  kind = spec.resolve(q.dtype)
   if t == s and kind == "cudnn":
-    return cudnn_attention(q, k, v, key_valid)
+    return cudnn_attention(q, k, v, key_valid, implementation="xla" if spec.emulate_kernels else "cudnn")
   if t == s and kind == "splash":
-    return _per_shard(splash_attention, q, k, v, key_valid)
-  return xla_attention(q, k, v, key_valid, q_offset=q_offset, query_block=query_block,
-                       scan_from=scan_from)
+    return _per_shard(functools.partial(splash_attention, interpret=spec.emulate_kernels), q, k, v, key_valid)
+  return xla_attention(q, k, v, key_valid, q_offset=q_offset, query_block=spec.query_block,
+                       scan_from=spec.scan_from)
 
 
 # --- xla: portable, masks built per query block ----------------------------------------------
@@ -111,9 +140,9 @@ def slot_mask(key_valid, first_row, rows: int):
   return (slots[:, None] >= jnp.arange(key_valid.shape[1])[None, :])[None] & key_valid[:, None, :]
 
 
-def xla_attention(q, k, v, key_valid, *, q_offset=0, query_block: int = QUERY_BLOCK,
-                  scan_from: int = SCAN_PREFILL_FROM):
-  """Plain XLA attention; long rows in causal query blocks, the longest in a loop (see constants)."""
+def xla_attention(q, k, v, key_valid, *, q_offset=0, query_block: int = AttentionSpec.query_block,
+                  scan_from: int = AttentionSpec.scan_from):
+  """Plain XLA attention; long rows in causal query blocks, the longest in a loop (see AttentionSpec)."""
   t, s = q.shape[1], k.shape[2]
   if (t == s and t > scan_from) or (t < s and t > query_block):
     return _mapped_blocks(q, k, v, key_valid, q_offset, query_block)
@@ -167,12 +196,13 @@ def _rows_take(x, index):
   return jax.vmap(lambda row, i: jnp.take(row, i, axis=0))(x, index)
 
 
-def cudnn_attention(q, k, v, key_valid):
+def cudnn_attention(q, k, v, key_valid, *, implementation: str = "cudnn"):
   """Fused causal attention on whole rows. The kernel takes padding only as sequence lengths
   (real tokens first), so each row's valid tokens are packed to the front in order (a per-row
   gather; for a left-padded prompt it is a roll), run with length = their count, and moved back.
   Causal over the packed order equals causal over slots restricted to valid keys: RoPE positions
-  were applied before packing. q [B, T, H, D]; k, v [B, K, T, D]; key_valid [B, T]."""
+  were applied before packing. q [B, T, H, D]; k, v [B, K, T, D]; key_valid [B, T].
+  implementation: of `jax.nn.dot_product_attention` ("xla" runs the glue without a GPU)."""
   ones = key_valid.astype(jnp.int32)
   count = jnp.sum(ones, axis=1)  # [B]
   src = jnp.argsort(1 - ones, axis=1, stable=True)  # [B, T] packed slot j <- row slot src[b, j]
@@ -182,7 +212,7 @@ def cudnn_attention(q, k, v, key_valid):
   vp = _rows_take(v.swapaxes(1, 2), src)
   lengths = jnp.maximum(count, 1)  # an all-padding row attends to one slot: finite, then zeroed
   out = jax.nn.dot_product_attention(qp, kp, vp, is_causal=True, query_seq_lengths=lengths,
-                                     key_value_seq_lengths=lengths, implementation=CUDNN_IMPLEMENTATION)
+                                     key_value_seq_lengths=lengths, implementation=implementation)
   out = _rows_take(out, dest)  # [B, T, H, D] back in slot order
   return jnp.where(key_valid[:, :, None, None], out, 0).astype(q.dtype)
 
@@ -224,11 +254,12 @@ def _splash_kernel(t: int, heads: int, interpret: bool):
   return sk.make_splash_mqa(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
-def splash_attention(q, k, v, key_valid):
+def splash_attention(q, k, v, key_valid, *, interpret: bool = False):
   """Pallas TPU splash attention on whole rows: causal as a static block-sparse mask, padding as
   segment ids (1 = real token, 0 = padding; a query sees only keys of its own segment, and every
   query sees itself, so no softmax row is empty). Each kv head runs the G query heads it serves
-  as one multi-query kernel. q [B, T, H, D]; k, v [B, K, T, D]; key_valid [B, T]."""
+  as one multi-query kernel. q [B, T, H, D]; k, v [B, K, T, D]; key_valid [B, T].
+  interpret: Pallas interpret mode (runs the kernel without a TPU)."""
   # TPU backend only (see _splash_kernel)
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   b, t, h, d = q.shape
@@ -239,7 +270,7 @@ def splash_attention(q, k, v, key_valid):
   qg = (q * jnp.asarray(d ** -0.5, q.dtype)).reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
   qg, kp, vp = pad(qg, 3), pad(k, 2), pad(v, 2)
   segments = pad(key_valid.astype(jnp.int32), 1)  # [B, Tp]; the tail padding is segment 0
-  kernel = _splash_kernel(tp, g, SPLASH_INTERPRET)
+  kernel = _splash_kernel(tp, g, interpret)
   one = lambda qh, kh_, vh, seg: kernel(qh, kh_, vh, segment_ids=sk.SegmentIds(q=seg, kv=seg))
   out = jax.vmap(jax.vmap(one, in_axes=(0, 0, 0, None)))(qg, kp, vp, segments)  # [B, K, G, Tp, D]
   return out[:, :, :, :t].transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(q.dtype)

@@ -7,25 +7,15 @@ names (`out_sharding` metadata) that `parallel.py` maps to mesh axes.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models.attention import QUERY_BLOCK, SCAN_PREFILL_FROM, attend, check_backend
+from memagent_jax.models.attention import AttentionSpec, attend
 from memagent_jax.models.config import ModelConfig
-
-# QUERY_BLOCK and SCAN_PREFILL_FROM (the xla backend's tiling) are read from this module at trace
-# time and passed to `attend`, so tests can shrink them to send short inputs down the long paths.
-
-
-class LayerCache(NamedTuple):
-  """Static-shape key/value cache of one layer: k, v [B, K, S, D] (K = kv heads, S = slots).
-  tokens [B, S]: the token id in each slot, kept by layer 0 of a token-shift model (else None)."""
-  k: jax.Array
-  v: jax.Array
-  tokens: jax.Array | None = None
+from memagent_jax.models.kv_cache import KVCache, LayerCache
 
 
 def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal") -> nnx.Param:
@@ -91,8 +81,7 @@ class Attention(nnx.Module):
     else:
       self.q_bias = self.k_bias = self.v_bias = None
 
-  def __call__(self, x, cos, sin, key_valid, cache: LayerCache | None, write_index, backend: str,
-               platform: str | None = None):
+  def __call__(self, x, cos, sin, key_valid, cache: LayerCache | None, write_index, spec: AttentionSpec):
     """x [B, T, E]; key_valid [B, S]: key slots holding real tokens. Keys are the first S cache
     slots after writing this call's T keys at `write_index`; without a cache S == T. Queries sit
     at slots write_index.. and attend causally over slots (see attention.attend)."""
@@ -109,8 +98,7 @@ class Attention(nnx.Module):
                              v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
       s = key_valid.shape[-1]
       k, v = cache.k[:, :, :s].astype(x.dtype), cache.v[:, :, :s].astype(x.dtype)
-    out = attend(q, k, v, key_valid, q_offset=write_index, backend=backend,
-                 query_block=QUERY_BLOCK, scan_from=SCAN_PREFILL_FROM, platform=platform)
+    out = attend(q, k, v, key_valid, q_offset=write_index, spec=spec)
     b, t = out.shape[:2]
     return dense(out.reshape(b, t, -1), self.o[...].reshape(-1, self.o.shape[-1])), cache
 
@@ -138,8 +126,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
     self.mlp = MLP(cfg, dtype, rngs)
 
-  def __call__(self, x, cos, sin, key_valid, cache, write_index, backend: str, platform: str | None = None):
-    h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, backend, platform)
+  def __call__(self, x, cos, sin, key_valid, cache, write_index, spec: AttentionSpec):
+    h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, spec)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -160,19 +148,24 @@ def remat_policy(remat: str | bool):
           "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
 
 
+def _attention_spec(attention: str | AttentionSpec, platform: str | None) -> AttentionSpec:
+  """A backend name or spec -> a checked spec whose platform is set (default: this process's)."""
+  spec = AttentionSpec(backend=attention) if isinstance(attention, str) else attention
+  return dataclasses.replace(spec, platform=platform or spec.platform or jax.default_backend()).check()
+
+
 class Decoder(nnx.Module):
   """Token ids -> final hidden states; `logits` projects them onto the vocabulary."""
 
-  def __init__(self, cfg: ModelConfig, dtype=jnp.float32, *, attention: str = "auto", platform: str | None = None,
-               rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, dtype=jnp.float32, *, attention: str | AttentionSpec = "auto",
+               platform: str | None = None, rngs: nnx.Rngs):
     self.config = cfg
     self.dtype = jnp.dtype(dtype)
-    # The platform the model's programs are compiled for (default: this process's backend; "tpu" when
-    # compiling for compile-only TPU devices from a CPU host). Static, like the backend.
-    self.platform = platform or jax.default_backend()
-    # Attention backend (auto | xla | cudnn | splash, see attention.py); static, checked here so an
-    # unavailable choice fails at load time. Set it on a built model with `set_attention`.
-    self.attention = check_backend(attention, self.platform)
+    # How attention is traced (backend auto | xla | cudnn | splash, the platform the programs are
+    # compiled for: this process's backend, or "tpu" for compile-only TPU devices from a CPU host,
+    # the xla tiling; see attention.AttentionSpec). Static, checked here so an unavailable choice
+    # fails at load time. Set it on a built model with `set_attention`.
+    self.attention = _attention_spec(attention, platform)
     self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
     self.layers = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
@@ -182,58 +175,65 @@ class Decoder(nnx.Module):
     self.token_shift = (_param(None, (cfg.token_shift, cfg.vocab_size, cfg.hidden_size),
                                (None, "vocab", "embed"), dtype, init="zeros") if cfg.token_shift else None)
 
-  def set_attention(self, backend: str, platform: str | None = None):
-    """Switches the attention backend (after loading weights into a model built with the default),
-    and the target platform when given."""
-    self.platform = platform or self.platform
-    self.attention = check_backend(backend, self.platform)
+  @property
+  def platform(self) -> str:
+    """The platform the model's programs are compiled for."""
+    return self.attention.platform
 
-  def __call__(self, tokens, positions, key_valid, cache=None, write_index=0, remat: str | bool = "none"):
-    """tokens, positions [B, T]; key_valid [B, S] -> (hidden [B, T, E], new cache list or None).
+  def set_attention(self, attention: str | AttentionSpec, platform: str | None = None):
+    """Switches the attention backend or the whole spec (after loading weights into a model built
+    with the default), and the target platform when given."""
+    if isinstance(attention, str):
+      attention = dataclasses.replace(self.attention, backend=attention)
+    self.attention = _attention_spec(attention, platform or attention.platform)
 
-    key_valid marks the key slots holding real tokens: without a cache S == T (the row's own
-    mask); with one, the first S cache slots once this call's T tokens sit at `write_index`.
-    Attention is causal over slots, so no [B, T, T] mask is ever built.
+  def __call__(self, tokens, positions, valid, cache: KVCache | None = None, remat: str | bool = "none"):
+    """tokens, positions, valid [B, T] -> (hidden [B, T, E], the cache after the write, or None).
+
+    valid marks real tokens. Without a cache it is the key mask (S == T). With one, the T tokens
+    are written at slots cache.cursor.. and the queries attend over all S cache slots that hold
+    real tokens (`KVCache`). Attention is causal over slots, so no [B, T, T] mask is ever built.
     remat (training; see REMAT_POLICIES): "full" (or True) recomputes each block's activations in the
     backward pass instead of storing them: memory per layer drops to its input (and its cache, when a
     shared prefix is read); "dots" keeps the matmul outputs and recomputes only what lies between."""
     policy = remat_policy(remat)
     b, t = tokens.shape
-    if cache is None and key_valid.shape != (b, t):
-      raise ValueError(f"key_valid {key_valid.shape} must match tokens {(b, t)} when there is no cache")
-    if cache is not None and not (key_valid.shape[0] == b and t <= key_valid.shape[1] <= cache[0].k.shape[2]):
-      raise ValueError(f"key_valid {key_valid.shape} must be [B={b}, S] with {t} <= S <= "
-                       f"{cache[0].k.shape[2]} (the cache slots)")
-    backend, platform = self.attention, self.platform
+    if valid.shape != (b, t):
+      raise ValueError(f"valid {valid.shape} must match tokens {(b, t)}")
+    if cache is not None and not (cache.valid.shape[0] == b and t <= cache.size):
+      raise ValueError(f"a cache of {cache.valid.shape} (rows, slots) cannot take tokens {(b, t)}")
+    spec = self.attention
+    key_valid, write_index = (valid, 0) if cache is None else (cache.valid_after(valid), cache.cursor)  # [B, S]
     x = jnp.take(self.embed[...], tokens, axis=0)
+    history = None
     if self.token_shift is not None:
-      shifted, cache = self._shifted_embeddings(tokens, key_valid, cache, write_index)
+      shifted, history = self._shifted_embeddings(tokens, key_valid, cache, write_index)
       x = x + shifted
     cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
-    new_cache = [] if cache is not None else None
+    layers = []
     for i, layer in enumerate(self.layers):
-      layer_cache = None if cache is None else cache[i]
+      layer_cache = None if cache is None else cache.layer(i)
       if policy is not None:
-        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, key_valid, c, write_index, backend, platform),
+        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, key_valid, c, write_index, spec),
                                    policy=policy)(layer, x, layer_cache)
       else:
-        x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, backend, platform)
-      if cache is not None:
-        new_cache.append(layer_cache)
-    return self.final_norm(x), new_cache
+        x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, spec)
+      layers.append(layer_cache)
+    if cache is not None:
+      cache = cache.after_write(layers, valid=key_valid, count=t, tokens=history)
+    return self.final_norm(x), cache
 
   def _shifted_embeddings(self, tokens, key_valid, cache, write_index):
     """Sum over d = 1..N of token_shift[d-1][token d slots back] for each of the T tokens, where
     that slot holds a real token (key_valid), else nothing. Slots are contiguous per row (left
     padding, then generation), so d slots back is d tokens back. With a cache, the T tokens are
-    written at `write_index` into layer 0's token history first. -> ([B, T, E], cache)."""
+    written at `write_index` into its token history first. -> ([B, T, E], history [B, S] or None)."""
     n, t = self.config.token_shift, tokens.shape[1]
     if cache is None:
-      history, start = tokens, 0  # [B, T]
+      history, start, new_history = tokens, 0, None  # [B, T]
     else:
-      history = jax.lax.dynamic_update_slice(cache[0].tokens, tokens.astype(jnp.int32), (0, write_index))
-      cache = [cache[0]._replace(tokens=history), *cache[1:]]
-      history, start = history[:, :key_valid.shape[1]], write_index  # [B, S]
+      history = jax.lax.dynamic_update_slice(cache.tokens, tokens.astype(jnp.int32), (0, write_index))
+      start, new_history = write_index, history  # [B, S]
     padded = jnp.pad(history, ((0, 0), (n, 0)))  # slot s at s + n
     real = jnp.pad(key_valid, ((0, 0), (n, 0)))
     out = 0.0
@@ -241,7 +241,7 @@ class Decoder(nnx.Module):
       prev = jax.lax.dynamic_slice_in_dim(padded, start + n - d, t, axis=1)  # [B, T]
       ok = jax.lax.dynamic_slice_in_dim(real, start + n - d, t, axis=1)
       out = out + jnp.take(self.token_shift[...][d - 1], prev, axis=0) * ok[..., None].astype(self.dtype)
-    return out, cache
+    return out, new_history
 
   def logits(self, hidden):
     """hidden [..., E] -> float32 logits [..., V]."""
@@ -250,14 +250,6 @@ class Decoder(nnx.Module):
       flat = jnp.einsum("ne,ve->nv", hidden.reshape(-1, hidden.shape[-1]), self.embed[...])
       return flat.reshape(*lead, -1).astype(jnp.float32)
     return dense(hidden, self.lm_head[...]).astype(jnp.float32)
-
-
-def init_cache(cfg: ModelConfig, batch: int, size: int, dtype) -> list[LayerCache]:
-  """Zeroed cache of `size` slots per row for every layer."""
-  shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
-  history = jnp.zeros((batch, size), jnp.int32) if cfg.token_shift else None
-  return [LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), history if i == 0 else None)
-          for i in range(cfg.num_layers)]
 
 
 def positions_from_mask(valid):

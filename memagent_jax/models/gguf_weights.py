@@ -147,11 +147,16 @@ def _cache_key(path: str) -> str:
   return f"{stem}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
 
 
+def conversion_dir(path: str, cache_dir: str | None = None) -> str:
+  """Where `convert_gguf` keeps the conversion of the GGUF file as it is now (size, mtime, converter)."""
+  return os.path.join(cache_dir or os.path.join(cache_root(), "gguf"), _cache_key(path))
+
+
 def convert_gguf(path: str, cache_dir: str | None = None) -> str:
   """Returns an HF-style directory for the GGUF file, converting it once (atomic rename)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"GGUF file not found: {path}")
-  out_dir = os.path.join(cache_dir or os.path.join(cache_root(), "gguf"), _cache_key(path))
+  out_dir = conversion_dir(path, cache_dir)
   if os.path.isfile(os.path.join(out_dir, "COMPLETE")):
     return out_dir
   reader = _open(path)

@@ -9,7 +9,7 @@ import os
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models.attention import check_backend
+from memagent_jax.models.attention import AttentionSpec
 from memagent_jax.models.config import PRESETS, UnknownModelError, get_preset
 from memagent_jax.models.decoder import Decoder
 from memagent_jax.models.gguf_weights import convert_gguf
@@ -82,7 +82,7 @@ def _read_tokenizer(model_dir: str):
                        f"{e})") from None
 
 
-def _load_hf_dir(model_dir: str, dtype, name: str, attention: str = "auto"):
+def _load_hf_dir(model_dir: str, dtype, name: str, attention: str | AttentionSpec = "auto"):
   cfg = read_hf_config(model_dir)
   model = build_model(cfg, load_hf_params(model_dir, cfg, dtype), dtype)
   model.set_attention(attention)
@@ -91,7 +91,7 @@ def _load_hf_dir(model_dir: str, dtype, name: str, attention: str = "auto"):
   return Policy(model, _read_tokenizer(model_dir) if has_tok else None, name=name)
 
 
-def _load_gguf(path: str, dtype, name: str, attention: str = "auto"):
+def _load_gguf(path: str, dtype, name: str, attention: str | AttentionSpec = "auto"):
   """Loads through the cached conversion; a broken cache is named with how to rebuild it."""
   model_dir = convert_gguf(path)
   try:
@@ -129,16 +129,18 @@ def load_tokenizer(source: str = EMBEDDED_DEFAULT):
   return load_policy(source).tokenizer
 
 
-def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0, attention: str = "auto"):
+def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0,
+                attention: str | AttentionSpec = "auto"):
   """Loads a Policy from the embedded default, a preset name, a local HF dir, a .gguf file,
   a hub id, or `random:<preset>` (random weights for tests, benchmarks and the toy world; only
   presets sharing a known vocabulary get a tokenizer). `attention` picks the attention backend
-  (auto | xla | cudnn | splash, see models/attention.py); an unavailable one raises here."""
+  (auto | xla | cudnn | splash, see models/attention.py) or is a whole AttentionSpec; an unavailable
+  one raises here."""
   if not isinstance(source, (str, os.PathLike)):
     raise TypeError(f"model source must be a string or path, got {type(source).__name__}")
   source = os.fspath(source)
   dt = _dtype(dtype)
-  check_backend(attention)  # before any weight is read
+  (AttentionSpec(backend=attention) if isinstance(attention, str) else attention).check()  # before any weight is read
   key = source.lower()
   if key == EMBEDDED_DEFAULT:
     return _load_gguf(embedded_gguf_path(), dt, source, attention)

@@ -11,6 +11,7 @@ import numpy as np
 from flax import nnx
 
 from memagent_jax.policy import sampling
+from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.models.decoder import Decoder, forward_logits
 from memagent_jax.models.hf_weights import export_hf
 from memagent_jax.text.tokenizer import Tokenizer
@@ -73,10 +74,10 @@ class Policy:
   def default_stop_tokens(self) -> list[int]:
     return self.tokenizer.stop_token_ids if self.tokenizer is not None else []
 
-  def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, params: sampling.SamplingParams, *,
+  def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, params: DecodeSpec, *,
              seed: int = 0, stop_tokens: Sequence[int] | Sequence[Sequence[int]] | None = None,
              cache_size: int | None = None) -> sampling.Generation:
-    """Token-level generation for ragged prompts (params e.g. sampling.GREEDY); host numpy arrays out."""
+    """Token-level generation for ragged prompts (params: a DecodeSpec, e.g. GREEDY); host numpy arrays out."""
     if not prompts:
       raise ValueError("no prompts given")
     longest = max(len(p) for p in prompts)
@@ -104,13 +105,11 @@ class Policy:
     stop_arr = np.full((len(rows), k), -1, np.int32)
     for i, r in enumerate(rows):
       stop_arr[i, :len(r)] = r
-    out = sampling.generate_tokens(
-        self.graphdef, self.state, jnp.asarray(tokens), valid=jnp.asarray(valid),
-        stop_tokens=jnp.asarray(stop_arr), key=jax.random.PRNGKey(seed),
-        temperature=jnp.float32(max(params.temperature, 1e-6)), top_p=jnp.float32(params.top_p),
-        max_new_tokens=max_new_tokens, cache_size=size,
-        greedy=params.temperature == 0.0, top_k=params.top_k, use_top_p=params.top_p < 1.0,
-        pad_id=pad)
+    rows = sampling.PromptRows(tokens=jnp.asarray(tokens), valid=jnp.asarray(valid),
+                               keys=sampling.row_keys(jax.random.PRNGKey(seed), np.arange(len(prompts))),
+                               stop_tokens=jnp.asarray(stop_arr), inactive=jnp.zeros((len(prompts),), bool))
+    out = sampling.generate_tokens(self.graphdef, self.state, rows, params, max_new_tokens=max_new_tokens,
+                                   cache_size=size, pad_id=pad)
     return sampling.Generation(*jax.device_get(out))
 
   # Documented public API (DESIGN.md): greedy by default, like `MemAgent.answer`.
@@ -122,8 +121,8 @@ class Policy:
       raise TypeError("generate takes a list of prompts; wrap a single prompt in a list")
     ids = [tok.apply_chat_template(p) if chat else tok.encode(p, add_special_tokens=True)
            for p in prompts]
-    params = sampling.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    out = self.sample(ids, max_new_tokens, params=params, seed=seed)
+    spec = DecodeSpec(temperature=temperature, top_p=top_p, top_k=top_k)
+    out = self.sample(ids, max_new_tokens, params=spec, seed=seed)
     return [tok.decode_response(row[:n]) for row, n in zip(out.tokens, out.lengths)]
 
   def export(self, out_dir: str, dtype: str = "float32"):

@@ -6,36 +6,17 @@ as each prompt would alone. The loop exits as soon as every row has emitted a st
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
-from memagent_jax.models.decoder import LayerCache, init_cache, positions_from_mask
-
-
-# Public (`mj.SamplingParams`, README): the defaults of the documented `Policy.generate`, greedy, no filter.
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SamplingParams:
-  """temperature 0 = greedy; top_k 0 = off; top_p 1 = off."""
-  temperature: float = 0.0
-  top_p: float = 1.0
-  top_k: int = 0
-
-  def __post_init__(self):
-    if self.temperature < 0:
-      raise ValueError(f"temperature={self.temperature} must be >= 0")
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
-    if self.top_k < 0:
-      raise ValueError(f"top_k={self.top_k} must be >= 0")
-
-
-GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0)  # argmax decoding, no truncation
+from memagent_jax.models.decoder import positions_from_mask
+from memagent_jax.models.kv_cache import KVCache
+from memagent_jax.policy.decode_spec import DecodeSpec
 
 
 class Generation(NamedTuple):
@@ -63,17 +44,39 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = No
   return tokens, valid
 
 
-def process_logits(logits, temperature, top_p, *, top_k: int, use_top_p: bool):
+class PromptRows(NamedTuple):
+  """The rows a sampler runs: left-padded prompts and each row's key, stop ids and activity."""
+  tokens: jax.Array  # [B, P] int32 prompt ids, left-padded
+  valid: jax.Array  # [B, P] bool: real prompt tokens
+  keys: jax.Array  # [B, 2] uint32 one PRNG key per row: token t of row r uses fold_in(keys[r], t)
+  stop_tokens: jax.Array  # [B, K] int32 ids that end a row (-1 = none)
+  inactive: jax.Array  # [B] bool rows that generate nothing
+
+
+@struct.dataclass
+class DecodeState:
+  """The decode loop's carry. The cache's cursor is the slot of the next token: P + steps run."""
+  cache: KVCache
+  logits: jax.Array  # [B, V] float32 logits of the next token
+  pos: jax.Array  # [B] int32 position of the next token
+  done: jax.Array  # [B] bool rows that emitted a stop token (or never ran)
+  tokens: jax.Array  # [B, N] int32 generated ids, pad where nothing was generated
+  logprobs: jax.Array  # [B, N] float32 model log-probs of those tokens
+  sample_logprobs: jax.Array  # [B, N] float32 sampling log-probs of those tokens
+  lengths: jax.Array  # [B] int32 tokens generated per row
+
+
+def process_logits(logits, spec: DecodeSpec):
   """Temperature, then top-k, then top-p (nucleus) on float32 logits [B, V]."""
-  x = logits / temperature
-  if top_k > 0:
-    kth = jax.lax.top_k(x, top_k)[0][:, -1:]
+  x = logits / spec.divisor
+  if spec.top_k > 0:
+    kth = jax.lax.top_k(x, spec.top_k)[0][:, -1:]
     x = jnp.where(x < kth, -jnp.inf, x)
-  if use_top_p:
+  if spec.use_top_p:
     desc = -jnp.sort(-x, axis=-1)
     probs = jax.nn.softmax(desc, axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    n_keep = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)  # >= 1
+    n_keep = jnp.sum(mass_before < spec.top_p, axis=-1, keepdims=True)  # >= 1
     threshold = jnp.take_along_axis(desc, n_keep - 1, axis=-1)
     x = jnp.where(x < threshold, -jnp.inf, x)
   return x
@@ -90,40 +93,40 @@ def fold_rows(keys, data):
   return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
 
 
-def _pick(logits, keys, *, temperature, top_p, greedy, top_k, use_top_p):
+def _pick(logits, keys, spec: DecodeSpec):
   """One token per row (row r drawn with keys[r] alone), with its model log-prob and its
   sampling log-prob. logits [B, V], keys [B, 2]."""
   model_lp = jax.nn.log_softmax(logits, axis=-1)
-  if greedy:
+  if spec.greedy:
     tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     sample_lp = jnp.zeros(tok.shape, jnp.float32)
   else:
-    x = process_logits(logits, temperature, top_p, top_k=top_k, use_top_p=use_top_p)
+    x = process_logits(logits, spec)
     tok = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
     sample_lp = jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), tok[:, None], axis=-1)[:, 0]
   lp = jnp.take_along_axis(model_lp, tok[:, None], axis=-1)[:, 0]
   return tok, lp, sample_lp
 
 
-def prefix_cache(model, prefix) -> list[LayerCache]:
-  """KV (and token history) of one shared prompt prefix [L], computed once: [1, K, L, D] per layer.
+def prefix_cache(model, prefix) -> KVCache:
+  """KV (and token history) of one shared prompt prefix [L], computed once: a [1, K, L, D] cache.
   Every prompt that starts with it (left padding aside) holds these keys, since positions count
   from a row's first real token."""
   ids = jnp.asarray(prefix, jnp.int32)[None, :]  # [1, L]
-  cache = init_cache(model.config, 1, ids.shape[1], model.dtype)
-  _, cache = model(ids, jnp.arange(ids.shape[1])[None, :], jnp.ones(ids.shape, bool), cache, 0)
+  cache = KVCache.init(model.config, 1, ids.shape[1], model.dtype)
+  _, cache = model(ids, jnp.arange(ids.shape[1])[None, :], jnp.ones(ids.shape, bool), cache)
   return cache
 
 
-def cache_with_prefix(model, prefix: list[LayerCache], tokens, valid, cache_size: int):
-  """A fresh cache [B, ., cache_size, .] whose first L slots hold each row's share of the prefix.
+def cache_with_prefix(model, prefix: KVCache, tokens, valid, cache_size: int) -> KVCache:
+  """A cache [B, ., cache_size, .] whose first L slots hold each row's share of the prefix, its
+  cursor at slot L; tokens, valid [B, >= L] are the rows the prefix opens.
 
   Row b's real tokens start at its first valid slot f_b (left padding; a training row may also be
   right-padded after its response), so slot s < L holds prefix token s - f_b (padding where that
-  is negative: key_valid masks it). Differentiable in the prefix's keys and values."""
-  b = tokens.shape[0]
-  l = prefix[0].k.shape[2]
-  cache = init_cache(model.config, b, cache_size, model.dtype)
+  is negative: valid masks it). Differentiable in the prefix's keys and values."""
+  b, l = tokens.shape[0], prefix.size
+  cache = KVCache.init(model.config, b, cache_size, model.dtype)
   first = jnp.argmax(valid, axis=1)  # [B]: first real slot (0 for an all-padding row)
   index = jnp.clip(jnp.arange(l)[None, :] - first[:, None], 0, l - 1)  # [B, L]
 
@@ -131,88 +134,76 @@ def cache_with_prefix(model, prefix: list[LayerCache], tokens, valid, cache_size
     rows = jnp.take(shared[0], index, axis=1).transpose(1, 0, 2, 3)  # [B, K, L, D]
     return jax.lax.dynamic_update_slice(buf, rows.astype(buf.dtype), (0, 0, 0, 0))
 
-  out = []
-  for layer, pre in zip(cache, prefix):
-    history = layer.tokens
-    if history is not None:  # token-shift history: the prompt's own ids
-      history = jax.lax.dynamic_update_slice(history, tokens[:, :l].astype(jnp.int32), (0, 0))
-    out.append(LayerCache(put(layer.k, pre.k), put(layer.v, pre.v), history))
-  return out
+  history = cache.tokens
+  if history is not None:  # token-shift history: the prompt's own ids
+    history = jax.lax.dynamic_update_slice(history, tokens[:, :l].astype(jnp.int32), (0, 0))
+  return cache.replace(k=tuple(put(c, pre) for c, pre in zip(cache.k, prefix.k)),
+                       v=tuple(put(c, pre) for c, pre in zip(cache.v, prefix.v)),
+                       valid=cache.valid.at[:, :l].set(valid[:, :l]), cursor=jnp.int32(l), tokens=history)
 
 
-def prefill(model, tokens, valid, *, cache_size: int, prefix: list[LayerCache] | None = None):
-  """Runs left-padded prompts [B, P] into a fresh cache of `cache_size` slots.
+def prefill(model, tokens, valid, *, cache_size: int, prefix: KVCache | None = None):
+  """Runs left-padded prompts [B, P] into a cache of P slots (the attention window: whole rows run
+  on the square path), then grows it to `cache_size` slots, its cursor at slot P.
 
   With `prefix` (see `prefix_cache`: every row's real tokens start with its L ids), the first L
   slots are copied from it and only slots L.. run through the model: slots a row's prefix spills
   into are recomputed, exactly. Returns (next-token logits [B, V] float32, cache)."""
-  if prefix is None:
-    cache = init_cache(model.config, tokens.shape[0], cache_size, model.dtype)
-    hidden, cache = model(tokens, positions_from_mask(valid), valid, cache, 0)
-    return model.logits(hidden[:, -1]), cache
-  l = prefix[0].k.shape[2]
-  if tokens.shape[1] <= l:
-    raise ValueError(f"prompts of {tokens.shape[1]} slots leave nothing after the {l}-token shared prefix")
-  cache = cache_with_prefix(model, prefix, tokens, valid, cache_size)
-  hidden, cache = model(tokens[:, l:], positions_from_mask(valid)[:, l:], valid, cache, l)
-  return model.logits(hidden[:, -1]), cache
-
-
-def sample_from_prompts(model, tokens, valid, *, stop_tokens, keys, temperature, top_p, done,
-                        max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
-                        use_top_p: bool, pad_id: int, prefix: list[LayerCache] | None = None) -> Generation:
-  """Traceable core of generation (used inside `generate_tokens` and the agent's `lax.scan`).
-
-  tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none); keys [B, 2] one PRNG key
-  per row (token t of row r uses fold_in(keys[r], t)); done [B] rows that generate nothing
-  (inactive); prefix: the KV of a prefix every prompt starts with (see `prefill`). Needs
-  P + max_new_tokens <= cache_size.
-  """
   b, p = tokens.shape
+  positions = positions_from_mask(valid)
+  if prefix is None:
+    hidden, cache = model(tokens, positions, valid, KVCache.init(model.config, b, p, model.dtype))
+  else:
+    l = prefix.size
+    if p <= l:
+      raise ValueError(f"prompts of {p} slots leave nothing after the {l}-token shared prefix")
+    cache = cache_with_prefix(model, prefix, tokens, valid, p)
+    hidden, cache = model(tokens[:, l:], positions[:, l:], valid[:, l:], cache)
+  return model.logits(hidden[:, -1]), cache.grow(cache_size)
+
+
+def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_tokens: int, pad_id: int,
+                        cache_size: int | None = None, prefix: KVCache | None = None) -> Generation:
+  """Traceable core of generation (used inside `generate_tokens` and the agent's `lax.scan`): up
+  to max_new_tokens new tokens per active row, picked as `spec` says.
+
+  cache_size: slots of the KV cache (default P + max_new_tokens, the least that fits); prefix: the
+  KV of a prefix every prompt starts with (see `prefill`)."""
+  b, p = rows.tokens.shape
   n = max_new_tokens
-  logits, cache = prefill(model, tokens, valid, cache_size=cache_size, prefix=prefix)
-  key_valid = jnp.zeros((b, cache_size), bool).at[:, :p].set(valid)
+  logits, cache = prefill(model, rows.tokens, rows.valid, cache_size=cache_size or p + n, prefix=prefix)
 
-  def cond(c):
-    return (c["step"] < n) & ~jnp.all(c["done"])
+  def cond(s: DecodeState):
+    return (s.cache.cursor - p < n) & ~jnp.all(s.done)
 
-  def body(c):
-    step = c["step"]
-    tok, lp, slp = _pick(c["logits"], fold_rows(keys, step), temperature=temperature, top_p=top_p,
-                         greedy=greedy, top_k=top_k, use_top_p=use_top_p)
-    live = ~c["done"]
+  def body(s: DecodeState) -> DecodeState:
+    step = s.cache.cursor - p
+    tok, lp, slp = _pick(s.logits, fold_rows(rows.keys, step), spec)
+    live = ~s.done
     tok = jnp.where(live, tok, pad_id)
     col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, step))
-    done = c["done"] | (live & jnp.any(tok[:, None] == stop_tokens, axis=-1))
-    slot = p + step
-    kv = jax.lax.dynamic_update_slice(c["key_valid"], jnp.ones((b, 1), bool), (0, slot))
-    h, cache = model(tok[:, None], c["pos"][:, None], kv, c["cache"], slot)
-    return dict(step=step + 1, done=done, pos=c["pos"] + 1, key_valid=kv, cache=cache,
-                logits=model.logits(h[:, 0]), tokens=col(c["tokens"], tok),
-                lp=col(c["lp"], jnp.where(live, lp, 0.0)), slp=col(c["slp"], jnp.where(live, slp, 0.0)),
-                lengths=c["lengths"] + live.astype(jnp.int32))
+    done = s.done | (live & jnp.any(tok[:, None] == rows.stop_tokens, axis=-1))
+    h, cache = model(tok[:, None], s.pos[:, None], jnp.ones((b, 1), bool), s.cache)
+    return DecodeState(cache=cache, logits=model.logits(h[:, 0]), pos=s.pos + 1, done=done,
+                       tokens=col(s.tokens, tok), logprobs=col(s.logprobs, jnp.where(live, lp, 0.0)),
+                       sample_logprobs=col(s.sample_logprobs, jnp.where(live, slp, 0.0)),
+                       lengths=s.lengths + live.astype(jnp.int32))
 
-  init = dict(step=jnp.int32(0), done=done, pos=jnp.sum(valid, 1).astype(jnp.int32),
-              key_valid=key_valid, cache=cache, logits=logits,
-              tokens=jnp.full((b, n), pad_id, jnp.int32), lp=jnp.zeros((b, n), jnp.float32),
-              slp=jnp.zeros((b, n), jnp.float32), lengths=jnp.zeros((b,), jnp.int32))
-  c = jax.lax.while_loop(cond, body, init)
-  stopped = c["done"] & ~done  # inactive rows neither stopped nor ran
-  return Generation(c["tokens"], c["lp"], c["slp"], c["lengths"], stopped, c["step"])
+  init = DecodeState(cache=cache, logits=logits, pos=jnp.sum(rows.valid, 1).astype(jnp.int32), done=rows.inactive,
+                     tokens=jnp.full((b, n), pad_id, jnp.int32), logprobs=jnp.zeros((b, n), jnp.float32),
+                     sample_logprobs=jnp.zeros((b, n), jnp.float32), lengths=jnp.zeros((b,), jnp.int32))
+  s = jax.lax.while_loop(cond, body, init)
+  stopped = s.done & ~rows.inactive  # inactive rows neither stopped nor ran
+  return Generation(s.tokens, s.logprobs, s.sample_logprobs, s.lengths, stopped, s.cache.cursor - p)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "greedy",
-                                             "top_k", "use_top_p", "pad_id"))
-def generate_tokens(graphdef, state, tokens, *, valid, stop_tokens, key, temperature, top_p,
-                    max_new_tokens: int, cache_size: int, greedy: bool, top_k: int,
-                    use_top_p: bool, pad_id: int) -> Generation:
-  """tokens, valid [B, P] left-padded; stop_tokens [B, K] (-1 = none); key [2] (row r samples
-  with fold_in(key, r)). Needs P + N <= cache_size."""
-  return sample_from_prompts(
-      nnx.merge(graphdef, state), tokens, valid, stop_tokens=stop_tokens,
-      keys=row_keys(key, jnp.arange(tokens.shape[0])), temperature=temperature, top_p=top_p,
-      done=jnp.zeros((tokens.shape[0],), bool), max_new_tokens=max_new_tokens, cache_size=cache_size,
-      greedy=greedy, top_k=top_k, use_top_p=use_top_p, pad_id=pad_id)
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "pad_id"))
+def generate_tokens(graphdef, state, rows: PromptRows, spec: DecodeSpec, *, max_new_tokens: int, cache_size: int,
+                    pad_id: int) -> Generation:
+  """`sample_from_prompts` as one compiled program; spec's switches are static, its temperature
+  and top-p traced. Needs P + max_new_tokens <= cache_size."""
+  return sample_from_prompts(nnx.merge(graphdef, state), rows, spec, max_new_tokens=max_new_tokens,
+                             pad_id=pad_id, cache_size=cache_size)
 
 
 def check_budget(*, prompt_len: int, max_new_tokens: int, cache_size: int, context: int):

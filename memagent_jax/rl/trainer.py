@@ -37,6 +37,14 @@ class NonFiniteLossError(FloatingPointError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class StepPrograms:
+  """What a step runs: the jitted log-prob pass and update (rl/update.py). A caller may pass wrapped
+  ones to observe or fault a step."""
+  batch_logprobs: Callable = upd.batch_logprobs
+  update_step: Callable = upd.update_step
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainSpec:
   """The loop's settings: length, batching of updates, checkpoints, logging; checks itself."""
   steps: int
@@ -71,12 +79,13 @@ class Trainer:
 
   def __init__(self, spec: TrainSpec, *, update: upd.UpdateSpec, optim: OptimSpec, workdir: str, mesh, rules,
                policy, collector, batches, evaluate: Callable[[], dict] | None = None, shared_prefix=None,
-               config_json: str = ""):
+               config_json: str = "", programs: StepPrograms = StepPrograms()):
     """Parts come from `memagent_jax.experiment.build_experiment`; `update.prompt_width` is the
     first token column the loss reads, `evaluate` scores the current policy on the held-out set;
     `shared_prefix` [L]: the template opening most rows start with, run once per update batch
     (used on a batch only where `update.prefix_fits`); `config_json`: the run's configuration,
-    kept in every checkpoint."""
+    kept in every checkpoint; `programs`: what a step runs."""
+    self.programs = programs
     if optim.total_steps != spec.steps:
       raise ValueError(f"OptimSpec.total_steps={optim.total_steps} must equal TrainSpec.steps={spec.steps}")
     self.spec, self.update_spec, self.optim = spec, update, optim
@@ -141,13 +150,14 @@ class Trainer:
       prefix = self._shared_prefix_dev if fits else None
       prefixed += fits
       kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.update_spec.temperature,
-                compute_dtype=self.update_spec.compute_dtype, prefix=prefix)
+                compute_dtype=self.update_spec.compute_dtype, logits_chunk=self.update_spec.logits_chunk,
+                prefix=prefix)
       # the first update runs on the params that sampled: its own forward pass gives the old log-probs
       with self._trace_mesh(), self.clock.section():
         if recompute and i > 0:
-          dev = dev.replace(old_logp=upd.batch_logprobs(st.params, dev.tokens, dev.valid, **kw))
+          dev = dev.replace(old_logp=self.programs.batch_logprobs(st.params, dev.tokens, dev.valid, **kw))
         if self.update_spec.kl_coef:
-          dev = dev.replace(ref_logp=upd.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
+          dev = dev.replace(ref_logp=self.programs.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
         jax.block_until_ready(dev)
       update_spec = dataclasses.replace(self.update_spec, old_is_current=recompute and i == 0)
       batches.append((dev, update_spec, prefix))
@@ -156,8 +166,8 @@ class Trainer:
     with self.clock.section():
       for dev, update_spec, prefix in batches:
         with self._trace_mesh():
-          st.params, st.opt_state, m = upd.update_step(st.params, st.opt_state, dev, graphdef=gd, tx=self.tx,
-                                                       spec=update_spec, prefix=prefix)
+          st.params, st.opt_state, m = self.programs.update_step(st.params, st.opt_state, dev, graphdef=gd,
+                                                                 tx=self.tx, spec=update_spec, prefix=prefix)
         update_metrics.append(m)
       update_metrics = jax.device_get(update_metrics)  # metrics are replicated scalars: waits for the updates
     t2 = time.perf_counter()

@@ -41,6 +41,7 @@ class UpdateSpec:
   # the params that sampled are the ones being updated (a step's first mini-batch): the old
   # log-probs are the current ones without gradient (ratio 1), not a separate forward pass
   old_is_current: bool = False
+  logits_chunk: int = 512  # response positions projected on the vocabulary at a time (`response_logprobs`)
 
   def __post_init__(self):
     losses.get_policy_loss(self.loss)  # unknown names raise, listing the known ones
@@ -114,9 +115,6 @@ def cast_params(params, dtype):
   return jax.tree_util.tree_map(lambda p: p.astype(dt) if p.dtype != dt else p, params)
 
 
-LOGITS_CHUNK = 512  # response positions projected on the vocabulary at a time: [r, N, V] fp32 logits never exist
-
-
 def prefix_fits(tokens, valid, prefix, prompt_width: int) -> bool:
   """Host check that a shared prefix [L] can stand in for the first L slots of every row [R, W]:
   each row either starts with it (from its first real slot) or has at least L slots of padding
@@ -141,14 +139,15 @@ def hidden_states(model, tokens, valid, *, remat: str | bool, prefix=None):
     return model(tokens, positions, valid, remat=remat)[0], 0
   l = prefix.shape[0]
   cache = cache_with_prefix(model, prefix_cache(model, prefix), tokens, valid, tokens.shape[1])
-  return model(tokens[:, l:], positions[:, l:], valid, cache, l, remat=remat)[0], l
+  return model(tokens[:, l:], positions[:, l:], valid[:, l:], cache, remat=remat)[0], l
 
 
 def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: str | bool, temperature: float,
-                      prefix=None):
+                      prefix=None, logits_chunk: int = 512):
   """log p of each response token and the entropy of its distribution at the sampling
   temperature (as verl). tokens, valid [r, P+N] -> (logp [r, N], entropy [r, N]); only the N
-  response positions are projected on the vocabulary. prefix: see `hidden_states`."""
+  response positions are projected on the vocabulary, `logits_chunk` at a time, so [r, N, V] fp32
+  logits never exist. prefix: see `hidden_states`."""
   hidden, first = hidden_states(model, tokens, valid, remat=remat, prefix=prefix)
   n = tokens.shape[1] - prompt_width
   start = prompt_width - 1 - first
@@ -162,7 +161,7 @@ def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: str | b
     logp = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
     return logp, losses.entropy_from_logits(logits)
 
-  c = LOGITS_CHUNK
+  c = logits_chunk
   if n <= c:
     return logp_entropy(hidden, target)
   k = -(-n // c)  # chunks of c positions, each's fp32 logits recomputed in the backward pass
@@ -174,20 +173,23 @@ def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: str | b
   return unchunk(logp), unchunk(ent)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "prompt_width", "temperature", "compute_dtype"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "prompt_width", "temperature", "compute_dtype",
+                                             "logits_chunk"))
 def batch_logprobs(params, tokens, valid, *, graphdef, prompt_width: int, temperature: float,
-                   compute_dtype: str, prefix=None):
+                   compute_dtype: str, prefix=None, logits_chunk: int = 512):
   """Log-probs of the response tokens, micro-batch by micro-batch: [M, r, L] -> [M, r, N]."""
   model = nnx.merge(graphdef, cast_params(params, compute_dtype))
   return jax.lax.map(lambda tv: response_logprobs(model, tv[0], tv[1], prompt_width=prompt_width, remat=False,
-                                                  temperature=temperature, prefix=prefix)[0], (tokens, valid))
+                                                  temperature=temperature, prefix=prefix,
+                                                  logits_chunk=logits_chunk)[0], (tokens, valid))
 
 
 def _micro_loss(params, mb, denominator, prefix, *, graphdef, spec: UpdateSpec):
   """Loss of one micro-batch (already divided by the mini-batch denominator) + metric sums."""
   model = nnx.merge(graphdef, cast_params(params, spec.compute_dtype))
   logp, entropy = response_logprobs(model, mb.tokens, mb.valid, prompt_width=spec.prompt_width,
-                                    remat=spec.remat, temperature=spec.temperature, prefix=prefix)
+                                    remat=spec.remat, temperature=spec.temperature, prefix=prefix,
+                                    logits_chunk=spec.logits_chunk)
   mask = mb.loss_mask
   old_logp = jax.lax.stop_gradient(logp) if spec.old_is_current else mb.old_logp
   loss_fn = losses.get_policy_loss(spec.loss)  # "ppo_clip" is losses.policy_loss, "sft" losses.sft_loss

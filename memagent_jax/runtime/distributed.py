@@ -46,8 +46,7 @@ def detected_cluster() -> tuple[str, int] | None:
 def initialize_distributed(cfg=None) -> bool:
   """Starts jax.distributed when more than one process is asked for; True if it runs.
 
-  Reads `num_processes`, `coordinator_address`, `process_id` (and optionally
-  `local_device_ids`, `initialization_timeout`) from `cfg`, else from the env vars
+  Reads `num_processes`, `coordinator_address`, `process_id` from `cfg`, else from the env vars
   JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID. When none of them gives the process
   count and `cluster` is "auto" (the default), a cluster jax detects (Slurm's SLURM_* variables,
   a multi-host TPU VM, GKE) with more than one process is joined through
@@ -75,13 +74,8 @@ def initialize_distributed(cfg=None) -> bool:
   pid = int(pid)
   if not 0 <= pid < num:
     raise ValueError(f"process_id={pid} must be in [0, num_processes={num})")
-  kwargs = {}
-  if (ids := _get(cfg, "local_device_ids")) is not None:
-    kwargs["local_device_ids"] = list(ids)
-  if (timeout := _get(cfg, "initialization_timeout")) is not None:
-    kwargs["initialization_timeout"] = int(timeout)
   return _start(f"coordinator {address}", dict(coordinator_address=str(address), num_processes=num,
-                                               process_id=pid, **kwargs))
+                                               process_id=pid))
 
 
 def _start(where: str, kwargs: dict) -> bool:

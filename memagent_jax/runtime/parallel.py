@@ -29,8 +29,9 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # Rows of a batch are split over both data-parallel axes (FSDP is data parallel too).
 BATCH_AXES = ("data", "fsdp")
 
-# (logical name, mesh axis / tuple of axes / None). The first rule for a name whose mesh
-# axes are still unused in the spec wins (as in flax.linen's logical rules).
+# (logical name, mesh axis / tuple of axes / None): one rule per logical axis of the params
+# (models/decoder.py). A mesh axis shards at most one dimension of an array, so two logical axes of one
+# param that map to the same mesh axis are an error (`logical_to_spec`), never a silent replication.
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("vocab", "tensor"),
     ("embed", "fsdp"),
@@ -39,9 +40,6 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("norm", None),
-    # Activations.
-    ("batch", BATCH_AXES),
-    ("length", None),
 )
 
 # mesh.rollout: the weight layout rollouts decode with. "train": the training layout (FSDP-sharded
@@ -139,14 +137,9 @@ def _axes_tuple(target) -> tuple[str, ...]:
   return (target,) if isinstance(target, str) else tuple(target)
 
 
-def axis_rules(overrides=None) -> tuple[tuple[str, Any], ...]:
-  """Default rules with `overrides` (pairs, or a config with `axis_rules`) replacing names.
-
-  A logical name that appears in the overrides loses all its default rules, so
-  `[("embed", None)]` turns FSDP off for weights.
-  """
-  if overrides is not None and not isinstance(overrides, (list, tuple)):
-    overrides = _get(overrides, "axis_rules", None)
+def axis_rules(overrides: Sequence[tuple[str, Any]] | None = None) -> tuple[tuple[str, Any], ...]:
+  """Default rules with `overrides` ((logical name, mesh axes) pairs, `mesh.rules`) replacing names,
+  so `[("embed", None)]` turns FSDP off for weights. A name given twice is refused."""
   if not overrides:
     return DEFAULT_RULES
   pairs = []
@@ -154,6 +147,8 @@ def axis_rules(overrides=None) -> tuple[tuple[str, Any], ...]:
     if len(pair) != 2:
       raise ValueError(f"axis rule {pair!r} must be a (logical_name, mesh_axis) pair")
     name, target = pair
+    if any(name == n for n, _ in pairs):
+      raise ValueError(f"axis rule for {name!r} given twice in {list(overrides)}; give one")
     target = target if target is None or isinstance(target, str) else tuple(target)
     for axis in _axes_tuple(target):
       if axis not in MESH_AXES:
@@ -171,29 +166,29 @@ def rollout_rules(rules, layout: str) -> tuple[tuple[str, Any], ...]:
   if layout == "train":
     return rules
   batch = set(BATCH_AXES)
-  return tuple((name, None if name != "batch" and batch.intersection(_axes_tuple(t)) else t) for name, t in rules)
+  return tuple((name, None if batch.intersection(_axes_tuple(t)) else t) for name, t in rules)
 
 
 def logical_to_spec(logical_axes: Sequence[str | None], rules=DEFAULT_RULES) -> PartitionSpec:
-  """("embed", "mlp") -> PartitionSpec("fsdp", "tensor"); a mesh axis is used at most once."""
-  used: set[str] = set()
+  """("embed", "mlp") -> PartitionSpec("fsdp", "tensor"). A mesh axis shards one dimension at most:
+  two logical axes mapped to the same mesh axis raise, naming both and the mesh axis."""
+  owner: dict[str, str] = {}  # mesh axis -> the logical axis that took it
   spec = []
   for name in logical_axes:
     if name is None:
       spec.append(None)
       continue
-    candidates = [target for rule_name, target in rules if rule_name == name]
-    if not candidates:
+    targets = [target for rule_name, target in rules if rule_name == name]
+    if not targets:
       raise KeyError(f"logical axis {name!r} has no rule; rules cover "
                      f"{sorted({n for n, _ in rules})}")
-    chosen = None
-    for target in candidates:
-      axes = _axes_tuple(target)
-      if not used.intersection(axes):
-        chosen = target
-        used.update(axes)
-        break
-    spec.append(chosen)
+    for axis in _axes_tuple(targets[0]):
+      if axis in owner:
+        raise ValueError(f"sharding rules map logical axes {owner[axis]!r} and {name!r} (of "
+                         f"{tuple(logical_axes)}) both to mesh axis {axis!r}; a mesh axis can shard one "
+                         "dimension only: change one of the two rules (mesh.rules)")
+      owner[axis] = name
+    spec.append(targets[0])
   return PartitionSpec(*spec)
 
 
