@@ -105,6 +105,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       # "tensor", whole over data x fsdp, so decoding moves no weights; needs params / tensor per chip)
       rollout="train",
   ))
-  # 0 / "" / -1: from JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID (or one process)
-  c.distributed = ml_collections.ConfigDict(dict(num_processes=0, coordinator_address="", process_id=-1))
+  # 0 / "" / -1: from JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID; without a process
+  # count, cluster="auto" joins a cluster jax.distributed.initialize() detects (Slurm, multi-host TPU
+  # VM, GKE), else one process; "none": never (docs/pods.md)
+  c.distributed = ml_collections.ConfigDict(dict(num_processes=0, coordinator_address="", process_id=-1,
+                                                 cluster="auto"))
   return c

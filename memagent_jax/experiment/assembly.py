@@ -111,7 +111,8 @@ def start_runtime(cfg):
   d = cfg.distributed  # 0 / "" / -1 mean "from the JAX_* environment variables"
   parallel.initialize_distributed({"num_processes": d.num_processes or None,
                                    "coordinator_address": d.coordinator_address or None,
-                                   "process_id": d.process_id if d.process_id >= 0 else None})
+                                   "process_id": d.process_id if d.process_id >= 0 else None,
+                                   "cluster": d.cluster})
   if cfg.train.compilation_cache_dir:
     enable_compilation_cache(cfg.train.compilation_cache_dir)
   mesh_spec = specs.mesh_spec(cfg)

@@ -8,7 +8,7 @@ import numbers
 
 from memagent_jax.agent.memagent import PREFIX_CACHE_CHOICES
 from memagent_jax.models.decoder import REMAT_POLICIES
-from memagent_jax.runtime.parallel import ROLLOUT_LAYOUTS
+from memagent_jax.runtime.parallel import CLUSTER_CHOICES, ROLLOUT_LAYOUTS
 from memagent_jax.data import curriculum
 from memagent_jax.experiment import phase_configs
 from memagent_jax.models import attention
@@ -136,6 +136,8 @@ def check_numbers(cfg):
   d = cfg.distributed
   if d.num_processes and d.process_id >= d.num_processes:
     _fail(f"distributed.process_id={d.process_id} must be in [0, distributed.num_processes={d.num_processes})")
+  if d.cluster not in CLUSTER_CHOICES:
+    _fail(f"distributed.cluster={d.cluster!r}; choose one of {CLUSTER_CHOICES}")
   if cfg.eval.every and cfg.eval.size < 1:
     _fail(f"eval.size={cfg.eval.size} must be an integer >= 1 when eval.every={cfg.eval.every}")
 

@@ -11,29 +11,40 @@ import os
 import resource
 import sys
 
+import jax
+
 
 class MetricWriter:
   """`write(step, {name: number})` appends to `<dir>/metrics.jsonl` and TensorBoard events."""
 
   def __init__(self, log_dir: str, enabled: bool = True, tensorboard: bool = True):
-    self.log_dir, self.enabled = log_dir, enabled
+    self.log_dir, self.enabled, self.tensorboard = log_dir, enabled, tensorboard
     self._tb = self._jsonl = None
-    if not enabled:
-      return
-    os.makedirs(log_dir, exist_ok=True)
-    self._jsonl = open(os.path.join(log_dir, "metrics.jsonl"), "a")
-    if tensorboard:
+    if enabled:
+      self._open()
+
+  def _open(self):
+    """Opens both sinks for appending (again after close(): a Trainer's train() may run twice)."""
+    os.makedirs(self.log_dir, exist_ok=True)
+    self._jsonl = open(os.path.join(self.log_dir, "metrics.jsonl"), "a")
+    if self.tensorboard:
       # lazy: tensorboardX takes ~1.7 s to import; only runs writing TensorBoard events need it
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(log_dir=os.path.join(log_dir, "tensorboard"), flush_secs=10)
+      self._tb = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"), flush_secs=10)
 
   def write(self, step: int, scalars: dict[str, float], prefix: str = ""):
     if not self.enabled:
       return
+    if self._jsonl is None or self._jsonl.closed:
+      self._open()
     clean = {prefix + k: float(v) for k, v in scalars.items() if v is not None}
-    self._jsonl.write(json.dumps({"step": int(step), **{k: (v if math.isfinite(v) else str(v))
-                                                         for k, v in clean.items()}}) + "\n")
-    self._jsonl.flush()
+    try:
+      self._jsonl.write(json.dumps({"step": int(step), **{k: (v if math.isfinite(v) else str(v))
+                                                           for k, v in clean.items()}}) + "\n")
+      self._jsonl.flush()
+    except OSError as e:  # a full disk: say which file, not only "[Errno 28]"
+      raise OSError(e.errno, f"metrics of step {step} not written: {(e.strerror or str(e)).lower()} writing "
+                             f"{self._jsonl.name}") from e
     if self._tb is not None:
       for k, v in clean.items():
         self._tb.add_scalar(k, v, int(step))
@@ -58,3 +69,10 @@ def host_rss_bytes() -> int:
   except OSError:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
+
+
+def device_memory() -> dict[str, int]:
+  """Bytes and count of the jax arrays alive in this process (all devices): flat over a run unless
+  something keeps old arrays (a leak the allocator's own statistics would hide on the CPU)."""
+  arrays = jax.live_arrays()
+  return {"perf/device_bytes": int(sum(a.nbytes for a in arrays)), "perf/live_arrays": len(arrays)}

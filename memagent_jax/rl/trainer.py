@@ -9,6 +9,7 @@ is exactly what a checkpoint holds, so a resumed run continues bit for bit. A ru
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import time
@@ -25,7 +26,7 @@ from memagent_jax.runtime.preemption import Preempted, StopSignals
 from memagent_jax.runtime.workdir_lock import WorkdirLock
 from memagent_jax.rl import update as upd
 from memagent_jax.rl.batching import mini_batches
-from memagent_jax.rl.metrics import MetricWriter, host_rss_bytes
+from memagent_jax.rl.metrics import MetricWriter, device_memory, host_rss_bytes
 from memagent_jax.rl.optim import OptimSpec, lr_at, make_optimizer, set_learning_rate
 from memagent_jax.rl.train_state import (NonFiniteStateError, check_finite, model_meta,  # noqa: F401
                                          restore_or_init, save_state)
@@ -212,31 +213,34 @@ class Trainer:
     return self._evaluate()
 
   # ----- the loop ------------------------------------------------------------------------------
-  def train(self, until: int | None = None) -> dict:
+  def train(self, until: int | None = None, keep_history: int = 1000) -> dict:
     """Runs until step `until` (default train.steps: a data phase may stop earlier, see
     data/curriculum.py); saves every train.save_every steps and at the end. With eval.every, a fresh
     run evaluates its starting policy as step 0. SIGTERM / SIGINT (on any process) stop every
-    process after the same step: it is saved, then `Preempted` is raised."""
+    process after the same step: it is saved, then `Preempted` is raised. The returned history holds
+    the last `keep_history` steps' metrics (all of them are in metrics.jsonl): a long run's memory
+    stays flat."""
     spec, st = self.spec, self.state
     until = spec.steps if until is None else min(until, spec.steps)
-    history = []
+    history = collections.deque(maxlen=keep_history)
     self.lock.acquire()  # again, if an earlier train() released it
     stop = StopSignals().install()
     bar = tqdm(total=until, initial=st.step, desc="train", unit="step",
                disable=not (spec.progress and self.is_chief))
     try:
       if spec.eval_every and st.step == 0 and until > 0:  # the starting policy: "before" of every curve
-        self.writer.write(0, self.evaluate(), prefix="eval/")
+        self._log(0, self.evaluate(), prefix="eval/")
       while not (signum := stop.agreed()) and st.step < until:  # a step runs whole or not at all
         metrics = self.train_step()
         st.step += 1
         metrics["lr"] = float(self._lr())
         metrics["perf/host_rss_bytes"] = host_rss_bytes()
+        metrics.update(device_memory())
         if st.step % spec.log_every == 0 or st.step == until:
-          self.writer.write(st.step, metrics, prefix="train/")
+          self._log(st.step, metrics, prefix="train/")
         if spec.eval_every and (st.step % spec.eval_every == 0 or st.step == spec.steps):
           ev = self.evaluate()
-          self.writer.write(st.step, ev, prefix="eval/")
+          self._log(st.step, ev, prefix="eval/")
           metrics.update({f"eval_{k}": v for k, v in ev.items()})
         if st.step % spec.save_every == 0 or st.step == until:
           save_state(self.checkpointer, st, mesh=self.mesh, meta=self.checkpoint_meta())
@@ -254,7 +258,16 @@ class Trainer:
       self.checkpointer.wait()
       self.writer.close()
       self.lock.release()
-    return {"history": history, "step": st.step}
+    return {"history": list(history), "step": st.step}
+
+  def _log(self, step: int, metrics: dict, prefix: str):
+    """Writes metrics; when that fails (a full disk) and the save in flight failed first, the save's
+    error is the one raised: it says which step is lost and which one is kept."""
+    try:
+      self.writer.write(step, metrics, prefix=prefix)
+    except OSError:
+      self.checkpointer.wait()
+      raise
 
   def checkpoint_meta(self) -> dict:
     """What a checkpoint carries beside the arrays: the model, the data position, the config."""

@@ -18,6 +18,7 @@ with one warning, and renamed `<step>.unreadable` before the next save.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -31,6 +32,7 @@ from etils import epath
 from flax import nnx
 
 from memagent_jax.runtime.orbax_quiet import one_line, quiet_orbax
+from memagent_jax.runtime.save_errors import CheckpointWriteError, drop_orbax_save_reports, write_error
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +147,14 @@ class Checkpointer:
       self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
     self._warned: set[str] = set()
     self._unreadable: set[int] = set()  # committed steps a restore found damaged; set aside before a save
+    self._writing: int | None = None  # the step of the save in flight
+    self._failed: CheckpointWriteError | None = None  # raised once; later waits do not raise it again
+    drop_orbax_save_reports()
 
   # listing
-  def _scan(self) -> tuple[list[int], list[epath.Path]]:
-    """(complete steps sorted, incomplete step directories) on disk right now."""
+  def _scan(self, warn: bool = True) -> tuple[list[int], list[epath.Path]]:
+    """(complete steps sorted, incomplete step directories) on disk right now; `warn`: log each
+    incomplete one (once)."""
     if not self.directory.is_dir():
       return [], []
     complete, incomplete = [], []
@@ -160,7 +166,7 @@ class Checkpointer:
           incomplete.append(p)
       elif TMP_SUFFIX in p.name:
         incomplete.append(p)
-    for p in incomplete:
+    for p in incomplete if warn else ():
       if str(p) not in self._warned:
         self._warned.add(str(p))
         log.warning("skipping checkpoint directory %s: not finalized (no %s; save in progress "
@@ -189,10 +195,31 @@ class Checkpointer:
     for leaf in jax.tree.leaves(state):
       if jax.dtypes.issubdtype(getattr(leaf, "dtype", np.dtype(np.float32)), jax.dtypes.prng_key):
         raise ValueError("typed PRNG keys cannot be checkpointed; store jax.random.key_data(key)")
-    self._mngr.wait_until_finished()  # nothing of ours in flight while we clean up
+    self.wait()  # nothing of ours in flight while we clean up; raises the last save's error
+    if self._failed is not None:  # reported already (the caller went on): orbax may still hold it
+      try:
+        self._mngr.wait_until_finished()
+      except Exception:  # noqa: BLE001 - that same failure
+        pass
+      self._failed = None  # this save's own failure will be raised
     self._clean_up(step)
-    return self._mngr.save(step, force=force, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+    self._writing = step
+    with self._write_errors():
+      return self._mngr.save(step, force=force, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+
+  @contextlib.contextmanager
+  def _write_errors(self):
+    """An OS-level failure of the save in flight (a full disk) becomes one CheckpointWriteError line."""
+    try:
+      yield
+    except Exception as e:  # orbax / tensorstore wrap the OSError in their own types
+      saved = self._scan(warn=False)[0]
+      err = write_error(e, step=self._writing, directory=str(self.directory), saved=saved[-1] if saved else None)
+      if err is None:
+        raise
+      self._failed = err
+      raise err from None
 
   def _clean_up(self, step: int):
     """Before a save: deletes leftovers of interrupted saves and renames damaged steps a restore
@@ -217,12 +244,23 @@ class Checkpointer:
     self._unreadable.clear()
 
   def wait(self):
-    """Blocks until the last async save is on disk (re-raises its error, if any)."""
-    self._mngr.wait_until_finished()
+    """Blocks until the last async save is on disk; raises its error (CheckpointWriteError for a
+    full disk) once."""
+    if self._failed is not None:
+      return  # already raised; orbax would raise it again
+    with self._write_errors():
+      self._mngr.wait_until_finished()
 
   def close(self):
     """Waits for the last save, then releases orbax's threads."""
-    self._mngr.close()
+    try:
+      self.wait()
+    finally:
+      try:
+        self._mngr.close()
+      except Exception:  # noqa: BLE001 - the failed save again, already raised by wait()
+        if self._failed is None:
+          raise
 
   def __enter__(self):
     return self

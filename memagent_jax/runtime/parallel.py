@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,9 @@ import numpy as np
 from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from memagent_jax.runtime.distributed import (CLUSTER_CHOICES, detected_cluster,  # noqa: F401 - re-exported
+                                              initialize_distributed)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Rows of a batch are split over both data-parallel axes (FSDP is data parallel too).
@@ -337,37 +339,3 @@ def shard_micro_batches(x, mesh: Mesh):
                      f"{mesh.shape['data']} x {mesh.shape['fsdp']} = {batch_shards(mesh)}")
   sharding = NamedSharding(mesh, PartitionSpec(None, BATCH_AXES, *([None] * (x.ndim - 2))))
   return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
-
-
-# ---------------------------------------------------------------------------------------
-# Multi-process
-# ---------------------------------------------------------------------------------------
-
-
-def initialize_distributed(cfg=None) -> bool:
-  """Starts jax.distributed when more than one process is asked for; True if it runs.
-
-  Reads `num_processes`, `coordinator_address`, `process_id` from `cfg`, else from the env vars
-  JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID. Must run before any other
-  JAX call; calling it again is a no-op.
-  """
-  num = int(_get(cfg, "num_processes", os.environ.get("JAX_NUM_PROCESSES", 1)))
-  if jax.distributed.is_initialized():
-    return True
-  if num <= 1:
-    return False
-  address = _get(cfg, "coordinator_address", os.environ.get("JAX_COORDINATOR_ADDRESS"))
-  pid = _get(cfg, "process_id", os.environ.get("JAX_PROCESS_ID"))
-  if address is None or pid is None:
-    raise ValueError(f"num_processes={num} needs coordinator_address (got {address!r}) and "
-                     f"process_id (got {pid!r}), in the config or JAX_COORDINATOR_ADDRESS / "
-                     "JAX_PROCESS_ID")
-  pid = int(pid)
-  if not 0 <= pid < num:
-    raise ValueError(f"process_id={pid} must be in [0, num_processes={num})")
-  try:
-    jax.distributed.initialize(coordinator_address=str(address), num_processes=num, process_id=pid)
-  except RuntimeError as e:
-    raise RuntimeError(f"jax.distributed.initialize failed ({e}); it must run before any "
-                       "other JAX computation in the process") from e
-  return True

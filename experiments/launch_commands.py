@@ -1,0 +1,73 @@
+"""The commands that start a training run on a pod, printed for one cluster engine or all of them.
+
+  python -m experiments.launch_commands                      # all three, with placeholder names
+  python -m experiments.launch_commands --engine=slurm --nodes=4 --config=configs/memagent_qwen2_5_7b.py
+
+No launcher of ours: each engine starts one process per host (per GPU under Slurm) and
+`jax.distributed.initialize()` finds the others from what the engine sets (distributed.cluster="auto",
+memagent_jax/runtime/parallel.py). docs/pods.md and the README print exactly this output
+(tests/test_pod_launch.py compares them with `print_commands()`, the defaults).
+"""
+
+import shlex
+
+from absl import app, flags
+
+ENGINES = ("tpu-vm", "xpk", "slurm")
+# What jax reads on each engine to find the processes (jax/_src/clusters/*.py at jax 0.10.2).
+DETECTS = {
+    "tpu-vm": "the TPU VM metadata server (worker number and worker hostnames)",
+    "xpk": "TPU_WORKER_HOSTNAMES and TPU_WORKER_ID, set by the JobSet that xpk creates",
+    "slurm": "SLURM_JOB_ID, SLURM_STEP_NODELIST, SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID",
+}
+
+
+def train_command(config: str, workdir: str) -> str:
+  """The same training command on every host (the repository checked out at the same path)."""
+  return f"python -m experiments.train --config={config} --workdir={workdir}"
+
+
+def launch_command(engine: str, *, config: str, workdir: str, name: str = "NAME", zone: str = "ZONE",
+                   tpu_type: str = "v5p-32", nodes: int = 2, gpus_per_node: int = 8,
+                   image: str = "IMAGE") -> str:
+  """One shell line starting `config` on every host of the cluster `engine` names."""
+  train = train_command(config, workdir)
+  if engine == "tpu-vm":
+    return (f"gcloud compute tpus tpu-vm ssh {name} --zone={zone} --worker=all "
+            f"--command={shlex.quote('cd memagent_jax && .venv/bin/' + train)}")
+  if engine == "xpk":
+    return (f"xpk workload create --cluster={name} --zone={zone} --workload=memagent "
+            f"--tpu-type={tpu_type} --num-slices=1 --docker-image={image} --command={shlex.quote(train)}")
+  if engine == "slurm":  # one task per GPU: jax gives task SLURM_LOCALID that GPU of its node
+    return (f"srun --nodes={nodes} --ntasks-per-node={gpus_per_node} --gpus-per-node={gpus_per_node} "
+            f".venv/bin/{train}")
+  raise ValueError(f"engine {engine!r}: choose one of {ENGINES}")
+
+
+_ENGINE = flags.DEFINE_enum("engine", "all", ENGINES + ("all",), "which engine's command to print")
+_CONFIG = flags.DEFINE_string("config", "configs/memagent_qwen2_5_7b.py", "training config file[:variant]")
+_WORKDIR = flags.DEFINE_string("workdir", "/mnt/shared/runs/qwen7b", "a path every host mounts")
+_NAME = flags.DEFINE_string("name", "NAME", "TPU VM or GKE cluster name")
+_ZONE = flags.DEFINE_string("zone", "ZONE", "its zone")
+_TPU_TYPE = flags.DEFINE_string("tpu_type", "v5p-32", "xpk: the slice type")
+_NODES = flags.DEFINE_integer("nodes", 2, "slurm: nodes")
+_GPUS = flags.DEFINE_integer("gpus_per_node", 8, "slurm: GPUs per node (one task each)")
+_IMAGE = flags.DEFINE_string("image", "IMAGE", "xpk: container image holding the repository")
+
+
+def print_commands(engine: str = "all", **kw):
+  """Prints, for each engine, what jax reads there (a comment) and the launch line."""
+  for name in ENGINES if engine == "all" else (engine,):
+    print(f"# {name}: jax reads {DETECTS[name]}")
+    print(launch_command(name, **kw))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  print_commands(_ENGINE.value, config=_CONFIG.value, workdir=_WORKDIR.value, name=_NAME.value, zone=_ZONE.value,
+                 tpu_type=_TPU_TYPE.value, nodes=_NODES.value, gpus_per_node=_GPUS.value, image=_IMAGE.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,88 @@
+"""Joining the processes of a multi-host run: an explicit coordinator (config or JAX_* variables), or
+the cluster that `jax.distributed.initialize()` detects itself (Slurm, a multi-host TPU VM, GKE).
+
+No launcher of ours: the engine starts one process per host (per GPU under Slurm) and jax reads what
+the engine sets (docs/pods.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import jax
+from jax._src import clusters as jax_clusters  # jax's cluster detection: no public call only looks
+
+_log = logging.getLogger(__name__)
+
+
+def _get(cfg, key: str, default=None):
+  """Reads `key` from a dict or ml_collections ConfigDict (None/missing -> default)."""
+  if cfg is None:
+    return default
+  value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+  return default if value is None else value
+
+
+CLUSTER_CHOICES = ("auto", "none")  # distributed.cluster: jax's own cluster detection on / off
+
+
+def detected_cluster() -> tuple[str, int] | None:
+  """(name, process count) of the cluster that `jax.distributed.initialize()` would join on its own
+  (Slurm, Cloud TPU VM / GKE metadata, Kubernetes, Open MPI), None outside one. The same list, in
+  the same order, as jax's detection: jax has no public call that only looks."""
+  for env in jax_clusters.ClusterEnv._cluster_types:
+    try:
+      with warnings.catch_warnings():  # e.g. "Kubernetes detected but the kubernetes package is missing"
+        warnings.simplefilter("ignore")
+        if not env.opt_in_only_method and env.is_env_present():
+          return env.name, int(env.get_process_count())
+    except Exception as e:  # noqa: BLE001 - a pod that is not a Job (k8s API 403): not a cluster to join
+      _log.info("not joining the %s cluster jax detected: %s", env.name, e)
+  return None
+
+
+def initialize_distributed(cfg=None) -> bool:
+  """Starts jax.distributed when more than one process is asked for; True if it runs.
+
+  Reads `num_processes`, `coordinator_address`, `process_id` from `cfg`, else from the env vars
+  JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID. When none of them gives the process
+  count and `cluster` is "auto" (the default), a cluster jax detects (Slurm's SLURM_* variables,
+  a multi-host TPU VM, GKE) with more than one process is joined through
+  `jax.distributed.initialize()`'s own detection. Must run before any other JAX call; calling it
+  again is a no-op.
+  """
+  if jax.distributed.is_initialized():
+    return True
+  cluster = _get(cfg, "cluster", "auto")
+  if cluster not in CLUSTER_CHOICES:
+    raise ValueError(f"distributed.cluster={cluster!r}; choose one of {CLUSTER_CHOICES}")
+  num = _get(cfg, "num_processes", os.environ.get("JAX_NUM_PROCESSES"))
+  if num is None and cluster == "auto" and (found := detected_cluster()) and found[1] > 1:
+    _log.info("joining the %d processes of the %s cluster jax detected", found[1], found[0])
+    return _start(found[0], {})
+  num = int(1 if num is None else num)
+  if num <= 1:
+    return False
+  address = _get(cfg, "coordinator_address", os.environ.get("JAX_COORDINATOR_ADDRESS"))
+  pid = _get(cfg, "process_id", os.environ.get("JAX_PROCESS_ID"))
+  if address is None or pid is None:
+    raise ValueError(f"num_processes={num} needs coordinator_address (got {address!r}) and "
+                     f"process_id (got {pid!r}), in the config or JAX_COORDINATOR_ADDRESS / "
+                     "JAX_PROCESS_ID")
+  pid = int(pid)
+  if not 0 <= pid < num:
+    raise ValueError(f"process_id={pid} must be in [0, num_processes={num})")
+  return _start(f"coordinator {address}", dict(coordinator_address=str(address), num_processes=num,
+                                               process_id=pid))
+
+
+def _start(where: str, kwargs: dict) -> bool:
+  """jax.distributed.initialize(**kwargs) (no kwargs: jax detects the cluster), with an error naming `where`."""
+  try:
+    jax.distributed.initialize(**kwargs)
+  except RuntimeError as e:
+    raise RuntimeError(f"jax.distributed.initialize ({where}) failed ({e}); it must run before any "
+                       "other JAX computation in the process") from e
+  return True
