@@ -191,13 +191,12 @@ def test_initialize_distributed_single_process_is_noop(monkeypatch):
   for var in ("JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID"):
     monkeypatch.delenv(var, raising=False)
   assert par.initialize_distributed(None) is False
-  assert par.initialize_distributed({"num_processes": 1}) is False
+  assert par.initialize_distributed(par.DistributedSpec(num_processes=1)) is False
   assert not jax.distributed.is_initialized()
   with pytest.raises(ValueError, match="needs coordinator_address"):
-    par.initialize_distributed({"num_processes": 2, "process_id": 0})
+    par.initialize_distributed(par.DistributedSpec(num_processes=2, process_id=0))
   with pytest.raises(ValueError, match=r"process_id=2 must be in \[0, num_processes=2\)"):
-    par.initialize_distributed({"num_processes": 2, "process_id": 2,
-                                "coordinator_address": "localhost:1"})
+    par.initialize_distributed(par.DistributedSpec(num_processes=2, process_id=2, coordinator_address="localhost:1"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -274,8 +273,8 @@ def test_sharded_train_step_matches_one_device():
 DISTRIBUTED_SCRIPT = textwrap.dedent("""
     import os
     from memagent_jax.runtime import parallel as par
-    dist = {"num_processes": int(os.environ["NPROC"]), "process_id": int(os.environ["PID"]),
-            "coordinator_address": os.environ["COORD"]}
+    dist = par.DistributedSpec(num_processes=int(os.environ["NPROC"]), process_id=int(os.environ["PID"]),
+                               coordinator_address=os.environ["COORD"])
     started = par.initialize_distributed(dist)
     assert par.initialize_distributed(dist) == started  # idempotent
 """) + STEP_CODE + textwrap.dedent("""

@@ -67,7 +67,7 @@ def test_launch_command_names_the_unknown_engine():
 
 def test_outside_a_cluster_one_process_and_no_distributed_runtime():
   code = ("from memagent_jax.runtime import parallel; import jax; "
-          "print(parallel.detected_cluster(), parallel.initialize_distributed({}), jax.process_count())")
+          "print(parallel.detected_cluster(), parallel.initialize_distributed(), jax.process_count())")
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_outside_any_cluster(), capture_output=True,
                        text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
@@ -76,7 +76,7 @@ def test_outside_a_cluster_one_process_and_no_distributed_runtime():
 
 def test_unknown_cluster_mode_is_refused():
   with pytest.raises(ValueError, match=r"distributed.cluster='slurmx'; choose one of \('auto', 'none'\)"):
-    parallel.initialize_distributed({"cluster": "slurmx"})
+    parallel.DistributedSpec(cluster="slurmx")
 
 
 @pytest.mark.slow

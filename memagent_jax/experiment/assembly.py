@@ -108,11 +108,7 @@ def enable_compilation_cache(directory: str):
 
 def start_runtime(cfg):
   """Joins the processes of a multi-host run, turns on the compile cache, returns (mesh, rules)."""
-  d = cfg.distributed  # 0 / "" / -1 mean "from the JAX_* environment variables"
-  parallel.initialize_distributed({"num_processes": d.num_processes or None,
-                                   "coordinator_address": d.coordinator_address or None,
-                                   "process_id": d.process_id if d.process_id >= 0 else None,
-                                   "cluster": d.cluster})
+  parallel.initialize_distributed(specs.distributed_spec(cfg))
   if cfg.train.compilation_cache_dir:
     enable_compilation_cache(cfg.train.compilation_cache_dir)
   mesh_spec = specs.mesh_spec(cfg)

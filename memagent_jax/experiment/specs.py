@@ -2,7 +2,7 @@
 
 The only place (with cli.py) that reads a training config: below experiment/, code sees
 frozen dataclasses (`TrainSpec`, `OptimSpec`, `RolloutSpec`, `TeacherSpec`, `UpdateSpec`,
-`MeshSpec`), never a ConfigDict.
+`MeshSpec`, `DistributedSpec`), never a ConfigDict.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from memagent_jax.rl.rollout import OverlongSpec, RolloutSpec
 from memagent_jax.rl.teacher_rows import TeacherSpec
 from memagent_jax.rl.trainer import TrainSpec
 from memagent_jax.rl.update import UpdateSpec
+from memagent_jax.runtime.distributed import DistributedSpec
 from memagent_jax.runtime.parallel import MeshSpec
 
 
@@ -68,3 +69,10 @@ def mesh_spec(cfg) -> MeshSpec:
                   rules=tuple((str(name), None if target is None else target if isinstance(target, str)
                                else tuple(target)) for name, target in m.rules),
                   rollout=m.rollout)
+
+
+def distributed_spec(cfg) -> DistributedSpec:
+  """`distributed`: 0 / "" / -1 mean "from the JAX_* environment variables" (or the detected cluster)."""
+  d = cfg.distributed
+  return DistributedSpec(num_processes=d.num_processes or None, coordinator_address=d.coordinator_address or None,
+                         process_id=d.process_id if d.process_id >= 0 else None, cluster=d.cluster)

@@ -7,6 +7,7 @@ the engine sets (docs/pods.md).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
@@ -17,15 +18,21 @@ from jax._src import clusters as jax_clusters  # jax's cluster detection: no pub
 _log = logging.getLogger(__name__)
 
 
-def _get(cfg, key: str, default=None):
-  """Reads `key` from a dict or ml_collections ConfigDict (None/missing -> default)."""
-  if cfg is None:
-    return default
-  value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-  return default if value is None else value
-
-
 CLUSTER_CHOICES = ("auto", "none")  # distributed.cluster: jax's own cluster detection on / off
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistributedSpec:
+  """How this process joins the others; None fields come from JAX_NUM_PROCESSES,
+  JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID (or, with cluster "auto", from the cluster jax detects)."""
+  num_processes: int | None = None
+  coordinator_address: str | None = None
+  process_id: int | None = None
+  cluster: str = "auto"  # CLUSTER_CHOICES
+
+  def __post_init__(self):
+    if self.cluster not in CLUSTER_CHOICES:
+      raise ValueError(f"distributed.cluster={self.cluster!r}; choose one of {CLUSTER_CHOICES}")
 
 
 def detected_cluster() -> tuple[str, int] | None:
@@ -43,30 +50,29 @@ def detected_cluster() -> tuple[str, int] | None:
   return None
 
 
-def initialize_distributed(cfg=None) -> bool:
+def initialize_distributed(spec: DistributedSpec | None = None) -> bool:
   """Starts jax.distributed when more than one process is asked for; True if it runs.
 
-  Reads `num_processes`, `coordinator_address`, `process_id` from `cfg`, else from the env vars
+  Takes `num_processes`, `coordinator_address`, `process_id` from `spec`, else from the env vars
   JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID. When none of them gives the process
-  count and `cluster` is "auto" (the default), a cluster jax detects (Slurm's SLURM_* variables,
+  count and `spec.cluster` is "auto" (the default), a cluster jax detects (Slurm's SLURM_* variables,
   a multi-host TPU VM, GKE) with more than one process is joined through
   `jax.distributed.initialize()`'s own detection. Must run before any other JAX call; calling it
   again is a no-op.
   """
   if jax.distributed.is_initialized():
     return True
-  cluster = _get(cfg, "cluster", "auto")
-  if cluster not in CLUSTER_CHOICES:
-    raise ValueError(f"distributed.cluster={cluster!r}; choose one of {CLUSTER_CHOICES}")
-  num = _get(cfg, "num_processes", os.environ.get("JAX_NUM_PROCESSES"))
-  if num is None and cluster == "auto" and (found := detected_cluster()) and found[1] > 1:
+  spec = spec or DistributedSpec()
+  either = lambda value, env: value if value is not None else os.environ.get(env)
+  num = either(spec.num_processes, "JAX_NUM_PROCESSES")
+  if num is None and spec.cluster == "auto" and (found := detected_cluster()) and found[1] > 1:
     _log.info("joining the %d processes of the %s cluster jax detected", found[1], found[0])
     return _start(found[0], {})
   num = int(1 if num is None else num)
   if num <= 1:
     return False
-  address = _get(cfg, "coordinator_address", os.environ.get("JAX_COORDINATOR_ADDRESS"))
-  pid = _get(cfg, "process_id", os.environ.get("JAX_PROCESS_ID"))
+  address = either(spec.coordinator_address, "JAX_COORDINATOR_ADDRESS")
+  pid = either(spec.process_id, "JAX_PROCESS_ID")
   if address is None or pid is None:
     raise ValueError(f"num_processes={num} needs coordinator_address (got {address!r}) and "
                      f"process_id (got {pid!r}), in the config or JAX_COORDINATOR_ADDRESS / "

@@ -22,8 +22,8 @@ from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from memagent_jax.runtime.distributed import (CLUSTER_CHOICES, detected_cluster,  # noqa: F401 - re-exported
-                                              initialize_distributed)
+from memagent_jax.runtime.distributed import (CLUSTER_CHOICES, DistributedSpec,  # noqa: F401 - re-exported
+                                              detected_cluster, initialize_distributed)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Rows of a batch are split over both data-parallel axes (FSDP is data parallel too).
@@ -48,14 +48,6 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 ROLLOUT_LAYOUTS = ("train", "replicated")
 
 _log = logging.getLogger(__name__)
-
-
-def _get(cfg, key: str, default=None):
-  """Reads `key` from a dict or ml_collections ConfigDict (None/missing -> default)."""
-  if cfg is None:
-    return default
-  value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-  return default if value is None else value
 
 
 # ---------------------------------------------------------------------------------------
