@@ -5,6 +5,4 @@ from memagent_jax.policy.loading import load_policy
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.agent import AgentResult, ContextBudgetError, DirectReader, MemAgent
 
-SamplingParams = DecodeSpec  # the name README examples use for the same settings
-
 __version__ = "0.1.0"
