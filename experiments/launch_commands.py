@@ -44,17 +44,6 @@ def launch_command(engine: str, *, config: str, workdir: str, name: str = "NAME"
   raise ValueError(f"engine {engine!r}: choose one of {ENGINES}")
 
 
-_ENGINE = flags.DEFINE_enum("engine", "all", ENGINES + ("all",), "which engine's command to print")
-_CONFIG = flags.DEFINE_string("config", "configs/memagent_qwen2_5_7b.py", "training config file[:variant]")
-_WORKDIR = flags.DEFINE_string("workdir", "/mnt/shared/runs/qwen7b", "a path every host mounts")
-_NAME = flags.DEFINE_string("name", "NAME", "TPU VM or GKE cluster name")
-_ZONE = flags.DEFINE_string("zone", "ZONE", "its zone")
-_TPU_TYPE = flags.DEFINE_string("tpu_type", "v5p-32", "xpk: the slice type")
-_NODES = flags.DEFINE_integer("nodes", 2, "slurm: nodes")
-_GPUS = flags.DEFINE_integer("gpus_per_node", 8, "slurm: GPUs per node (one task each)")
-_IMAGE = flags.DEFINE_string("image", "IMAGE", "xpk: container image holding the repository")
-
-
 def print_commands(engine: str = "all", **kw):
   """Prints, for each engine, what jax reads there (a comment) and the launch line."""
   for name in ENGINES if engine == "all" else (engine,):
@@ -62,12 +51,28 @@ def print_commands(engine: str = "all", **kw):
     print(launch_command(name, **kw))
 
 
+def define_flags() -> None:
+  """The command line's flags, defined when run as a script only: tests import this module beside
+  scripts whose flags share names (--workdir, --config)."""
+  flags.DEFINE_enum("engine", "all", ENGINES + ("all",), "which engine's command to print")
+  flags.DEFINE_string("config", "configs/memagent_qwen2_5_7b.py", "training config file[:variant]")
+  flags.DEFINE_string("workdir", "/mnt/shared/runs/qwen7b", "a path every host mounts")
+  flags.DEFINE_string("name", "NAME", "TPU VM or GKE cluster name")
+  flags.DEFINE_string("zone", "ZONE", "its zone")
+  flags.DEFINE_string("tpu_type", "v5p-32", "xpk: the slice type")
+  flags.DEFINE_integer("nodes", 2, "slurm: nodes")
+  flags.DEFINE_integer("gpus_per_node", 8, "slurm: GPUs per node (one task each)")
+  flags.DEFINE_string("image", "IMAGE", "xpk: container image holding the repository")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  print_commands(_ENGINE.value, config=_CONFIG.value, workdir=_WORKDIR.value, name=_NAME.value, zone=_ZONE.value,
-                 tpu_type=_TPU_TYPE.value, nodes=_NODES.value, gpus_per_node=_GPUS.value, image=_IMAGE.value)
+  f = flags.FLAGS
+  print_commands(f.engine, config=f.config, workdir=f.workdir, name=f.name, zone=f.zone, tpu_type=f.tpu_type,
+                 nodes=f.nodes, gpus_per_node=f.gpus_per_node, image=f.image)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
