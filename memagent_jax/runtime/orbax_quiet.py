@@ -16,8 +16,10 @@ def _is_read_noise(exc=None, text: str = "") -> bool:
     return True
   if isinstance(getattr(exc, "__cause__", None), GeneratorExit) and "reading array index" in str(exc):
     return True
-  unretrieved = text.startswith(("Task exception was never retrieved", "Future exception was never retrieved"))
-  return unretrieved and ("tensorstore" in text or "orbax" in text)
+  # asyncio names the object: Task, Future, or the _GatheringFuture of orbax's gathered reads
+  unretrieved = "exception was never retrieved" in text.split("\n", 1)[0]
+  lowered = text.lower()
+  return unretrieved and ("tensorstore" in lowered or "orbax" in lowered or "reading array index" in lowered)
 
 
 def _keep_record(record) -> bool:
