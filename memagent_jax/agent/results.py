@@ -6,7 +6,6 @@ import dataclasses
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -99,8 +98,3 @@ class ConversationSlots:
   response_len: jax.Array  # [S] int32
   logprobs: jax.Array  # [S, N] float32: log p of each response token under the policy that sampled
   truncated: jax.Array  # [S] bool: hit the token cap without a stop token
-
-  @classmethod
-  def concatenate(cls, parts: list["ConversationSlots"]) -> "ConversationSlots":
-    """The slots of several agent calls, in order."""
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)

@@ -93,14 +93,22 @@ def bucket_rows(rows: int, multiple: int) -> int:
   return multiple * (3 * power // 4 if power >= 4 and units <= 3 * power // 4 else power)
 
 
-def mini_batches(rows: TrainRows, *, num_questions: int, questions_per_mini_batch: int,
-                 multiple: int, pad_id: int) -> list[TrainRows]:
-  """Splits rows by question into mini-batches of `questions_per_mini_batch` questions (the
-  last one smaller when dynamic sampling proceeded with fewer groups), each padded to a
-  bucketed row count divisible by `multiple` (micro-batches x batch shards)."""
+def mini_batch_split(question, *, num_questions: int, questions_per_mini_batch: int,
+                     multiple: int) -> list[tuple[np.ndarray, int]]:
+  """Rows by question [R] -> per mini-batch of `questions_per_mini_batch` questions (the last one
+  smaller when dynamic sampling proceeded with fewer groups): (its row indices, its bucketed row
+  count, divisible by `multiple`)."""
   out = []
   for start in range(0, num_questions, questions_per_mini_batch):
-    idx = np.flatnonzero((rows.question >= start) & (rows.question < start + questions_per_mini_batch))
-    part = rows.take(idx)
-    out.append(part.pad_to(bucket_rows(len(part), multiple), pad_id))
+    idx = np.flatnonzero((question >= start) & (question < start + questions_per_mini_batch))
+    out.append((idx, bucket_rows(len(idx), multiple)))
   return out
+
+
+def mini_batches(rows: TrainRows, *, num_questions: int, questions_per_mini_batch: int,
+                 multiple: int, pad_id: int) -> list[TrainRows]:
+  """Splits rows by question into mini-batches (`mini_batch_split`: multiple = micro-batches x
+  batch shards), each padded with empty rows to its bucketed count."""
+  return [rows.take(idx).pad_to(count, pad_id)
+          for idx, count in mini_batch_split(rows.question, num_questions=num_questions,
+                                             questions_per_mini_batch=questions_per_mini_batch, multiple=multiple)]

@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.agent.results import ConversationSlots
-from memagent_jax.rl.batching import bucket_rows
+from memagent_jax.rl.batching import mini_batch_split
 from memagent_jax.rl.update import UpdateBatch
 from memagent_jax.runtime.parallel import BATCH_AXES
 
@@ -33,20 +33,15 @@ class MiniBatchPlan:
 
 def plan_mini_batches(slot, question, advantages, *, questions_per_mini_batch: int, multiple: int,
                       num_questions: int) -> list[MiniBatchPlan]:
-  """Kept rows (slot [K], question [K], advantage [K], in row order) -> mini-batches of
-  `questions_per_mini_batch` questions, each padded to a bucketed row count divisible by
-  `multiple`, exactly as `batching.mini_batches` splits host rows."""
+  """Kept rows (slot [K], question [K], advantage [K], in row order) -> mini-batches split as
+  `batching.mini_batches` splits host rows, padding rows last."""
   slot, question = np.asarray(slot, np.int32), np.asarray(question, np.int32)
   advantages = np.asarray(advantages, np.float32)
-  plans = []
-  for start in range(0, num_questions, questions_per_mini_batch):
-    idx = np.flatnonzero((question >= start) & (question < start + questions_per_mini_batch))
-    rows = bucket_rows(len(idx), multiple)
-    pad = rows - len(idx)
-    plans.append(MiniBatchPlan(slot=np.concatenate([slot[idx], np.full(pad, -1, np.int32)]),
-                               advantages=np.concatenate([advantages[idx], np.zeros(pad, np.float32)]),
-                               question=np.concatenate([question[idx], np.full(pad, -1, np.int32)])))
-  return plans
+  pad = lambda x, n, value: np.concatenate([x, np.full(n, value, x.dtype)])
+  return [MiniBatchPlan(slot=pad(slot[idx], count - len(idx), -1), advantages=pad(advantages[idx], count - len(idx), 0),
+                        question=pad(question[idx], count - len(idx), -1))
+          for idx, count in mini_batch_split(question, num_questions=num_questions,
+                                             questions_per_mini_batch=questions_per_mini_batch, multiple=multiple)]
 
 
 @functools.partial(jax.jit, static_argnames=("micro_batches", "mask_truncated", "pad_id", "out_sharding"))

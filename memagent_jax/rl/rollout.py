@@ -90,7 +90,8 @@ class RolloutSpec:
                        f"max_extra_gen_batches >= 0; got {self}")
     if self.on_insufficient not in ON_INSUFFICIENT:
       raise ValueError(f"RolloutSpec.on_insufficient={self.on_insufficient!r}; choose one of {ON_INSUFFICIENT}")
-    REWARD_FNS.get(self.reward), adv_lib.get_advantage(self.advantage)  # unknown names raise, listing the known
+    REWARD_FNS.get(self.reward)  # an unknown name raises, listing the known ones
+    adv_lib.get_advantage(self.advantage)
 
 
 class DynamicSamplingError(RuntimeError):

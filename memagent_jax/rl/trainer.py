@@ -109,7 +109,7 @@ class Trainer:
                               parallel.param_shardings(policy.state, mesh, layout_rules))
     self._sync_policy()
     self._nan_run = 0
-    self.clock = DeviceClock()  # seconds in the update's programs and transfers (perf/host_s)
+    self.clock = DeviceClock()  # seconds dispatching and waiting for the update's programs (perf/host_s)
     self.shared_prefix = None if shared_prefix is None else np.asarray(shared_prefix, np.int32)
     self._shared_prefix_dev = None if shared_prefix is None else jnp.asarray(self.shared_prefix)  # once
 
@@ -124,13 +124,12 @@ class Trainer:
   def train_step(self) -> dict[str, float]:
     """Rollouts, then `updates_per_step` optimizer updates; returns the step's metrics."""
     spec, st = self.spec, self.state
-    agent_clock = getattr(self.collector.agent, "device_clock", None)  # a teacher's agent runs no programs
-    device0 = self.clock.seconds + (agent_clock.seconds if agent_clock else 0.0)
+    device0 = self._device_seconds()
     t0 = time.perf_counter()
     roll = self.collector.collect(self.batches, self._seed)
     metrics = dict(roll.metrics)
     t1 = time.perf_counter()
-    device_seconds = lambda: self.clock.seconds + (agent_clock.seconds if agent_clock else 0.0) - device0
+    device_seconds = lambda: self._device_seconds() - device0
     if roll.rows is None:  # dynamic sampling proceeded with nothing to learn from
       wall = time.perf_counter() - t0
       metrics.update(updates=0, step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
@@ -145,7 +144,7 @@ class Trainer:
     prefixed = 0
     for i, part in enumerate(parts):  # old / reference log-probs: all from the params that sampled
       with self.clock.section():
-        dev = jax.block_until_ready(self._device_batch(upd.split_micro(part.arrays(), spec.micro_batches)))
+        dev = self._device_batch(upd.split_micro(part.arrays(), spec.micro_batches))
       fits = upd.prefix_fits(part.tokens, part.valid, self.shared_prefix, self.loss_from)
       prefix = self._shared_prefix_dev if fits else None
       prefixed += fits
@@ -158,7 +157,6 @@ class Trainer:
           dev = dev.replace(old_logp=self.programs.batch_logprobs(st.params, dev.tokens, dev.valid, **kw))
         if self.update_spec.kl_coef:
           dev = dev.replace(ref_logp=self.programs.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
-        jax.block_until_ready(dev)
       update_spec = dataclasses.replace(self.update_spec, old_is_current=recompute and i == 0)
       batches.append((dev, update_spec, prefix))
     st.opt_state = set_learning_rate(st.opt_state, lr_at(self.optim, st.step))
@@ -190,11 +188,15 @@ class Trainer:
                    rollout_tokens_per_s=metrics["rollout_tokens"] / max(t1 - t0, 1e-9),
                    update_seconds=t2 - t1)
     with self.clock.section():
-      self._sync_policy()
-      jax.block_until_ready(self.policy.state)
+      self._sync_policy()  # dispatched here; the next rollout waits for it in its own device time
     wall = time.perf_counter() - t0
     metrics.update(step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
     return metrics
+
+  def _device_seconds(self) -> float:
+    """Seconds so far in device sections of this trainer and of its agent (a teacher's runs none)."""
+    agent_clock = getattr(self.collector.agent, "device_clock", None)
+    return self.clock.seconds + (agent_clock.seconds if agent_clock else 0.0)
 
   def _sync_policy(self):
     """Rollouts run the current params in the model's dtype (bf16 on accelerators), in the rollout

@@ -1,11 +1,11 @@
-"""Where a step's wall time goes: seconds in compiled programs (dispatched, run, waited for, moved
-to or from the device) against everything else, the host's own work (`perf/host_s`)."""
+"""Where a step's wall time goes: seconds dispatching compiled programs and transfers and waiting for
+them, against everything else, the host's own work (`perf/host_s`). No section adds a wait of its own:
+work still running when a section ends is counted where the host next waits for it."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-
 
 
 class DeviceClock:
@@ -16,8 +16,7 @@ class DeviceClock:
 
   @contextlib.contextmanager
   def section(self):
-    """Times a block that dispatches device work and waits for it (end it with a transfer or a
-    `jax.block_until_ready`, or the wait is counted as host time)."""
+    """Times a block that dispatches device work or waits for it (a transfer to the host)."""
     start = time.perf_counter()
     try:
       yield
