@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from configs import base, toy_cpu
-from memagent_jax.agent.results import AgentResult, Conversation
+from memagent_jax.agent.results import AgentResult, Conversation, slots_from_results
 from memagent_jax.data import pipeline, toy
 from memagent_jax.experiment import assembly
 from memagent_jax.rl import losses, rollout, toy_teacher
@@ -76,6 +76,10 @@ class ScriptedAgent:
                              document_tokens=len(doc.split())))
     return out
 
+  def rollout_slots(self, questions, documents, *, prompt_width, response_width, **kw):
+    return slots_from_results(self.answer_batch(questions, documents, **kw), self.pad_id, prompt_width=prompt_width,
+                              response_width=response_width)
+
 
 class Run:
   """A built experiment and what it does, each probe from the same data position."""
@@ -102,7 +106,7 @@ class Run:
         return {"calls": c.agent.calls, "outcome": "DynamicSamplingError"}
       finally:
         calls, c.agent = c.agent.calls, real
-      rows, m = roll.rows, roll.metrics
+      rows, m = (None if roll.rows is None else roll.rows.host_rows()), roll.metrics
       return {"calls": calls, "outcome": f"{roll.num_questions} groups",
               "accuracy": m["accuracy"], "reward_mean": round(m["reward_mean"], 6), "gen_batches": m["gen_batches"],
               "advantages": None if rows is None else np.round(rows.advantages, 6).tolist(),
@@ -113,8 +117,9 @@ class Run:
     """One collect() of the built TeacherCollector (teachers write rows without the model)."""
     def go():
       roll = self.trainer.collector.collect(self.trainer.batches, lambda gen, sub: 1000 + gen)
-      return {"memories": [r.memories for r in roll.results], "prompt_width": roll.rows.prompt_width,
-              "tokens": hashlib.sha256(np.ascontiguousarray(roll.rows.tokens).tobytes()).hexdigest()}
+      rows = roll.rows.host_rows()
+      return {"memories": [r.memories for r in roll.results], "prompt_width": rows.prompt_width,
+              "tokens": hashlib.sha256(np.ascontiguousarray(rows.tokens).tobytes()).hexdigest()}
     return self._once("teacher", go)
 
   def step(self) -> dict:

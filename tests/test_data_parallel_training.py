@@ -23,7 +23,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
     from memagent_jax.experiment.assembly import build_trainer
     # a from-scratch toy model scores 0 everywhere; a reward on the sampled text itself gives
     # every group a signal, so the updates move the params
-    REWARD_FNS.register("answer_parity", lambda r, a: float(sum(map(ord, r.answer)) % 2))
+    REWARD_FNS.register("answer_parity", lambda answer, pred, gold: float(sum(map(ord, answer)) % 2))
     cfg = toy_cpu.get_config("tiny")
     cfg.rl.reward = "answer_parity"
     cfg.train.steps = 2

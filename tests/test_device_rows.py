@@ -58,11 +58,39 @@ def test_device_rows_equal_host_rows(mask_truncated, micro_batches, multiple):
   slots = _slots(batch)
   for plan, part in zip(plans, want):
     np.testing.assert_array_equal(plan.question, part.question)
-    got = device_rows.gather_update_batch(slots, plan, micro_batches=micro_batches, mask_truncated=mask_truncated,
-                                          pad_id=PAD)
+    got, fits = device_rows.gather_update_batch(slots, plan, micro_batches=micro_batches,
+                                                mask_truncated=mask_truncated, pad_id=PAD)
+    assert not bool(fits)  # no prefix given
     ref = upd.split_micro(part.arrays(), micro_batches)
     for name in ("tokens", "valid", "loss_mask", "old_logp", "ref_logp", "advantages"):
       np.testing.assert_array_equal(np.asarray(getattr(got, name)), getattr(ref, name), err_msg=name)
+
+
+def test_prefix_check_and_prompt_loss_on_device_match_the_host():
+  """The gather's shared-prefix check agrees with `update.prefix_fits` (rows that start with the
+  prefix, rows padded past it, a row that breaks it), and loss_on_prompt gives
+  `teacher_rows.language_model_rows`."""
+  from memagent_jax.rl.teacher_rows import language_model_rows
+  results = _results(5, trajectories=4)
+  prefix = np.asarray([3, 4, 5], np.int32)
+  for r in results:
+    for c in r.conversations:
+      if len(c.prompt_ids) >= 5:
+        c.prompt_ids[:3] = prefix  # padded prompts (< 5 tokens here) keep >= 5 padding slots first
+  batch = ConversationBatch.from_results(results, PAD, prompt_width=P, response_width=N)
+  q = np.arange(len(batch), dtype=np.int32)
+  host = rows_from_conversations(batch, row_advantages=np.ones(len(batch)), row_question=q, mask_truncated=False)
+  plan = device_rows.MiniBatchPlan(slot=np.arange(len(batch), dtype=np.int32), advantages=np.ones(len(batch)), question=q)
+  for pref in (prefix, prefix[:2], np.asarray([3, 9], np.int32)):
+    _, fits = device_rows.gather_update_batch(_slots(batch), plan, micro_batches=1, mask_truncated=False, pad_id=PAD,
+                                              prefix=pref)
+    assert bool(fits) == upd.prefix_fits(host.tokens, host.valid, pref, P), pref
+  assert upd.prefix_fits(host.tokens, host.valid, prefix, P)  # the case that matters is covered
+  got, _ = device_rows.gather_update_batch(_slots(batch), plan, micro_batches=1, mask_truncated=False, pad_id=PAD,
+                                           loss_on_prompt=True)
+  want = language_model_rows(host)
+  for name in ("tokens", "valid", "loss_mask", "old_logp", "ref_logp"):
+    np.testing.assert_array_equal(np.asarray(getattr(got, name))[0], getattr(want, name), err_msg=name)
 
 
 def test_rows_must_split_into_micro_batches():
@@ -90,8 +118,8 @@ host = rows_from_conversations(batch, row_advantages=row_adv, row_question=row_q
 [part] = mini_batches(host, num_questions=4, questions_per_mini_batch=4, multiple=8, pad_id=t.PAD)
 [plan] = device_rows.plan_mini_batches(np.arange(len(batch)), row_q, row_adv, questions_per_mini_batch=4,
                                        multiple=8, num_questions=4)
-got = device_rows.gather_update_batch(t._slots(batch), plan, micro_batches=2, mask_truncated=True, pad_id=t.PAD,
-                                      mesh=mesh)
+got, _ = device_rows.gather_update_batch(t._slots(batch), plan, micro_batches=2, mask_truncated=True, pad_id=t.PAD,
+                                         mesh=mesh)
 ref = upd.split_micro(part.arrays(), 2)
 for name in ("tokens", "valid", "loss_mask", "old_logp", "advantages"):
   x = getattr(got, name)
@@ -110,3 +138,35 @@ def test_device_rows_are_split_over_the_mesh_like_host_rows(tmp_path):
              PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.getcwd(), os.environ.get("PYTHONPATH", "")]))
   out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]
+
+
+def test_reader_slots_hold_the_conversations_answer_batch_returns():
+  """MemAgent.rollout_slots keeps on device exactly the conversations answer_batch builds on the host
+  (same seeds and row ids): tokens, lengths, log-probs, truncation, answers, chunk counts."""
+  import memagent_jax as mj
+  from memagent_jax.data import toy
+  from memagent_jax.experiment.assembly import row_widths
+  policy = mj.load_policy("random:toy-tiny", seed=5)
+  agent = mj.MemAgent(policy, chunk_tokens=32, memory_tokens=8, answer_tokens=6, question_tokens=16, block_chunks=2)
+  samples = toy.generate(3, 40 + 50 * 2, seed=4)  # 4-6 chunks: two blocks, rows ending at different chunks
+  questions, docs = [s["question"] for s in samples], [s["context"][:200 + 90 * i] for i, s in enumerate(samples)]
+  p, n = row_widths(agent, 16)
+  kw = dict(temperature=1.0, top_p=0.9, seed=11, row_ids=[4, 9, 2])
+  results = agent.answer_batch(questions, docs, **kw)
+  got = agent.rollout_slots(questions, docs, prompt_width=p, response_width=n, **kw)
+  want = ConversationBatch.from_results(results, agent.pad_id, prompt_width=p, response_width=n)
+  assert got.answers == [r.answer for r in results] and got.predictions == [r.prediction for r in results]
+  assert got.num_chunks.tolist() == [r.num_chunks for r in results] and len(set(got.num_chunks.tolist())) > 1
+  row, turn = np.nonzero(got.active)
+  turn = np.where(got.is_final[row, turn], [len(results[r].conversations) - 1 for r in row], turn)
+  order = np.lexsort((turn, row))  # conversation order: row by row, turns in order (final last)
+  slot = (row * got.turns + np.nonzero(got.active)[1])[order]
+  np.testing.assert_array_equal(row[order], want.trajectory)
+  np.testing.assert_array_equal(turn[order], want.turn)
+  s = got.slots
+  np.testing.assert_array_equal(np.asarray(s.prompt)[slot], want.prompt_ids)
+  np.testing.assert_array_equal(np.asarray(s.prompt_len)[slot], want.prompt_lengths)
+  np.testing.assert_array_equal(np.asarray(s.response)[slot], want.response_ids)
+  np.testing.assert_array_equal(np.asarray(s.response_len)[slot], want.response_mask.sum(1))
+  np.testing.assert_array_equal(np.asarray(s.logprobs)[slot], want.response_logprobs)
+  np.testing.assert_array_equal(np.asarray(s.truncated)[slot], want.truncated)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memagent_jax.agent.results import AgentResult, Conversation
+from memagent_jax.agent.results import AgentResult, Conversation, slots_from_results
 from memagent_jax.rl import rollout
 from memagent_jax.rl.batching import bucket_rows, mini_batches
 
@@ -32,7 +32,7 @@ class FakeAgent:
   def __init__(self):
     self.calls = []
 
-  def answer_batch(self, questions, documents, temperature, top_p, seed, row_ids):
+  def answer_batch(self, questions, documents, *, temperature, top_p, seed, row_ids):
     self.calls.append((seed, list(row_ids)))
     out = []
     for q, row in zip(questions, row_ids):
@@ -55,6 +55,10 @@ class FakeAgent:
                              conversations=convs, num_chunks=n_mem, document_tokens=10))
     return out
 
+  def rollout_slots(self, questions, documents, *, prompt_width, response_width, **kw):
+    return slots_from_results(self.answer_batch(questions, documents, **kw), self.pad_id, prompt_width=prompt_width,
+                              response_width=response_width)
+
 
 def _cfg(**kw):
   return rollout.RolloutSpec(**{**dict(group_size=2, questions_per_step=2, rollout_batch=4, reward="exact_match",
@@ -71,12 +75,18 @@ def _batches(specs):
 def _collect(cfg, specs):
   agent = FakeAgent()
   col = rollout.RolloutCollector(agent, cfg, prompt_width=8, response_width=8)
-  return col.collect(_batches(specs), lambda gen, sub: 1000 * gen + sub), agent
+  out = col.collect(_batches(specs), lambda gen, sub: 1000 * gen + sub)
+  return out, agent
+
+
+def _host(out):
+  """The step's rows as host arrays (gathered on device, as the trainer gathers them)."""
+  return out.rows.host_rows()
 
 
 def test_every_row_gets_its_trajectory_advantage():
   out, _ = _collect(_cfg(), [["0:yes,no", "1:yes,yes"]])
-  rows = out.rows
+  rows = _host(out)
   # q0: rewards (1, 0) -> grpo (r - 0.5) / (std 0.7071 + 1e-6); q1: equal -> 0
   a = 0.5 / (np.sqrt(0.5) + 1e-6)
   # trajectory rows: q0/t0 has 1 memory + final, q0/t1 the same; q1's two have 2 memories + final
@@ -103,7 +113,7 @@ def test_dynamic_sampling_fails_loudly_or_proceeds():
   with pytest.raises(rollout.DynamicSamplingError, match="max_extra_gen_batches=1"):
     _collect(_cfg(dynamic_sampling=True, max_extra_gen_batches=1), specs)
   out, _ = _collect(_cfg(dynamic_sampling=True, max_extra_gen_batches=1, on_insufficient="proceed"), specs)
-  assert out.num_questions == 1 and set(out.rows.question) == {0}
+  assert out.num_questions == 1 and set(_host(out).question) == {0}
   none, _ = _collect(_cfg(dynamic_sampling=True, on_insufficient="proceed"), [["0:no,no", "1:no,no"]])
   assert none.rows is None and none.num_questions == 0
 
@@ -122,13 +132,13 @@ def test_mask_truncated_removes_capped_conversations_from_the_loss():
   specs = [["0:yes,yesyesy", "1:yes,no"]]  # "yesyesy" (7 tokens >= 6) is marked truncated
   keep, _ = _collect(_cfg(), specs)
   drop, _ = _collect(_cfg(mask_truncated=True), specs)
-  assert keep.rows.loss_mask.sum() - drop.rows.loss_mask.sum() == 7
+  assert _host(keep).loss_mask.sum() - _host(drop).loss_mask.sum() == 7
   assert len(keep.rows) == len(drop.rows)
 
 
 def test_mini_batches_split_by_question_and_pad():
   out, _ = _collect(_cfg(questions_per_step=2), [["0:yes,no", "1:yes,no"]])
-  parts = mini_batches(out.rows, num_questions=2, questions_per_mini_batch=1, multiple=4, pad_id=0)
+  parts = mini_batches(_host(out), num_questions=2, questions_per_mini_batch=1, multiple=4, pad_id=0)
   assert [len(p) for p in parts] == [4, 8]  # 4 rows -> 4; 6 rows -> bucket 8
   assert parts[1].loss_mask[6:].sum() == 0 and (parts[1].question[6:] == -1).all()
   assert parts[1].valid[6:].sum(1).tolist() == [1, 1]  # padding rows keep one valid token
@@ -156,7 +166,7 @@ def test_training_rows_reproduce_the_sampler_logprobs():
   batch = {"question": [s["question"] for s in samples], "context": [s["context"] for s in samples],
            "answers": [s["answers"] for s in samples]}
   out = col.collect(itertools.repeat(batch), lambda g, s: 7)
-  rows = out.rows
+  rows = _host(out)
   assert len(rows) > 4  # several memory updates per trajectory
   got = upd.batch_logprobs(policy.state, jnp.asarray(rows.tokens[None]), jnp.asarray(rows.valid[None]),
                            graphdef=policy.graphdef, prompt_width=p, temperature=1.0, compute_dtype="float32")[0]

@@ -112,9 +112,9 @@ def test_memagent_runs_end_to_end_on_the_toy_world():
   assert policy.tokenizer is toy_tokenizer()
   agent = mj.MemAgent(policy, chunk_tokens=64, memory_tokens=16, answer_tokens=8)
   samples = toy.generate(2, 150, seed=0)
-  results, batch = agent.rollout([s["question"] for s in samples], [s["context"] for s in samples],
-                                 temperature=1.0, top_p=1.0, seed=0)
-  assert isinstance(batch, ConversationBatch)
+  results = agent.answer_batch([s["question"] for s in samples], [s["context"] for s in samples],
+                               temperature=1.0, top_p=1.0, seed=0)
+  assert isinstance(ConversationBatch.from_results(results, agent.pad_id), ConversationBatch)
   for r in results:
     assert r.num_chunks == 3 and len(r.conversations) == 4 and r.document_tokens == 150
     assert all(len(c.response_ids) <= 16 for c in r.conversations[:-1])

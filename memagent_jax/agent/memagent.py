@@ -8,8 +8,9 @@ ended is inactive for the remaining steps.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from tqdm.auto import tqdm
 from memagent_jax.agent import chunking
 from memagent_jax.agent.placement import RowPlacement
 from memagent_jax.agent.recurrence import ChunkBlock, MemoryRows, RecurrenceSpec, answer_block, memory_block
-from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch
+from memagent_jax.agent.results import AgentResult, Conversation, ConversationSlots, RolloutSlots
 from memagent_jax.runtime import parallel
 from memagent_jax.runtime.device_clock import DeviceClock
 from memagent_jax.text.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
@@ -170,15 +171,12 @@ class MemAgent:
                           stop_tokens=self.stop_tokens, pad_id=self.pad_id, keep_prompts=keep_prompts,
                           reuse_prefix=self.reuse_prefix)
 
-  # Documented public API (DESIGN.md): greedy unless asked, as `Policy.generate`.
-  def answer_batch(self, questions: Sequence[str], documents: Sequence[str], *, temperature: float = 0.0,
-                   top_p: float = 1.0, seed: int = 0, top_k: int = 0, from_files: bool = False,
-                   keep_prompts: bool = True, progress: bool = False,
-                   row_ids: Sequence[int] | None = None) -> list[AgentResult]:
-    """Reads documents (texts, or file paths with from_files=True) and answers each question.
-
-    Row i samples with the key fold_in(PRNGKey(seed), row_ids[i]) (default: i), so a trajectory
-    is the same whichever batch, device or process generates it."""
+  def _read(self, questions, documents, *, decode: DecodeSpec, seed: int, row_ids, from_files: bool,
+            keep_prompts: bool, progress: bool, fetch: Callable):
+    """Runs the recurrence over every document; yields ("block", fetch(outs), chunk lengths [b, K]) per
+    block of K memory updates and ("final", fetch(final outs), None) last. fetch gets each program's
+    device outputs [K, B, ...] (global rows) and returns what the caller keeps: it runs inside the
+    device clock's section, so any wait for the outputs counts as device time."""
     if isinstance(questions, str) or isinstance(documents, str):
       raise TypeError("answer_batch takes lists; use answer() for a single document")
     if len(questions) != len(documents) or not questions:
@@ -187,7 +185,6 @@ class MemAgent:
     row_ids = np.arange(b) if row_ids is None else np.asarray(row_ids, np.int64)
     if row_ids.shape != (b,) or (b and (row_ids.min() < 0 or row_ids.max() >= 2 ** 32)):
       raise ValueError(f"row_ids must be {b} integers in [0, 2**32) (one per question); got {row_ids}")
-    decode = DecodeSpec(temperature=temperature, top_p=top_p, top_k=top_k)
     spec = self._spec(keep_prompts)
     place = RowPlacement(self.mesh, b)
     question, q_len = self._question_ids(questions, place)
@@ -198,9 +195,6 @@ class MemAgent:
                       mem_len=place.put(np.full((b,), len(self.initial_memory), np.int32)),
                       keys=place.put(np.asarray(row_keys(jax.random.PRNGKey(seed), row_ids))))  # keys [b, 2]
     pol = self.policy
-    conversations = [[] for _ in range(b)]
-    memories = [[] for _ in range(b)]
-    doc_tokens = np.zeros(b, np.int64)
     bar = tqdm(desc="reading", unit="tok", unit_scale=True, disable=not progress, leave=False)
     first_chunk = 0
     while True:
@@ -213,23 +207,43 @@ class MemAgent:
       with self._trace_mesh(), self.device_clock.section():
         rows, outs = self.memory_block(pol.graphdef, pol.state, pieces=self._memory_pieces, rows=rows, block=block,
                                        decode=decode, spec=spec)
-        outs = place.local(outs, row_axis=1)  # to the host: waits for the block
+        kept = fetch(outs, place)
       first_chunk += self.block_chunks
-      self._collect(outs, conversations, memories=memories, is_final=False)
-      doc_tokens += lengths.sum(axis=1)
       bar.update(int(lengths.sum()))
+      yield "block", kept, lengths
     bar.close()
     with self._trace_mesh(), self.device_clock.section():
       prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, rows=rows,
                                         decode=decode, spec=spec)
-      prompt, valid, gen = place.local((prompt, valid, gen))
-    final = dict(response=gen.tokens[None], logprobs=gen.logprobs[None],
-                 sample_logprobs=gen.sample_logprobs[None], response_len=gen.lengths[None],
-                 stopped=gen.stopped[None], prompt_len=valid.sum(1)[None],
-                 active=np.ones((1, b), bool), prompt=prompt[None])
-    if not keep_prompts:
-      del final["prompt"]
-    self._collect(final, conversations, memories=None, is_final=True)
+      final = dict(response=gen.tokens, logprobs=gen.logprobs, sample_logprobs=gen.sample_logprobs,
+                   response_len=gen.lengths, stopped=gen.stopped, prompt_len=jnp.sum(valid, axis=1),
+                   active=gen.lengths >= 0)  # every row answers (an elementwise op keeps the row split)
+      if keep_prompts:
+        final["prompt"] = prompt
+      kept = fetch(jax.tree.map(lambda x: x[None], final), place)  # as one more step: [1, B, ...]
+    yield "final", kept, None
+
+  # Documented public API (DESIGN.md): greedy unless asked, as `Policy.generate`.
+  def answer_batch(self, questions: Sequence[str], documents: Sequence[str], *, temperature: float = 0.0,
+                   top_p: float = 1.0, seed: int = 0, top_k: int = 0, from_files: bool = False,
+                   keep_prompts: bool = True, progress: bool = False,
+                   row_ids: Sequence[int] | None = None) -> list[AgentResult]:
+    """Reads documents (texts, or file paths with from_files=True) and answers each question.
+
+    Row i samples with the key fold_in(PRNGKey(seed), row_ids[i]) (default: i), so a trajectory
+    is the same whichever batch, device or process generates it."""
+    b = len(questions)
+    conversations = [[] for _ in range(b)]
+    memories = [[] for _ in range(b)]
+    doc_tokens = np.zeros(b, np.int64)
+    decode = DecodeSpec(temperature=temperature, top_p=top_p, top_k=top_k)
+    to_host = lambda outs, place: place.local(outs, row_axis=1)  # every output to the host: waits for the block
+    for kind, outs, lengths in self._read(questions, documents, decode=decode, seed=seed, row_ids=row_ids,
+                                          from_files=from_files, keep_prompts=keep_prompts, progress=progress,
+                                          fetch=to_host):
+      self._collect(outs, conversations, memories=memories if kind == "block" else None, is_final=kind == "final")
+      if lengths is not None:
+        doc_tokens += lengths.sum(axis=1)
     results = []
     for i in range(b):
       answer = self.tokenizer.decode_response(conversations[i][-1].response_ids)
@@ -238,6 +252,40 @@ class MemAgent:
           prediction=answer_text_to_prediction(answer, self.final_template), memories=memories[i],
           conversations=conversations[i], num_chunks=len(memories[i]), document_tokens=int(doc_tokens[i])))
     return results
+
+  def rollout_slots(self, questions: Sequence[str], documents: Sequence[str], *, temperature: float, top_p: float,
+                    seed: int, prompt_width: int, response_width: int, row_ids: Sequence[int] | None = None,
+                    top_k: int = 0) -> RolloutSlots:
+    """Sampled trajectories for RL (row ids and keys as `answer_batch`): every conversation stays on
+    device as a slot of prompt_width / response_width columns; only counts and the final answers'
+    tokens come to the host."""
+    need_p = max(self.prompt_tokens(self.question_tokens).values())
+    need_n = max(self.memory_tokens, self.answer_tokens)
+    if prompt_width < need_p or response_width < need_n:
+      raise ValueError(f"slots of prompt width {prompt_width} / response width {response_width} cannot hold this "
+                       f"reader's conversations (up to {need_p} / {need_n} tokens)")
+    steps = []  # per program: the slot fields, device arrays [K, B, ...]
+
+    def fetch(outs, place):
+      steps.append({k: outs[k] for k in _SLOT_FIELDS})
+      names = _COUNTS + (("response",) if outs["active"].shape[0] == 1 else ())  # the answer's tokens, for rewards
+      return place.local({k: outs[k] for k in names}, row_axis=1)
+
+    decode = DecodeSpec(temperature=temperature, top_p=top_p, top_k=top_k)
+    counts = [c for _, c, _ in self._read(questions, documents, decode=decode, seed=seed, row_ids=row_ids,
+                                          from_files=False, keep_prompts=True, progress=False, fetch=fetch)]
+    host = {k: np.concatenate([c[k] for c in counts]).swapaxes(0, 1) for k in _COUNTS}  # [b, T]
+    with self._trace_mesh(), self.device_clock.section():
+      slots = _slot_table(tuple(steps), prompt_width=prompt_width, response_width=response_width, pad_id=self.pad_id)
+    b, t = host["active"].shape
+    final_ids = counts[-1]["response"][0]  # [b, N]
+    texts = [self.tokenizer.decode_response(final_ids[i, :host["response_len"][i, -1]]) for i in range(b)]
+    is_final = np.zeros((b, t), bool)
+    is_final[:, -1] = True
+    return RolloutSlots(slots=slots, active=host["active"], is_final=is_final, prompt_len=host["prompt_len"],
+                        response_len=host["response_len"], truncated=~host["stopped"], answers=texts,
+                        predictions=[answer_text_to_prediction(a, self.final_template) for a in texts],
+                        num_chunks=host["active"][:, :-1].sum(1).astype(np.int32))
 
   def _collect(self, outs, conversations, *, memories, is_final: bool):
     """Per-step stacked outputs [K, B, ...] -> Conversations of the active rows, in order."""
@@ -262,9 +310,28 @@ class MemAgent:
     return self.answer_batch([question], [document], temperature=temperature, top_p=top_p, seed=seed,
                              **kwargs)[0]
 
-  def rollout(self, questions, documents, *, temperature: float, top_p: float, seed: int,
-              **kwargs) -> tuple[list[AgentResult], ConversationBatch]:
-    """Sampled trajectories and their conversations batched for training."""
-    results = self.answer_batch(questions, documents, temperature=temperature, top_p=top_p, seed=seed,
-                                **kwargs)
-    return results, ConversationBatch.from_results(results, self.pad_id)
+
+
+_SLOT_FIELDS = ("prompt", "prompt_len", "response", "response_len", "logprobs", "stopped")
+_COUNTS = ("active", "prompt_len", "response_len", "stopped")
+
+
+@functools.partial(jax.jit, static_argnames=("prompt_width", "response_width", "pad_id"))
+def _slot_table(steps, *, prompt_width: int, response_width: int, pad_id: int) -> ConversationSlots:
+  """The recurrence's per-program outputs (each [K, B, ...]: memory blocks, then the final answer)
+  -> ConversationSlots [B x T, ...], row-major (slot r x T + t), so the row split over the mesh stays
+  a split of slots; prompts left-padded to prompt_width, responses right-padded to response_width."""
+  def widen(x, width, left, value):
+    pad = [(0, 0)] * x.ndim
+    pad[-1] = (width - x.shape[-1], 0) if left else (0, width - x.shape[-1])
+    return jnp.pad(x, pad, constant_values=value)
+
+  cat = lambda f: jnp.concatenate([f(s) for s in steps])  # [T, B, ...]
+  fields = dict(prompt=cat(lambda s: widen(s["prompt"], prompt_width, True, pad_id)),
+                prompt_len=cat(lambda s: s["prompt_len"]),
+                response=cat(lambda s: widen(s["response"], response_width, False, pad_id)),
+                response_len=cat(lambda s: s["response_len"]),
+                logprobs=cat(lambda s: widen(s["logprobs"], response_width, False, 0.0)),
+                truncated=cat(lambda s: ~s["stopped"]))
+  flat = lambda x: jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[2:])
+  return ConversationSlots(**{k: flat(v) for k, v in fields.items()})

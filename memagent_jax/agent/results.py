@@ -1,4 +1,5 @@
-"""What an agent run returns: per-document results, and the same conversations batched for RL."""
+"""What an agent run returns: per-document results for people and the public API, and the same
+conversations as fixed-width slots for RL (tokens on device, a few counts on the host)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Sequence
 
 import jax
 import numpy as np
+
+from memagent_jax.runtime.process_gather import gather_rows
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -98,3 +101,62 @@ class ConversationSlots:
   response_len: jax.Array  # [S] int32
   logprobs: jax.Array  # [S, N] float32: log p of each response token under the policy that sampled
   truncated: jax.Array  # [S] bool: hit the token cap without a stop token
+
+
+@dataclasses.dataclass(kw_only=True)
+class RolloutSlots:
+  """One reader call's trajectories for RL: every conversation as a slot of `slots` (device arrays,
+  global rows: row r of process p is global row p x b + r, its turn t is slot (p x b + r) x T + t),
+  and on the host, for this process's b rows, what rewards, metrics and the row plan read."""
+  slots: ConversationSlots  # [B x T, ...] over every process's rows
+  active: np.ndarray  # [b, T] bool: the turn holds a conversation (a row's document may end early)
+  is_final: np.ndarray  # [b, T] bool: the final answer
+  prompt_len: np.ndarray  # [b, T] int32
+  response_len: np.ndarray  # [b, T] int32, the stop token included when emitted
+  truncated: np.ndarray  # [b, T] bool
+  answers: list[str]  # [b] final answer texts
+  predictions: list[str | None]  # [b] what each answer claims (None: no recognised format)
+  num_chunks: np.ndarray  # [b] memory updates of each row
+
+  @property
+  def turns(self) -> int:
+    return self.active.shape[1]
+
+  def __len__(self) -> int:
+    return len(self.answers)
+
+
+def slots_from_results(results: Sequence[AgentResult], pad_id: int, *, prompt_width: int, response_width: int,
+                       gather: bool = True) -> RolloutSlots:
+  """Host results -> RolloutSlots (readers whose conversations are on the host already: a direct
+  reader, a teacher, a scripted one). Conversation t of row r is turn t. gather: the results are
+  this process's rows, and every process's are gathered so that the slots hold the global rows on
+  every device; False: every process holds the same results (all rows)."""
+  batch = ConversationBatch.from_results(results, pad_id, prompt_width=prompt_width, response_width=response_width)
+  b, t = len(results), max(len(r.conversations) for r in results)
+  if gather:
+    t = int(gather_rows(np.asarray([t])).max())  # one turn count on every process
+  where = (batch.trajectory, batch.turn)
+  grid = lambda values, dtype: _scatter((b, t), where, values, dtype)
+  host = dict(active=grid(True, bool), is_final=grid(batch.is_final, bool),
+              prompt_len=grid(batch.prompt_lengths, np.int32),
+              response_len=grid(batch.response_mask.sum(1), np.int32), truncated=grid(batch.truncated, bool))
+  slot = batch.trajectory * t + batch.turn  # [R] local slot of each conversation
+  table = dict(prompt=np.full((b * t, prompt_width), pad_id, np.int32), prompt_len=np.zeros(b * t, np.int32),
+               response=np.full((b * t, response_width), pad_id, np.int32), response_len=np.zeros(b * t, np.int32),
+               logprobs=np.zeros((b * t, response_width), np.float32), truncated=np.zeros(b * t, bool))
+  for name, values in dict(prompt=batch.prompt_ids, prompt_len=batch.prompt_lengths, response=batch.response_ids,
+                           response_len=host["response_len"][where], logprobs=batch.response_logprobs,
+                           truncated=batch.truncated).items():
+    table[name][slot] = values
+  every = gather_rows if gather else np.asarray
+  slots = ConversationSlots(**{k: jax.numpy.asarray(every(v)) for k, v in table.items()})
+  return RolloutSlots(slots=slots, **host, answers=[r.answer for r in results],
+                      predictions=[r.prediction for r in results],
+                      num_chunks=np.asarray([r.num_chunks for r in results], np.int32))
+
+
+def _scatter(shape, where, values, dtype) -> np.ndarray:
+  out = np.zeros(shape, dtype)
+  out[where] = values
+  return out

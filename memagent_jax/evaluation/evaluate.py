@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from memagent_jax.data import ruler, tasks, toy
 from memagent_jax.rl import rewards
-from memagent_jax.rl.process_gather import sum_over_processes, this_process_share
+from memagent_jax.runtime.process_gather import sum_over_processes, this_process_share
 from memagent_jax.runtime.registry import Registry
 
 

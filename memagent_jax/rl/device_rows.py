@@ -1,6 +1,6 @@
 """Training rows gathered on device from conversation slots: the host plans which slot goes to
 which row of which mini-batch (small integer arrays), one compiled gather builds the update's
-`UpdateBatch` split over the mesh, and no token crosses the host.
+`UpdateBatch` split over the mesh, and no token crosses the host (`SlotRows`).
 
 A slot is one conversation of an agent call (a memory update or a final answer) as fixed-width
 arrays (`agent.results.ConversationSlots`). The row layout is the one `rl.batching` builds on the
@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.agent.results import ConversationSlots
-from memagent_jax.rl.batching import mini_batch_split
+from memagent_jax.rl.batching import TrainRows, mini_batch_split
 from memagent_jax.rl.update import UpdateBatch
 from memagent_jax.runtime.parallel import BATCH_AXES
 
@@ -29,24 +29,28 @@ class MiniBatchPlan:
   slot: np.ndarray  # [R] int32
   advantages: np.ndarray  # [R] float32
   question: np.ndarray  # [R] int32 (-1 for padding)
+  real_tokens: int = 0  # real tokens of its rows (a padding row holds one), when the planner was told
 
 
 def plan_mini_batches(slot, question, advantages, *, questions_per_mini_batch: int, multiple: int,
-                      num_questions: int) -> list[MiniBatchPlan]:
-  """Kept rows (slot [K], question [K], advantage [K], in row order) -> mini-batches split as
-  `batching.mini_batches` splits host rows, padding rows last."""
+                      num_questions: int, tokens=None) -> list[MiniBatchPlan]:
+  """Kept rows (slot [K], question [K], advantage [K], in row order; real tokens [K] optional) ->
+  mini-batches split as `batching.mini_batches` splits host rows, padding rows last."""
   slot, question = np.asarray(slot, np.int32), np.asarray(question, np.int32)
   advantages = np.asarray(advantages, np.float32)
+  tokens = np.zeros(len(slot), np.int64) if tokens is None else np.asarray(tokens, np.int64)
   pad = lambda x, n, value: np.concatenate([x, np.full(n, value, x.dtype)])
   return [MiniBatchPlan(slot=pad(slot[idx], count - len(idx), -1), advantages=pad(advantages[idx], count - len(idx), 0),
-                        question=pad(question[idx], count - len(idx), -1))
+                        question=pad(question[idx], count - len(idx), -1),
+                        real_tokens=int(tokens[idx].sum()) + count - len(idx))
           for idx, count in mini_batch_split(question, num_questions=num_questions,
                                              questions_per_mini_batch=questions_per_mini_batch, multiple=multiple)]
 
 
-@functools.partial(jax.jit, static_argnames=("micro_batches", "mask_truncated", "pad_id", "out_sharding"))
-def _gather(slots: ConversationSlots, slot, advantages, *, micro_batches: int, mask_truncated: bool,
-            pad_id: int, out_sharding):
+@functools.partial(jax.jit, static_argnames=("micro_batches", "mask_truncated", "loss_on_prompt", "pad_id",
+                                             "out_sharding"))
+def _gather(slots: ConversationSlots, slot, advantages, prefix=None, *, micro_batches: int, mask_truncated: bool,
+            loss_on_prompt: bool, pad_id: int, out_sharding):
   p, n = slots.prompt.shape[1], slots.response.shape[1]
   empty = slot < 0  # [R]
   take = lambda x: jnp.take(x, jnp.maximum(slot, 0), axis=0)
@@ -61,23 +65,85 @@ def _gather(slots: ConversationSlots, slot, advantages, *, micro_batches: int, m
               valid=jnp.concatenate([prompt_valid, response_valid], axis=1), loss_mask=loss_mask,
               old_logp=jnp.where(response_valid, take(slots.logprobs), 0.0),
               ref_logp=jnp.zeros(loss_mask.shape, jnp.float32), advantages=jnp.asarray(advantages, jnp.float32))
+  if loss_on_prompt:  # every real token after the first is a target (`teacher_rows.language_model_rows`)
+    valid = rows["valid"]
+    rows["loss_mask"] = valid[:, 1:] & valid[:, :-1]  # [R, P + N - 1]
+    rows["old_logp"] = rows["ref_logp"] = jnp.zeros(rows["loss_mask"].shape, jnp.float32)
+  fits = jnp.bool_(False) if prefix is None else _prefix_fits(rows["tokens"], rows["valid"], prefix,
+                                                                        1 if loss_on_prompt else p)
   split = lambda x: x.reshape((micro_batches, x.shape[0] // micro_batches) + x.shape[1:])
   batch = UpdateBatch(**{k: split(v) for k, v in rows.items()})
-  if out_sharding is None:
-    return batch
-  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, out_sharding(x.ndim)), batch)
+  if out_sharding is not None:
+    batch = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, out_sharding(x.ndim)), batch)
+  return batch, fits
 
 
-def gather_update_batch(slots: ConversationSlots, plan: MiniBatchPlan, *, micro_batches: int,
-                        mask_truncated: bool, pad_id: int, mesh=None) -> UpdateBatch:
+def _prefix_fits(tokens, valid, prefix, prompt_width: int):
+  """`update.prefix_fits` on device: every row [R, W] starts with prefix [L] from its first real
+  slot, or has at least L slots of padding first; and the loss starts after the prefix."""
+  l = prefix.shape[0]
+  if prompt_width <= l:
+    return jnp.bool_(False)
+  first = jnp.argmax(valid, axis=1)[:, None]  # [R, 1]
+  col = jnp.arange(l)[None, :]  # [1, L]
+  want = jnp.take(prefix, jnp.clip(col - first, 0, l - 1))  # [R, L]: the prefix token column j should hold
+  return jnp.all((col < first) | (tokens[:, :l] == want))
+
+
+def gather_update_batch(slots: ConversationSlots, plan: MiniBatchPlan, *, micro_batches: int, mask_truncated: bool,
+                        pad_id: int, mesh=None, prefix=None, loss_on_prompt: bool = False) -> tuple[UpdateBatch, jax.Array]:
   """One mini-batch's UpdateBatch [M, R / M, ...] gathered from the slots on device; with a mesh,
   rows are split over ("data", "fsdp") as `parallel.shard_micro_batches` splits them. A row's
-  tokens and old log-probs are its slot's; padding rows hold one real token and no loss."""
+  tokens and old log-probs are its slot's; padding rows hold one real token and no loss.
+  Also returns whether the shared prefix [L] fits every row (`update.prefix_fits`; False without one).
+  loss_on_prompt: next-token loss on whole conversations (the loss starts at column 1)."""
   if len(plan.slot) % micro_batches:
     raise ValueError(f"{len(plan.slot)} rows do not split into {micro_batches} micro-batches")
   sharding = None if mesh is None else _RowSharding(mesh)
-  return _gather(slots, jnp.asarray(plan.slot), jnp.asarray(plan.advantages), micro_batches=micro_batches,
-                 mask_truncated=mask_truncated, pad_id=pad_id, out_sharding=sharding)
+  # host numpy plans: replicated inputs on every process of a multi-host run
+  return _gather(slots, np.asarray(plan.slot, np.int32), np.asarray(plan.advantages, np.float32), prefix,
+                 micro_batches=micro_batches, mask_truncated=mask_truncated, loss_on_prompt=loss_on_prompt,
+                 pad_id=pad_id, out_sharding=sharding)
+
+
+@dataclasses.dataclass(kw_only=True)
+class SlotRows:
+  """A step's kept rows as indices into its conversation slots (on device), in row order: grouped
+  by question, within a group as generated. Same rows, in the same order, as host `TrainRows`."""
+  slots: ConversationSlots  # [S, ...] device arrays
+  slot: np.ndarray  # [K] int32
+  question: np.ndarray  # [K] int32 group index within the step
+  advantages: np.ndarray  # [K] float32
+  tokens: np.ndarray  # [K] int: real tokens of each row (prompt + response)
+  pad_id: int
+  mask_truncated: bool = False  # conversations that hit their cap take no loss
+  loss_on_prompt: bool = False  # next-token loss on whole conversations (supervised warm starts)
+
+  @property
+  def prompt_width(self) -> int:
+    """The first token column the loss reads."""
+    return 1 if self.loss_on_prompt else self.slots.prompt.shape[1]
+
+  def __len__(self) -> int:
+    return len(self.slot)
+
+  def mini_batches(self, *, num_questions: int, questions_per_mini_batch: int, multiple: int) -> list[MiniBatchPlan]:
+    return plan_mini_batches(self.slot, self.question, self.advantages, num_questions=num_questions,
+                             questions_per_mini_batch=questions_per_mini_batch, multiple=multiple, tokens=self.tokens)
+
+  def to_device(self, plan: MiniBatchPlan, *, micro_batches: int, mesh=None, prefix=None) -> tuple[UpdateBatch, bool]:
+    """(the mini-batch as an UpdateBatch on device, whether the shared prefix fits its rows)."""
+    batch, fits = gather_update_batch(self.slots, plan, micro_batches=micro_batches, mask_truncated=self.mask_truncated,
+                                      pad_id=self.pad_id, mesh=mesh, prefix=prefix, loss_on_prompt=self.loss_on_prompt)
+    return batch, prefix is not None and bool(fits)
+
+  def host_rows(self) -> TrainRows:
+    """The rows as host arrays (for inspection and tests; training never needs them)."""
+    plan = MiniBatchPlan(slot=self.slot, advantages=self.advantages, question=self.question)
+    batch, _ = gather_update_batch(self.slots, plan, micro_batches=1, mask_truncated=self.mask_truncated,
+                                   pad_id=self.pad_id, loss_on_prompt=self.loss_on_prompt)
+    arrays = {f.name: np.asarray(getattr(batch, f.name))[0] for f in dataclasses.fields(batch)}
+    return TrainRows(**arrays, question=self.question, prompt_width=self.prompt_width)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Rollouts for Multi-Conv DAPO: G trajectories per question through the agent, rewards on the
 final answers, overlong shaping, dynamic sampling, advantages broadcast to every conversation.
 
-Everything here runs on the host around the compiled agent; the output is `TrainRows` with
-static widths, ready for the jitted update.
+The conversations stay on device as the reader's slots; the host sees counts and the final answers'
+text, scores them, and plans which slot becomes which training row (`device_rows.SlotRows`).
 """
 
 from __future__ import annotations
@@ -12,26 +12,24 @@ import time
 from typing import Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from memagent_jax.agent.results import AgentResult, ConversationBatch
+from memagent_jax.agent.results import AgentResult, RolloutSlots
+from memagent_jax.runtime.process_gather import gather_rows, this_process_share
 from memagent_jax.runtime.registry import Registry
 from memagent_jax.rl import advantages as adv_lib
 from memagent_jax.rl import rewards
-from memagent_jax.rl.batching import TrainRows, rows_from_conversations
-from memagent_jax.rl.process_gather import gather_rows, sum_over_processes, this_process_share
+from memagent_jax.rl.device_rows import SlotRows
 
-
-def _prediction_or_answer(result: AgentResult) -> str:
-  return result.answer if result.prediction is None else result.prediction
-
-
-# reward name -> fn(result, answers) -> float in [0, 1]; all look at the final answer only.
-REWARD_FNS: Registry[Callable[[AgentResult, list[str]], float]] = Registry("reward")
-REWARD_FNS.register("memagent_verifier", lambda r, a: rewards.memagent_verifier(r.answer, a))  # released
-REWARD_FNS.register("sub_em", lambda r, a: rewards.sub_em(r.prediction, a))
+# reward name -> fn(answer text, prediction, gold answers) -> float in [0, 1]: the final answer only.
+# prediction is what the answer claims (its \boxed{} or "the answer is" part), None when it has no format.
+REWARD_FNS: Registry[Callable[[str, "str | None", list[str]], float]] = Registry("reward")
+REWARD_FNS.register("memagent_verifier", lambda answer, pred, gold: rewards.memagent_verifier(answer, gold))  # released
+REWARD_FNS.register("sub_em", lambda answer, pred, gold: rewards.sub_em(pred, gold))
 for _name in ("exact_match", "string_match_all", "string_match_part"):
-  REWARD_FNS.register(_name, lambda r, a, fn=getattr(rewards, _name): fn(_prediction_or_answer(r), a))
+  REWARD_FNS.register(_name, lambda answer, pred, gold, fn=getattr(rewards, _name): fn(answer if pred is None else pred,
+                                                                                      gold))
 get_reward_fn = REWARD_FNS.get
 
 
@@ -101,15 +99,27 @@ class DynamicSamplingError(RuntimeError):
 @dataclasses.dataclass(kw_only=True)
 class StepRollout:
   """The kept groups of one rollout step as training rows, plus what to log."""
-  rows: TrainRows | None  # None when no group was kept
+  rows: SlotRows | None  # None when no group was kept
   num_questions: int  # kept groups
   metrics: dict[str, float]
-  results: list[AgentResult]  # every trajectory this process generated (kept or not), for inspection
+  results: list[AgentResult] | None = None  # a teacher's trajectories, for inspection
 
 
-def _response_tokens(conv, stop_tokens) -> int:
-  ids = conv.response_ids
-  return int(len(ids) - (len(ids) > 0 and int(ids[-1]) in stop_tokens))
+@dataclasses.dataclass(kw_only=True)
+class _Call:
+  """One reader call of a generation batch: its slots, and its counts over every process's rows."""
+  slots: RolloutSlots  # this process's view (answers of its own rows)
+  active: np.ndarray  # [B, T] bool, global rows in process order
+  prompt_len: np.ndarray  # [B, T]
+  response_len: np.ndarray  # [B, T]
+  truncated: np.ndarray  # [B, T]
+  is_final: np.ndarray  # [B, T]
+  num_chunks: np.ndarray  # [B]
+
+  @classmethod
+  def gather(cls, slots: RolloutSlots) -> "_Call":
+    return cls(slots=slots, **{k: gather_rows(getattr(slots, k)) for k in
+                               ("active", "prompt_len", "response_len", "truncated", "is_final", "num_chunks")})
 
 
 class RolloutCollector:
@@ -120,10 +130,9 @@ class RolloutCollector:
     self.prompt_width, self.response_width = prompt_width, response_width
     self.reward_fn = get_reward_fn(spec.reward)
     self.advantage_fn = adv_lib.get_advantage(spec.advantage)
-    self.stop_tokens = set(agent.stop_tokens)
 
-  def _generate(self, samples: dict, seed: int) -> tuple[list[AgentResult], slice]:
-    """G trajectories for this process's share of the batch's questions, in agent calls of
+  def _generate(self, samples: dict, seed: int) -> tuple[list[_Call], slice]:
+    """G trajectories for this process's share of the batch's questions, in reader calls of
     rl.rollout_batch trajectories over all processes. Trajectory g of question q samples with
     row id q * G + g under `seed`, so it is the same on any number of devices or processes."""
     g = self.spec.group_size
@@ -131,20 +140,25 @@ class RolloutCollector:
     questions = [samples["question"][q] for q in range(mine.start, mine.stop) for _ in range(g)]
     documents = [samples["context"][q] for q in range(mine.start, mine.stop) for _ in range(g)]
     row_ids = [q * g + k for q in range(mine.start, mine.stop) for k in range(g)]
-    step = max(1, self.spec.rollout_batch // jax.process_count())
-    results = []
-    for start in range(0, len(questions), step):
-      part = slice(start, start + step)
-      results += self.agent.answer_batch(questions[part], documents[part], temperature=self.spec.temperature,
-                                         top_p=self.spec.top_p, seed=seed, row_ids=row_ids[part])
-    return results, mine
+    calls = []
+    for start in range(0, len(questions), self._call_rows()):
+      part = slice(start, start + self._call_rows())
+      calls.append(_Call.gather(self.agent.rollout_slots(
+          questions[part], documents[part], temperature=self.spec.temperature, top_p=self.spec.top_p, seed=seed,
+          row_ids=row_ids[part], prompt_width=self.prompt_width, response_width=self.response_width)))
+    return calls, mine
 
-  def _rewards(self, results, answers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(shaped reward, raw score, final answer tokens) per trajectory; shaping (DAPO's overlong
-    penalty) applies to the final answer's length only, memory updates are capped by the agent."""
+  def _call_rows(self) -> int:
+    """Trajectories per reader call on each process."""
+    return max(1, self.spec.rollout_batch // jax.process_count())
+
+  def _rewards(self, calls: list[_Call], answers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(shaped reward, raw score, final answer tokens) of this process's trajectories; shaping (DAPO's
+    overlong penalty) applies to the final answer's length only, memory updates are capped by the agent."""
     g = self.spec.group_size
-    scores = np.asarray([self.reward_fn(r, list(answers[i // g])) for i, r in enumerate(results)], np.float32)
-    lengths = np.asarray([len(r.conversations[-1].response_ids) for r in results])  # stop token included, as DAPO
+    texts = [(a, p) for c in calls for a, p in zip(c.slots.answers, c.slots.predictions)]
+    scores = np.asarray([self.reward_fn(a, p, list(answers[i // g])) for i, (a, p) in enumerate(texts)], np.float32)
+    lengths = np.concatenate([(c.slots.response_len * c.slots.is_final).sum(1) for c in calls])  # stop token included, as DAPO
     shaped = scores.copy()
     ov = self.spec.overlong
     if ov is not None:
@@ -156,18 +170,18 @@ class RolloutCollector:
     the first batch is used as is; seed_of(gen_batch, 0) seeds generation batch gen_batch.
 
     Each process generates its share of every batch; rewards are shared so that every process
-    keeps the same groups, and the rows come together in question order on every process."""
+    keeps the same groups, and the rows are planned in question order on every process."""
     spec, g = self.spec, self.spec.group_size
     t0 = time.perf_counter()
-    kept, kept_rewards, local = [], [], {}  # kept (gen, q); rewards [G] each; (gen, q) -> results
-    all_results, all_scores, all_rewards, all_lengths = [], [], [], []
+    kept, kept_rewards, gens = [], [], []  # kept (gen, q); rewards [G] each; per gen: (calls, share)
+    all_scores, all_rewards, all_lengths = [], [], []
     groups_seen = gen = 0
     while True:
       samples = next(batches)
-      results, mine = self._generate(samples, seed_of(gen, 0))
+      calls, mine = self._generate(samples, seed_of(gen, 0))
       answers = list(samples["answers"])[mine]
-      shaped, scores, lengths = map(gather_rows, self._rewards(results, answers))  # every process's
-      all_results += results
+      shaped, scores, lengths = map(gather_rows, self._rewards(calls, answers))  # every process's
+      gens.append((calls, mine.stop - mine.start))
       all_scores.append(scores), all_rewards.append(shaped), all_lengths.append(lengths)
       nq = len(samples["question"])
       groups_seen += nq
@@ -177,8 +191,6 @@ class RolloutCollector:
           continue  # no signal: every trajectory got the same score (DAPO filters on accuracy)
         kept.append((gen, q))
         kept_rewards.append(shaped[q * g:(q + 1) * g])
-        if mine.start <= q < mine.stop:
-          local[(gen, q)] = results[(q - mine.start) * g:(q - mine.start + 1) * g]
       gen += 1
       full = len(kept) >= spec.questions_per_step
       if not spec.dynamic_sampling or full:
@@ -194,53 +206,58 @@ class RolloutCollector:
     informative = len(kept)  # groups with a reward signal, before trimming to the step size
     kept, kept_rewards = kept[:spec.questions_per_step], kept_rewards[:spec.questions_per_step]
     scores, shaped, lengths = map(np.concatenate, (all_scores, all_rewards, all_lengths))
+    calls = [c for cs, _ in gens for c in cs]
     metrics = {
         "reward_mean": float(shaped.mean()), "accuracy": float(scores.mean()),
         "kept_group_frac": informative / max(1, groups_seen), "gen_batches": gen,
         "kept_groups": len(kept), "answer_tokens": float(lengths.mean()),
-        **self._result_metrics(all_results),
-        "perf/rollout_rows_per_process": float(len(all_results)),
+        **_call_metrics(calls),
+        "perf/rollout_rows_per_process": float(len(scores) / jax.process_count()),
         "rollout_seconds": time.perf_counter() - t0,
     }
-    rows = self._rows(kept, kept_rewards, local) if kept else None
-    return StepRollout(rows=rows, num_questions=len(kept), metrics=metrics, results=all_results)
+    rows = self._rows(kept, kept_rewards, gens) if kept else None
+    return StepRollout(rows=rows, num_questions=len(kept), metrics=metrics)
 
-  def _result_metrics(self, results: list[AgentResult]) -> dict[str, float]:
-    """Means over every process's trajectories of memory length, chunks, truncation, tokens."""
-    memory = [_response_tokens(c, self.stop_tokens) for r in results for c in r.conversations[:-1]]
-    convs = [c for r in results for c in r.conversations]
-    t = sum_over_processes({
-        "memory_tokens": float(sum(memory)), "memory_convs": float(len(memory)),
-        "chunks": float(sum(r.num_chunks for r in results)), "docs": float(len(results)),
-        "truncated": float(sum(c.truncated for c in convs)), "convs": float(len(convs)),
-        "tokens": float(sum(len(c.prompt_ids) + len(c.response_ids) for c in convs))})
-    return {"memory_tokens": t["memory_tokens"] / max(1.0, t["memory_convs"]),
-            "chunks_per_doc": t["chunks"] / max(1.0, t["docs"]),
-            "truncated_frac": t["truncated"] / max(1.0, t["convs"]), "rollout_tokens": t["tokens"]}
-
-  def _rows(self, kept: list[tuple[int, int]], kept_rewards: list[np.ndarray],
-            local: dict[tuple[int, int], list[AgentResult]]) -> TrainRows:
-    """Rows of the kept groups, in kept order on every process: each process batches the groups
-    it generated, then the rows of all processes are gathered and ordered by group."""
-    g = self.spec.group_size
+  def _rows(self, kept: list[tuple[int, int]], kept_rewards: list[np.ndarray], gens) -> SlotRows:
+    """The kept groups' rows, planned identically on every process: group k's trajectories in order,
+    each trajectory's conversations in order, as slots of the concatenated slot tables of the calls
+    that hold them."""
+    g, per_call = self.spec.group_size, self._call_rows()
     traj_adv = self.advantage_fn(np.concatenate(kept_rewards), np.repeat(np.arange(len(kept)), g),
                                  eps=self.spec.eps)  # [K * G]
-    mine = [k for k, key in enumerate(kept) if key in local]
-    width = self.prompt_width + self.response_width
-    if mine:
-      flat = [r for k in mine for r in local[kept[k]]]
-      traj = np.asarray([k * g + j for k in mine for j in range(g)])  # global trajectory index
-      batch = ConversationBatch.from_results(flat, self.agent.pad_id, prompt_width=self.prompt_width,
-                                             response_width=self.response_width)
-      part = rows_from_conversations(batch, row_advantages=adv_lib.broadcast_to_rows(traj_adv, traj[batch.trajectory]),
-                                     row_question=traj[batch.trajectory] // g,
-                                     mask_truncated=self.spec.mask_truncated)
-    else:  # this process generated none of the kept groups: it still joins the gather
-      z = lambda *shape, dt=np.float32: np.zeros(shape, dt)
-      n = self.response_width
-      part = TrainRows(tokens=z(0, width, dt=np.int32), valid=z(0, width, dt=bool),
-                       loss_mask=z(0, n, dt=bool), old_logp=z(0, n), ref_logp=z(0, n), advantages=z(0),
-                       question=z(0, dt=np.int32), prompt_width=self.prompt_width)
-    fields = {k: gather_rows(a) for k, a in part.row_arrays().items()}
-    order = np.argsort(fields["question"], kind="stable")  # group order; within a group, as generated
-    return TrainRows(**{k: f[order] for k, f in fields.items()}, prompt_width=self.prompt_width)
+    tables, offsets, slot, question, advantages, tokens = [], {}, [], [], [], []
+    for k, (gen, q) in enumerate(kept):
+      calls, share = gens[gen]
+      process, local_q = divmod(q, share)
+      for j in range(g):
+        call, row = divmod(local_q * g + j, per_call)  # this trajectory's call and row within it (per process)
+        c = calls[call]
+        local_rows = len(c.active) // jax.process_count()
+        r = process * local_rows + row  # global row of the call's slots
+        if (gen, call) not in offsets:
+          offsets[(gen, call)] = sum(len(t.prompt_len) for t in tables)
+          tables.append(c.slots.slots)
+        turns = np.flatnonzero(c.active[r])
+        slot.append(offsets[(gen, call)] + r * c.active.shape[1] + turns)
+        question.append(np.full(len(turns), k))
+        advantages.append(np.full(len(turns), traj_adv[k * g + j]))
+        tokens.append(c.prompt_len[r, turns] + c.response_len[r, turns])
+    slots = tables[0] if len(tables) == 1 else jax.tree.map(lambda *x: jnp.concatenate(x), *tables)
+    cat = lambda parts, dtype: np.concatenate(parts).astype(dtype)
+    return SlotRows(slots=slots, slot=cat(slot, np.int32), question=cat(question, np.int32),
+                    advantages=cat(advantages, np.float32), tokens=cat(tokens, np.int64), pad_id=self.agent.pad_id,
+                    mask_truncated=self.spec.mask_truncated)
+
+
+def _call_metrics(calls: list[_Call]) -> dict[str, float]:
+  """Means over every process's trajectories of memory length, chunks, truncation, tokens."""
+  memory = np.concatenate([(c.active & ~c.is_final).ravel() for c in calls])
+  stop = np.concatenate([(c.response_len - (~c.truncated).astype(np.int32)).ravel() for c in calls])  # memory tokens: no stop token
+  active = np.concatenate([c.active.ravel() for c in calls])
+  truncated = np.concatenate([c.truncated.ravel() for c in calls])
+  tokens = np.concatenate([(c.prompt_len + c.response_len).ravel() for c in calls])
+  chunks = np.concatenate([c.num_chunks for c in calls])
+  return {"memory_tokens": float(stop[memory].sum()) / max(1, memory.sum()),
+          "chunks_per_doc": float(chunks.mean()),
+          "truncated_frac": float(truncated[active].sum()) / max(1, active.sum()),
+          "rollout_tokens": float(tokens[active].sum())}

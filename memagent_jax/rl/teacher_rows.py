@@ -1,9 +1,10 @@
-"""Supervised steps through the RL trainer: teacher-forced conversations as `TrainRows`.
+"""Supervised steps through the RL trainer: teacher-forced conversations as training rows.
 
 A `TeacherCollector` stands where the `RolloutCollector` stands: it draws a question batch,
 lets a registered teacher (memagent_jax.rl.toy_teacher) write each trajectory in the agent's
-exact prompt format, and returns the same fixed-width rows with advantage 1, so the update
-step's `sft` loss (token-mean negative log-likelihood of the responses) trains on them.
+exact prompt format, and returns the same fixed-width rows (`device_rows.SlotRows`) with
+advantage 1, so the update step's `sft` loss (token-mean negative log-likelihood of the
+responses) trains on them.
 """
 
 from __future__ import annotations
@@ -15,16 +16,18 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from memagent_jax.agent.results import ConversationBatch
+from memagent_jax.agent.results import slots_from_results
 from memagent_jax.rl import rewards
-from memagent_jax.rl.batching import TrainRows, rows_from_conversations
+from memagent_jax.rl.batching import TrainRows
+from memagent_jax.rl.device_rows import SlotRows
 from memagent_jax.rl.rollout import StepRollout
 from memagent_jax.rl.toy_teacher import TEACHERS
 
 
 def language_model_rows(rows: TrainRows) -> TrainRows:
   """The same rows with every real token after the first as a target (prompt_width 1): next-token
-  loss on whole conversations, as a base model is pretrained, instead of on responses only."""
+  loss on whole conversations, as a base model is pretrained, instead of on responses only (the
+  host reference of `SlotRows(loss_on_prompt=True)`)."""
   loss_mask = rows.valid[:, 1:] & rows.valid[:, :-1]  # [R, W - 1]: a target and a real token before it
   zeros = np.zeros(loss_mask.shape, np.float32)
   return TrainRows(tokens=rows.tokens, valid=rows.valid, loss_mask=loss_mask, old_logp=zeros, ref_logp=zeros,
@@ -43,7 +46,7 @@ class TeacherSpec:
 
 
 class TeacherCollector:
-  """Teacher trajectories of one step's questions -> TrainRows (one trajectory per question)."""
+  """Teacher trajectories of one step's questions -> training rows (one trajectory per question)."""
 
   def __init__(self, agent, spec: TeacherSpec, *, prompt_width: int, response_width: int):
     self.agent, self.prompt_width, self.response_width = agent, prompt_width, response_width
@@ -57,18 +60,21 @@ class TeacherCollector:
     rng = random.Random(seed_of(0, 0))
     results = [self.teacher(self.agent, q, c, rng=rng, **self.options)
                for q, c in zip(samples["question"], samples["context"])]
-    conv = ConversationBatch.from_results(results, self.agent.pad_id, prompt_width=self.prompt_width,
-                                          response_width=self.response_width)
-    rows = rows_from_conversations(conv, row_advantages=np.ones(len(conv.trajectory), np.float32),
-                                   row_question=conv.trajectory, mask_truncated=False)  # never truncated
-    if self.prompt_loss:
-      rows = language_model_rows(rows)
+    # every process writes every trajectory (the teacher is host code): nothing to gather
+    slots = slots_from_results(results, self.agent.pad_id, prompt_width=self.prompt_width,
+                               response_width=self.response_width, gather=False)
+    row, turn = np.nonzero(slots.active)  # row-major: trajectory by trajectory, turns in order
+    t = slots.turns
+    rows = SlotRows(slots=slots.slots, slot=(row * t + turn).astype(np.int32), question=row.astype(np.int32),
+                    advantages=np.ones(len(row), np.float32),
+                    tokens=(slots.prompt_len + slots.response_len)[row, turn].astype(np.int64),
+                    pad_id=self.agent.pad_id, loss_on_prompt=self.prompt_loss)  # never truncated
     scores = [rewards.exact_match(r.prediction, list(a)) for r, a in zip(results, samples["answers"])]
-    memory = conv.response_mask[~conv.is_final].sum(1)
+    memory = slots.response_len[slots.active & ~slots.is_final]
     metrics = {"reward_mean": float(np.mean(scores)), "accuracy": float(np.mean(scores)),
                "teacher_accuracy": float(np.mean(scores)), "kept_group_frac": 1.0,
                "memory_tokens": float(memory.mean()) if memory.size else 0.0,
                "chunks_per_doc": float(np.mean([r.num_chunks for r in results])),
-               "rollout_tokens": float(conv.prompt_lengths.sum() + conv.response_mask.sum()),
+               "rollout_tokens": float(rows.tokens.sum()),
                "rollout_seconds": time.perf_counter() - t0}
     return StepRollout(rows=rows, num_questions=len(results), metrics=metrics, results=results)

@@ -25,7 +25,6 @@ from memagent_jax.runtime.device_clock import DeviceClock
 from memagent_jax.runtime.preemption import Preempted, StopSignals
 from memagent_jax.runtime.workdir_lock import WorkdirLock
 from memagent_jax.rl import update as upd
-from memagent_jax.rl.batching import mini_batches
 from memagent_jax.rl.metrics import MetricWriter, device_memory, host_rss_bytes
 from memagent_jax.rl.optim import OptimSpec, lr_at, make_optimizer, set_learning_rate
 from memagent_jax.rl.train_state import (NonFiniteStateError, check_finite, model_meta,  # noqa: F401
@@ -110,16 +109,12 @@ class Trainer:
     self._sync_policy()
     self._nan_run = 0
     self.clock = DeviceClock()  # seconds dispatching and waiting for the update's programs (perf/host_s)
-    self.shared_prefix = None if shared_prefix is None else np.asarray(shared_prefix, np.int32)
-    self._shared_prefix_dev = None if shared_prefix is None else jnp.asarray(self.shared_prefix)  # once
+    self._shared_prefix_dev = None if shared_prefix is None else jnp.asarray(shared_prefix, jnp.int32)  # once
 
   # ----- one step ------------------------------------------------------------------------------
   def _seed(self, gen: int, sub: int) -> int:
     key = jax.random.fold_in(jax.random.fold_in(self.state.rng, self.state.step), gen * 4096 + sub)
     return int(jax.random.randint(key, (), 0, 2 ** 31 - 1))
-
-  def _device_batch(self, batch: upd.UpdateBatch) -> upd.UpdateBatch:
-    return jax.tree.map(lambda v: parallel.shard_micro_batches(v, self.mesh), batch)
 
   def train_step(self) -> dict[str, float]:
     """Rollouts, then `updates_per_step` optimizer updates; returns the step's metrics."""
@@ -134,20 +129,22 @@ class Trainer:
       wall = time.perf_counter() - t0
       metrics.update(updates=0, step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
       return metrics
-    parts = mini_batches(roll.rows, num_questions=roll.num_questions,
-                         questions_per_mini_batch=spec.ppo_mini_batch, multiple=self.row_multiple,
-                         pad_id=self.collector.agent.pad_id)
+    if roll.rows.prompt_width != self.loss_from:
+      raise ValueError(f"the collector's rows start their loss at column {roll.rows.prompt_width}, the update "
+                       f"at column {self.loss_from}")
+    plans = roll.rows.mini_batches(num_questions=roll.num_questions, questions_per_mini_batch=spec.ppo_mini_batch,
+                                   multiple=self.row_multiple)
     batches = []
     gd = self.policy.graphdef
-    tokens = int(sum(part.valid.sum() for part in parts))  # real tokens the updates process
+    tokens = sum(plan.real_tokens for plan in plans)  # real tokens the updates process
     recompute = spec.recompute_old_logprobs and self.update_spec.loss != "sft"  # sft reads no old log-probs
     prefixed = 0
-    for i, part in enumerate(parts):  # old / reference log-probs: all from the params that sampled
-      with self.clock.section():
-        dev = self._device_batch(upd.split_micro(part.arrays(), spec.micro_batches))
-      fits = upd.prefix_fits(part.tokens, part.valid, self.shared_prefix, self.loss_from)
+    for i, plan in enumerate(plans):  # old / reference log-probs: all from the params that sampled
+      with self.clock.section():  # the rows are gathered on device; whether the prefix fits comes back
+        dev, fits = roll.rows.to_device(plan, micro_batches=spec.micro_batches, mesh=self.mesh,
+                                        prefix=self._shared_prefix_dev)
       prefix = self._shared_prefix_dev if fits else None
-      prefixed += fits
+      prefixed += prefix is not None
       kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.update_spec.temperature,
                 compute_dtype=self.update_spec.compute_dtype, logits_chunk=self.update_spec.logits_chunk,
                 prefix=prefix)
@@ -182,8 +179,8 @@ class Trainer:
     good = [m for m in update_metrics if bool(m.finite)] or update_metrics
     for name in upd.UpdateMetrics.mean_names():
       metrics[name] = float(np.mean([getattr(m, name) for m in good]))
-    metrics.update(updates=len(parts), skipped_updates=finite.count(False), nan_run=self._nan_run,
-                   prefix_shared_frac=prefixed / len(parts),
+    metrics.update(updates=len(plans), skipped_updates=finite.count(False), nan_run=self._nan_run,
+                   prefix_shared_frac=prefixed / len(plans),
                    update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=metrics["rollout_tokens"] / max(t1 - t0, 1e-9),
                    update_seconds=t2 - t1)

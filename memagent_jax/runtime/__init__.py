@@ -6,5 +6,7 @@
   parallel      device mesh, logical-axis sharding rules, batch sharding, multi-host start
   checkpointing orbax checkpoints: async, keep-N, atomic, damaged steps skipped
   preemption    SIGTERM / SIGINT -> a flag the training loop reads between steps, agreed by all processes
+  process_gather host arrays of every process concatenated in process order (rows, rewards, counters)
+  device_clock  seconds in compiled programs, so a step's host seconds are the rest
   workdir_lock  one run per workdir: <workdir>/run.lock names the holder; a dead holder's lock is taken over
 """
