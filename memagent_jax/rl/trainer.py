@@ -121,8 +121,10 @@ class Trainer:
     spec, st = self.spec, self.state
     device0 = self._device_seconds()
     t0 = time.perf_counter()
+    # read before any of the step's programs is queued: the value comes back without waiting for them
+    lr = lr_at(self.optim, st.step)
     roll = self.collector.collect(self.batches, self._seed)
-    metrics = dict(roll.metrics)
+    metrics = dict(roll.metrics, lr=lr)
     t1 = time.perf_counter()
     device_seconds = lambda: self._device_seconds() - device0
     if roll.rows is None:  # dynamic sampling proceeded with nothing to learn from
@@ -156,7 +158,7 @@ class Trainer:
           dev = dev.replace(ref_logp=self.programs.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
       update_spec = dataclasses.replace(self.update_spec, old_is_current=recompute and i == 0)
       batches.append((dev, update_spec, prefix))
-    st.opt_state = set_learning_rate(st.opt_state, lr_at(self.optim, st.step))
+    st.opt_state = set_learning_rate(st.opt_state, lr)
     update_metrics = []
     with self.clock.section():
       for dev, update_spec, prefix in batches:
@@ -232,7 +234,6 @@ class Trainer:
       while not (signum := stop.agreed()) and st.step < until:  # a step runs whole or not at all
         metrics = self.train_step()
         st.step += 1
-        metrics["lr"] = float(self._lr())
         metrics["perf/host_rss_bytes"] = host_rss_bytes()
         metrics.update(device_memory())
         if st.step % spec.log_every == 0 or st.step == until:
@@ -272,7 +273,3 @@ class Trainer:
     """What a checkpoint carries beside the arrays: the model, the data position, the config."""
     return dict(model_meta(self.spec.model_source, self.policy), data_state=self.batches.get_state(),
                 step=self.state.step, config=self.config_json)
-
-  def _lr(self):
-    """The learning rate of the step just taken."""
-    return lr_at(self.optim, self.state.step - 1)
