@@ -4,6 +4,10 @@ A row is the prompt left-padded to P tokens followed by the response right-padde
 the response always starts at column P and one compiled update serves every step. Rows are
 grouped into mini-batches by question and padded with empty rows (mask all False) to a
 bucketed count, so the row count takes only a few distinct values.
+
+Training gathers these rows on device (rl/device_rows.py); the host-built `TrainRows` here are
+what a step's rows look like when inspected (`SlotRows.host_rows`) and the plain reference the
+device gather is tested against. `mini_batch_split` is the one split both use.
 """
 
 from __future__ import annotations
