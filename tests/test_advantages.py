@@ -103,3 +103,14 @@ def test_batch_std_scales_group_centred_rewards_by_one_batch_std():
   assert abs(small[0]) < abs(small[2]) / 5
   with pytest.raises(ValueError, match=">= 2 trajectories"):
     advantages.get_advantage("batch_std")([1.0], [0], eps=1e-6)
+
+
+def test_a_temporary_registration_is_gone_after_its_block():
+  fn = advantages.get_advantage("grpo")
+  with advantages.ADVANTAGES.registered("grpo_again", fn):
+    assert advantages.get_advantage("grpo_again") is fn
+    with pytest.raises(ValueError, match="already registered"):
+      advantages.ADVANTAGES.register("grpo_again", fn)
+  assert "grpo_again" not in advantages.ADVANTAGES
+  with pytest.raises(KeyError, match="unknown advantage estimator 'grpo_again'"):
+    advantages.get_advantage("grpo_again")

@@ -310,9 +310,10 @@ def build(tmp_path_factory, squad_files):
 
 
 @pytest.fixture
-def alias_loss(monkeypatch):
+def alias_loss():
   """'ppo_clip_alias': the ppo_clip loss under a second name, so rl.loss can change on its own."""
-  monkeypatch.setitem(losses.POLICY_LOSSES._fns, "ppo_clip_alias", losses.POLICY_LOSSES.get("ppo_clip"))
+  with losses.POLICY_LOSSES.registered("ppo_clip_alias", losses.POLICY_LOSSES.get("ppo_clip")):
+    yield
 
 
 @pytest.mark.parametrize("key,value,setting,observe", KNOBS, ids=[k[0] for k in KNOBS])

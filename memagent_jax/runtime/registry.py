@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Generic, Iterator, TypeVar
 
 F = TypeVar("F", bound=Callable)
@@ -23,6 +24,15 @@ class Registry(Generic[F]):
       self._fns[name] = f
       return f
     return add if fn is None else add(fn)
+
+  @contextlib.contextmanager
+  def registered(self, name: str, fn: F) -> Iterator[F]:
+    """fn under name for the length of a with-block (a notebook trial, a test), then gone again."""
+    self.register(name, fn)
+    try:
+      yield fn
+    finally:
+      del self._fns[name]
 
   def get(self, name: str) -> F:
     try:
