@@ -276,7 +276,8 @@ def rollout_details(n: dict, s: dict, iso: dict) -> dict:
               memory_prompt=f"[{mem['batch']}, {mem['width']}]", answer_prompt=f"[{ans['batch']}, {ans['width']}]",
               iso_memory_block=f(dict(seconds=iso["memory_block_s"], steps=iso["memory_steps"],
                                       iters=iso["memory_iters"], **iso["memory_shares"])),
-              iso_answer_block=f(dict(seconds=iso["answer_block_s"], iters=iso["answer_iters"], **iso["answer_shares"])),
+              iso_answer_block=f(dict(seconds=iso["answer_block_s"], iters=iso["answer_iters"],
+                                      **iso["answer_shares"])),
               iso_pieces=f({f"{k}_{p}": v[p] for k, v in (("memory", mem), ("answer", ans))
                             for p in ("prefill", "decode", "sampling")}))
 
@@ -439,7 +440,8 @@ def markdown(rl: dict | None, sweep: dict | None, *, command: str, sweep_desc: s
                  + f" | {how} |")
   lines.append("| evaluation | held-out evaluation in the step | " + ("0.00 | 0% (eval.every=0)" if rl else "- | -")
                + " | " + ("all of the column | 100%" if sweep else "- | -") + " | the sweep batch is evaluation |")
-  tot = lambda r: "-" if r is None else f"**{r['total']:.2f}** | {100 * sum(r['rows'].get(k, 0) for k, *_ in ROWS) / r['total']:.1f}%"
+  summed = lambda r: sum(r["rows"].get(k, 0) for k, *_ in ROWS)
+  tot = lambda r: "-" if r is None else f"**{r['total']:.2f}** | {100 * summed(r) / r['total']:.1f}%"
   lines.append("| total | measured wall (step_seconds / run_eval) | " + " | ".join(tot(r) for _, r in cols)
                + " | rows sum to the share shown |")
   out = [f"Command: `{command}`", "", "\n".join(lines), ""]
@@ -449,7 +451,8 @@ def markdown(rl: dict | None, sweep: dict | None, *, command: str, sweep_desc: s
                f"{d['memory_blocks']} memory block(s) with {d['mem_steps']} active scan steps and {d['mem_iters']} "
                f"decode iterations, final answer {d['answer_iters']} iterations; prompts {d['memory_prompt']} "
                f"(memory update) and {d['answer_prompt']} (answer); update batch {d['update_batch']}; "
-               f"{d['rollout_tokens']:.0f} rollout tokens. Compile: the first step took {d['compile_step_wall']:.1f} s, "
+               f"{d['rollout_tokens']:.0f} rollout tokens. Compile: the first step took "
+               f"{d['compile_step_wall']:.1f} s, "
                f"{d['compile_seconds']:.1f} s of it tracing and compiling (jax.monitoring), not in the table.")
   if sweep:
     d = sweep["details"]
