@@ -73,10 +73,10 @@ ROWS = (
     ("rollout_rest", "rollout", "rest of the compiled blocks + copies to host",
      "in-situ x what the three pieces leave of the isolated blocks (scan, prompt packing, lax.cond, KV and "
      "output writes, loop control); the answer-block share also carries the copies of outputs to the host"),
-    ("agent_host", "rollout", "host: agent (chunking, tokenising, Conversation objects, memory texts)",
-     "in situ: `answer_batch` wall minus its DeviceClock seconds"),
+    ("agent_host", "rollout", "host: agent (chunking, tokenising; results: Conversation objects, memory texts)",
+     "in situ: `answer_batch` / `rollout_slots` wall minus its DeviceClock seconds"),
     ("collector_host", "rollout", "host: rewards, advantages, training rows (RL) / scoring, JSON rows (sweep)",
-     "in situ: rollout_seconds (RL) or `run_eval` wall (sweep) minus `answer_batch` wall"),
+     "in situ: rollout_seconds (RL) or `run_eval` wall (sweep) minus the agent calls' wall"),
     ("logprobs", "update", "reference / old log-prob passes (`batch_logprobs`)",
      "in situ: the step's program timed to completion"),
     ("forward", "update", "update forward (loss, no gradient)",
@@ -134,13 +134,14 @@ def median_seconds(fn, repeats: int, setup=tuple) -> float:
 
 
 class AgentProbe:
-  """Times a MemAgent in place: each `answer_batch` call, each memory block run to completion (the
-  host waits for its outputs right after anyway), the while-loop iterations those blocks ran."""
+  """Times a MemAgent in place: each `answer_batch` / `rollout_slots` call (evaluation / RL), each memory
+  block run to completion (the host waits for its outputs right after anyway), the while-loop
+  iterations those blocks ran."""
 
   def __init__(self, agent):
     self.agent = agent
     self.reset()
-    block, answer = agent.memory_block, agent.answer_batch
+    block, answer, slots = agent.memory_block, agent.answer_batch, agent.rollout_slots
 
     def memory_block(*args, **kw):
       t = time.perf_counter()
@@ -154,17 +155,21 @@ class AgentProbe:
       self.last_block = dict(args=args, kw=kw, rows_out=rows)
       return rows, outs
 
-    def answer_batch(*args, **kw):
-      t, d = time.perf_counter(), agent.device_clock.seconds
-      results = answer(*args, **kw)
-      self.s["agent_call"] += time.perf_counter() - t
-      self.s["agent_device"] += agent.device_clock.seconds - d
-      self.n["answer_calls"] += 1
-      self.n["answer_iters"] += max(len(r.conversations[-1].response_ids) for r in results)
-      self.n["rows"] = len(results)
-      return results
+    def timed(call, answer_lengths):
+      def run(*args, **kw):
+        t, d = time.perf_counter(), agent.device_clock.seconds
+        out = call(*args, **kw)
+        self.s["agent_call"] += time.perf_counter() - t
+        self.s["agent_device"] += agent.device_clock.seconds - d
+        self.n["answer_calls"] += 1
+        self.n["answer_iters"] += int(max(answer_lengths(out)))
+        self.n["rows"] = len(out)
+        return out
+      return run
 
-    agent.memory_block, agent.answer_batch = memory_block, answer_batch  # this instance only
+    agent.memory_block = memory_block  # this instance only
+    agent.answer_batch = timed(answer, lambda results: [len(r.conversations[-1].response_ids) for r in results])
+    agent.rollout_slots = timed(slots, lambda out: (out.response_len * out.is_final).sum(1))
 
   def reset(self):
     self.s, self.n = collections.defaultdict(float), collections.defaultdict(int)
