@@ -170,3 +170,41 @@ def test_reader_slots_hold_the_conversations_answer_batch_returns():
   np.testing.assert_array_equal(np.asarray(s.response_len)[slot], want.response_mask.sum(1))
   np.testing.assert_array_equal(np.asarray(s.logprobs)[slot], want.response_logprobs)
   np.testing.assert_array_equal(np.asarray(s.truncated)[slot], want.truncated)
+
+
+def test_width_groups_keep_every_row_and_cut_padding():
+  """Final-answer-like short prompts go to a narrow group: every kept row appears once, with the
+  same tokens (left padding cut), and the groups hold fewer slots than one full-width batch."""
+  results = _results(7, trajectories=12)
+  batch = ConversationBatch.from_results(results, PAD, prompt_width=32, response_width=N)
+  prompt_len = batch.prompt_lengths.copy()
+  rows = device_rows.SlotRows(slots=ConversationSlots(
+      prompt=batch.prompt_ids, prompt_len=batch.prompt_lengths, response=batch.response_ids,
+      response_len=batch.response_mask.sum(1).astype(np.int32), logprobs=batch.response_logprobs,
+      truncated=batch.truncated), slot=np.arange(len(batch), dtype=np.int32),
+      question=(batch.trajectory // 2).astype(np.int32), advantages=np.linspace(-1, 1, len(batch)).astype(np.float32),
+      tokens=prompt_len + batch.response_mask.sum(1), prompt_len=prompt_len, pad_id=PAD)
+  [full] = rows.mini_batches(num_questions=6, questions_per_mini_batch=6, multiple=2, max_groups=0)
+  [groups] = rows.mini_batches(num_questions=6, questions_per_mini_batch=6, multiple=2)
+  assert len(full) == 1 and len(groups) == 2
+  widths = [g.prompt_width for g in groups]
+  assert widths[0] < widths[1] <= 32 and all(w % 8 == 0 for w in widths)
+  slots = lambda plans: sum(len(g.slot) * ((g.prompt_width or 32) + N) for g in plans)
+  assert slots(groups) < 0.85 * slots(full)
+  assert sum(g.real_tokens for g in groups) - sum((g.slot < 0).sum() for g in groups) == rows.tokens.sum()
+  want = {}  # slot -> (row tokens without padding, loss tokens, advantage)
+  ref, _ = device_rows.gather_update_batch(rows.slots, full[0], micro_batches=1, mask_truncated=False, pad_id=PAD)
+  for i, s in enumerate(full[0].slot):
+    if s >= 0:
+      want[int(s)] = (np.asarray(ref.tokens[0, i])[np.asarray(ref.valid[0, i])].tolist(),
+                      np.asarray(ref.old_logp[0, i]).tolist(), float(ref.advantages[0, i]))
+  got = {}
+  for g in groups:
+    b, _ = device_rows.gather_update_batch(rows.slots, g, micro_batches=2, mask_truncated=False, pad_id=PAD)
+    assert b.tokens.shape[-1] == g.prompt_width + N
+    flat = lambda x: np.asarray(x).reshape((-1,) + x.shape[2:])
+    for i, s in enumerate(g.slot):
+      if s >= 0:
+        got[int(s)] = (flat(b.tokens)[i][flat(b.valid)[i]].tolist(), flat(b.old_logp)[i].tolist(),
+                       float(flat(b.advantages)[i]))
+  assert got == want

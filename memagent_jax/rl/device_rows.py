@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.agent.results import ConversationSlots
-from memagent_jax.rl.batching import TrainRows, mini_batch_split
+from memagent_jax.rl.batching import TrainRows, bucket_rows, mini_batch_split
 from memagent_jax.rl.update import UpdateBatch
 from memagent_jax.runtime.parallel import BATCH_AXES
 
@@ -30,6 +30,48 @@ class MiniBatchPlan:
   advantages: np.ndarray  # [R] float32
   question: np.ndarray  # [R] int32 (-1 for padding)
   real_tokens: int = 0  # real tokens of its rows (a padding row holds one), when the planner was told
+  prompt_width: int | None = None  # prompt columns kept (the last ones of the slots'); None: all
+
+
+WIDTH_STEPS = 8  # a row group's prompt width is k/8 of the slots' (k = 1..8): few shapes, few compiles
+MIN_SAVING = 0.15  # a mini-batch splits into two width groups when that drops this share of its slots
+
+
+def group_width(longest: int, full: int) -> int:
+  """The prompt width of rows whose longest prompt is `longest`: the smallest k/WIDTH_STEPS of the
+  full width (a multiple of 8 columns) that holds it."""
+  for k in range(1, WIDTH_STEPS + 1):
+    w = min(full, -(-full * k // WIDTH_STEPS + 7) // 8 * 8)
+    if w >= longest:
+      return w
+  return full
+
+
+def split_by_width(plan: MiniBatchPlan, prompt_len, *, full_width: int, response_width: int, multiple: int,
+                   tokens=None, max_groups: int = 2) -> tuple[MiniBatchPlan, ...]:
+  """A mini-batch's rows (padding dropped) in up to max_groups (1 or 2) groups of their own prompt
+  width, each padded to a bucketed row count: short prompts (final answers) stop costing the long
+  ones' columns. prompt_len [R] and tokens [R] are per row of `plan` (ignored for padding rows)."""
+  used = np.flatnonzero(plan.slot >= 0)
+  order = used[np.argsort(np.asarray(prompt_len)[used], kind="stable")]
+  lengths = np.asarray(prompt_len)[order]
+  tokens = np.zeros(len(plan.slot), np.int64) if tokens is None else np.asarray(tokens, np.int64)
+  area = lambda n, longest: bucket_rows(n, multiple) * (group_width(longest, full_width) + response_width)
+  best, split = area(len(order), lengths[-1]), None
+  for s in range(1, len(order) if max_groups > 1 else 0):
+    if lengths[s] != lengths[s - 1]:
+      cost = area(s, lengths[s - 1]) + area(len(order) - s, lengths[-1])
+      if cost <= (1 - MIN_SAVING) * best and (split is None or cost < split[1]):
+        split = (s, cost)
+  parts = [order] if split is None else [order[:split[0]], order[split[0]:]]
+  out = []
+  for idx in parts:
+    count = bucket_rows(len(idx), multiple)
+    pad = lambda x, value: np.concatenate([x[idx], np.full(count - len(idx), value, x.dtype)])
+    out.append(MiniBatchPlan(slot=pad(plan.slot, -1), advantages=pad(plan.advantages, 0),
+                             question=pad(plan.question, -1), real_tokens=int(tokens[idx].sum()) + count - len(idx),
+                             prompt_width=group_width(int(np.asarray(prompt_len)[idx].max()), full_width)))
+  return tuple(out)
 
 
 def plan_mini_batches(slot, question, advantages, *, questions_per_mini_batch: int, multiple: int,
@@ -48,12 +90,13 @@ def plan_mini_batches(slot, question, advantages, *, questions_per_mini_batch: i
 
 
 @functools.partial(jax.jit, static_argnames=("micro_batches", "mask_truncated", "loss_on_prompt", "pad_id",
-                                             "out_sharding"))
+                                             "out_sharding", "prompt_width"))
 def _gather(slots: ConversationSlots, slot, advantages, prefix=None, *, micro_batches: int, mask_truncated: bool,
-            loss_on_prompt: bool, pad_id: int, out_sharding):
-  p, n = slots.prompt.shape[1], slots.response.shape[1]
+            loss_on_prompt: bool, pad_id: int, out_sharding, prompt_width: int | None):
+  p, n = prompt_width or slots.prompt.shape[1], slots.response.shape[1]
   empty = slot < 0  # [R]
   take = lambda x: jnp.take(x, jnp.maximum(slot, 0), axis=0)
+  slots = dataclasses.replace(slots, prompt=slots.prompt[:, slots.prompt.shape[1] - p:])  # left-padded: the last p
   prompt_len = jnp.where(empty, 0, take(slots.prompt_len))
   response_len = jnp.where(empty, 0, take(slots.response_len))
   prompt_valid = jnp.arange(p)[None, :] >= (p - prompt_len)[:, None]  # [R, P]
@@ -103,7 +146,7 @@ def gather_update_batch(slots: ConversationSlots, plan: MiniBatchPlan, *, micro_
   # host numpy plans: replicated inputs on every process of a multi-host run
   return _gather(slots, np.asarray(plan.slot, np.int32), np.asarray(plan.advantages, np.float32), prefix,
                  micro_batches=micro_batches, mask_truncated=mask_truncated, loss_on_prompt=loss_on_prompt,
-                 pad_id=pad_id, out_sharding=sharding)
+                 pad_id=pad_id, out_sharding=sharding, prompt_width=plan.prompt_width)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -115,6 +158,7 @@ class SlotRows:
   question: np.ndarray  # [K] int32 group index within the step
   advantages: np.ndarray  # [K] float32
   tokens: np.ndarray  # [K] int: real tokens of each row (prompt + response)
+  prompt_len: np.ndarray  # [K] int: prompt tokens of each row
   pad_id: int
   mask_truncated: bool = False  # conversations that hit their cap take no loss
   loss_on_prompt: bool = False  # next-token loss on whole conversations (supervised warm starts)
@@ -127,9 +171,24 @@ class SlotRows:
   def __len__(self) -> int:
     return len(self.slot)
 
-  def mini_batches(self, *, num_questions: int, questions_per_mini_batch: int, multiple: int) -> list[MiniBatchPlan]:
-    return plan_mini_batches(self.slot, self.question, self.advantages, num_questions=num_questions,
-                             questions_per_mini_batch=questions_per_mini_batch, multiple=multiple, tokens=self.tokens)
+  def mini_batches(self, *, num_questions: int, questions_per_mini_batch: int, multiple: int,
+                   max_groups: int = 2) -> list[tuple[MiniBatchPlan, ...]]:
+    """Each mini-batch as up to max_groups width groups (`split_by_width`; 0: one group of the slots'
+    full width, rows in question order)."""
+    plans = plan_mini_batches(np.arange(len(self.slot)), self.question, self.advantages, num_questions=num_questions,
+                              questions_per_mini_batch=questions_per_mini_batch, multiple=multiple, tokens=self.tokens)
+    out = []
+    for plan in plans:  # plan.slot indexes rows here; -1 pads
+      rows = np.maximum(plan.slot, 0)
+      if max_groups:
+        groups = split_by_width(plan, self.prompt_len[rows], full_width=self.slots.prompt.shape[1],
+                                response_width=self.slots.response.shape[1], multiple=multiple,
+                                tokens=self.tokens[rows], max_groups=max_groups)
+      else:
+        groups = (plan,)
+      out.append(tuple(dataclasses.replace(g, slot=np.where(g.slot >= 0, self.slot[np.maximum(g.slot, 0)], -1))
+                       for g in groups))
+    return out
 
   def to_device(self, plan: MiniBatchPlan, *, micro_batches: int, mesh=None, prefix=None) -> tuple[UpdateBatch, bool]:
     """(the mini-batch as an UpdateBatch on device, whether the shared prefix fits its rows)."""

@@ -225,7 +225,7 @@ class RolloutCollector:
     g, per_call = self.spec.group_size, self._call_rows()
     traj_adv = self.advantage_fn(np.concatenate(kept_rewards), np.repeat(np.arange(len(kept)), g),
                                  eps=self.spec.eps)  # [K * G]
-    tables, offsets, slot, question, advantages, tokens = [], {}, [], [], [], []
+    tables, offsets, slot, question, advantages, tokens, prompt_len = [], {}, [], [], [], [], []
     for k, (gen, q) in enumerate(kept):
       calls, share = gens[gen]
       process, local_q = divmod(q, share)
@@ -242,10 +242,12 @@ class RolloutCollector:
         question.append(np.full(len(turns), k))
         advantages.append(np.full(len(turns), traj_adv[k * g + j]))
         tokens.append(c.prompt_len[r, turns] + c.response_len[r, turns])
+        prompt_len.append(c.prompt_len[r, turns])
     slots = tables[0] if len(tables) == 1 else jax.tree.map(lambda *x: jnp.concatenate(x), *tables)
     cat = lambda parts, dtype: np.concatenate(parts).astype(dtype)
     return SlotRows(slots=slots, slot=cat(slot, np.int32), question=cat(question, np.int32),
-                    advantages=cat(advantages, np.float32), tokens=cat(tokens, np.int64), pad_id=self.agent.pad_id,
+                    advantages=cat(advantages, np.float32), tokens=cat(tokens, np.int64),
+                    prompt_len=cat(prompt_len, np.int64), pad_id=self.agent.pad_id,
                     mask_truncated=self.spec.mask_truncated)
 
 

@@ -68,6 +68,7 @@ class TeacherCollector:
     rows = SlotRows(slots=slots.slots, slot=(row * t + turn).astype(np.int32), question=row.astype(np.int32),
                     advantages=np.ones(len(row), np.float32),
                     tokens=(slots.prompt_len + slots.response_len)[row, turn].astype(np.int64),
+                    prompt_len=slots.prompt_len[row, turn].astype(np.int64),
                     pad_id=self.agent.pad_id, loss_on_prompt=self.prompt_loss)  # never truncated
     scores = [rewards.exact_match(r.prediction, list(a)) for r, a in zip(results, samples["answers"])]
     memory = slots.response_len[slots.active & ~slots.is_final]

@@ -134,8 +134,9 @@ class Trainer:
     if roll.rows.prompt_width != self.loss_from:
       raise ValueError(f"the collector's rows start their loss at column {roll.rows.prompt_width}, the update "
                        f"at column {self.loss_from}")
-    plans = roll.rows.mini_batches(num_questions=roll.num_questions, questions_per_mini_batch=spec.ppo_mini_batch,
-                                   multiple=self.row_multiple)
+    plans = [group for (group,) in roll.rows.mini_batches(
+        num_questions=roll.num_questions, questions_per_mini_batch=spec.ppo_mini_batch, multiple=self.row_multiple,
+        max_groups=0)]
     batches = []
     gd = self.policy.graphdef
     tokens = sum(plan.real_tokens for plan in plans)  # real tokens the updates process
