@@ -131,15 +131,17 @@ def prefix_fits(tokens, valid, prefix, prompt_width: int) -> bool:
   return True
 
 
-def hidden_states(model, tokens, valid, *, remat: str | bool, prefix=None):
-  """Final hidden states of rows [r, W] -> ([r, W - L, E], L): with a shared prefix [L] (see
-  `prefix_fits`) its keys are computed once for all rows and only slots L.. run per row."""
+def hidden_states(model, tokens, valid, *, remat: str | bool, prefix=None, slots: tuple[int, int] | None = None):
+  """Final hidden states of rows [r, W] at row slots a..b-1 of `slots` (a, b) (default: all W)
+  -> [r, b - a, E]. With a shared prefix [L] (see `prefix_fits`, L <= a) its keys are computed once
+  for all rows and only slots L.. run per row."""
   positions = positions_from_mask(valid)
+  a, b = slots or (0, tokens.shape[1])
   if prefix is None:
-    return model(tokens, positions, valid, remat=remat)[0], 0
+    return model(tokens, positions, valid, remat=remat, out_slots=(a, b))[0]
   l = prefix.shape[0]
   cache = cache_with_prefix(model, prefix_cache(model, prefix), tokens, valid, tokens.shape[1])
-  return model(tokens[:, l:], positions[:, l:], valid[:, l:], cache, remat=remat)[0], l
+  return model(tokens[:, l:], positions[:, l:], valid[:, l:], cache, remat=remat, out_slots=(a - l, b - l))[0]
 
 
 def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: str | bool, temperature: float,
@@ -148,18 +150,16 @@ def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: str | b
   temperature (as verl). tokens, valid [r, P+N] -> (logp [r, N], entropy [r, N]); only the N
   response positions are projected on the vocabulary, `logits_chunk` at a time, so [r, N, V] fp32
   logits never exist. prefix: see `hidden_states`."""
-  hidden, first = hidden_states(model, tokens, valid, remat=remat, prefix=prefix)
   n = tokens.shape[1] - prompt_width
-  start = prompt_width - 1 - first
-  hidden = hidden[:, start:start + n]  # [r, N, E]: states that predict responses
+  hidden = hidden_states(model, tokens, valid, remat=remat, prefix=prefix,
+                         slots=(prompt_width - 1, prompt_width - 1 + n))  # [r, N, E]: states that predict responses
   target = tokens[:, prompt_width:]  # [r, N]
 
   def logp_entropy(h, t):  # [r, c, E], [r, c] -> ([r, c], [r, c]); logits [r, c, V] live only here
     logits = model.logits(h)
     if temperature != 1.0:
       logits = logits / temperature
-    logp = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
-    return logp, losses.entropy_from_logits(logits)
+    return losses.token_logp_entropy(logits, t)
 
   c = logits_chunk
   if n <= c:
