@@ -195,6 +195,22 @@ def test_each_update_knob_changes_the_update(field, value):
   assert _rel(a, b) > 1e-4
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum"])
+def test_pieces_of_micro_batches_give_the_same_update(agg):
+  """The gradient scan in pieces of rows (`UpdateSpec.piece_tokens`; None picks pieces on CPU) gives
+  the whole micro-batch's update and metrics; piece j of a micro-batch holds rows j, j + k, ..."""
+  rows = _rows_with_ratios()
+  whole = _step(_model(), rows, _spec(agg=agg, piece_tokens=0), micro=2)
+  for piece_tokens in (None, 2 * (P + N)):  # auto (CPU: one piece here), 2 rows a piece
+    _, params, metrics = _step(_model(), rows, _spec(agg=agg, piece_tokens=piece_tokens), micro=2)
+    assert _rel(params, whole[1]) < 1e-6
+    for name in ("loss", "pg_loss", "clip_frac", "tokens"):
+      np.testing.assert_allclose(getattr(metrics, name), getattr(whole[2], name), rtol=1e-5)
+  batch = upd.pieces(jax.tree.map(jnp.asarray, upd.split_micro(rows, 2)), 2 * (P + N))
+  assert batch.tokens.shape == (4, 2, P + N)
+  np.testing.assert_array_equal(batch.tokens[1], rows["tokens"][[1, 3]])
+
+
 def test_dual_clip_knob_changes_the_update():
   rows = _rows_with_ratios(spread=3.0)  # ratios up to e^3 > clip_c for negative advantages
   a = _params_after(_spec(clip_c=None), rows)
