@@ -242,6 +242,29 @@ def test_entropy_matches_numpy_and_is_stable():
                              np.log(5.0), rtol=RTOL)
 
 
+def test_token_logp_entropy_matches_log_softmax_and_its_gradients():
+  """The fused log-prob + entropy equals log_softmax and `entropy_from_logits`, and its gradient the
+  analytic one (d logp = onehot - p, d entropy = -p (log p + H)), with huge offsets and -inf logits."""
+  rng = np.random.default_rng(3)
+  logits = rng.normal(scale=3.0, size=(2, 3, 7)).astype(np.float32)
+  logits[0, 0] += 1000.0
+  logits[1, 2, :3] = -np.inf
+  target = np.array([[0, 3, 6], [1, 2, 5]])
+  g_logp, g_ent = rng.normal(size=(2, 2, 3)).astype(np.float32)
+  (logp, ent), vjp = jax.vjp(lambda x: losses.token_logp_entropy(x, jnp.asarray(target)), jnp.asarray(logits))
+  z = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+  logp_all = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  np.testing.assert_allclose(logp, np.take_along_axis(logp_all, target[..., None], -1)[..., 0], rtol=1e-5)
+  np.testing.assert_allclose(ent, losses.entropy_from_logits(logits), rtol=1e-5)
+  p = np.exp(logp_all)
+  onehot = np.arange(7) == target[..., None]
+  plogp = p * (np.where(p > 0, logp_all, 0.0) + np.asarray(ent, np.float64)[..., None])
+  want = g_logp[..., None] * (onehot - p) - g_ent[..., None] * plogp
+  (got,) = vjp((jnp.asarray(g_logp), jnp.asarray(g_ent)))
+  assert np.all(np.isfinite(got))
+  np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 def test_sft_loss_matches_numpy():
   logp = -np.abs(LOSS)
   for agg in losses.AGG_MODES:

@@ -83,14 +83,18 @@ class AttentionSpec:
   query_block: int = 512
   # xla backend: square attention longer than this runs block by block in a loop (bounded memory).
   scan_from: int = 8192
+  # xla backend on CPU, whole rows of at most `query_block` tokens: a few rows at a time in a loop,
+  # each step rematerialised in the backward pass, in causal query blocks of this many tokens, so a
+  # step's scores stay in cache (`cpu_attention`); 0: one dense pass over all rows.
+  cpu_block: int = 64
   emulate_kernels: bool = False
 
   def __post_init__(self):
     if self.backend not in BACKENDS:
       check_backend(self.backend)  # raises, naming the backends
-    if self.query_block < 1 or self.scan_from < 1:
+    if self.query_block < 1 or self.scan_from < 1 or self.cpu_block < 0:
       raise ValueError(f"AttentionSpec: query_block={self.query_block} and scan_from={self.scan_from} "
-                       "must be >= 1")
+                       f"must be >= 1, cpu_block={self.cpu_block} >= 0")
 
   def check(self) -> "AttentionSpec":
     """Raises when the platform lacks the chosen backend (unless emulated); returns self."""
@@ -128,6 +132,8 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
     return cudnn_attention(q, k, v, key_valid, implementation="xla" if spec.emulate_kernels else "cudnn")
   if t == s and kind == "splash":
     return _per_shard(functools.partial(splash_attention, interpret=spec.emulate_kernels), q, k, v, key_valid)
+  if t == s and kind == "xla" and spec.platform == "cpu" and spec.cpu_block and t <= spec.query_block:
+    return cpu_attention(q, k, v, key_valid, block=spec.cpu_block)
   return xla_attention(q, k, v, key_valid, q_offset=q_offset, query_block=spec.query_block,
                        scan_from=spec.scan_from)
 
@@ -152,6 +158,31 @@ def xla_attention(q, k, v, key_valid, *, q_offset=0, query_block: int = Attentio
                         slot_mask(key_valid[:, :i + query_block], i, min(query_block, t - i)))
         for i in range(0, t, query_block)], axis=1)
   return dense_attention(q, k, v, slot_mask(key_valid, q_offset, t))
+
+
+# rows of scores [H, T, T] a CPU step of `cpu_attention` may hold: about an L2 cache
+_CPU_STEP_BYTES = 1 << 21
+
+
+def cpu_attention(q, k, v, key_valid, *, block: int, step_bytes: int = _CPU_STEP_BYTES):
+  """Whole rows (T == S) on CPU: c rows per `lax.map` step, each step's forward recomputed in the
+  backward pass, each row in causal query blocks of `block` (a block sees keys up to its end).
+  Scores and probabilities of a step fit in cache, and the masked half of the square is never
+  computed: fwd + bwd 5x faster than `dense_attention` over all rows at B=64, T=256 (toy-tiny).
+  Steps take rows b, b + B/c, ... so rows split over devices stay split; c is the largest divisor
+  of B whose [c, H, T, T] float32 scores fit in `step_bytes` (at least 1)."""
+  b, t, h, d = q.shape
+  per_row = h * t * t * 4
+  c = max([n for n in range(1, b + 1) if b % n == 0 and n * per_row <= step_bytes] or [1])
+  steps = lambda x: x.reshape(c, b // c, *x.shape[1:]).swapaxes(0, 1)  # [B, ...] -> [B/c, c, ...]
+
+  @jax.checkpoint
+  def rows(args):
+    qi, ki, vi, kvi = args
+    return xla_attention(qi, ki, vi, kvi, query_block=block, scan_from=t)
+
+  out = jax.lax.map(rows, (steps(q), steps(k), steps(v), steps(key_valid)))  # [B/c, c, T, H, D]
+  return out.swapaxes(0, 1).reshape(b, t, h, d)
 
 
 def _mapped_blocks(q, k, v, key_valid, q_offset, query_block: int):

@@ -50,6 +50,27 @@ def dense(x, w):
   return y.reshape(*lead, *out)
 
 
+@jax.custom_vjp
+def tied_logits(h, w):
+  """h [N, E] @ w [V, E]^T -> [N, V] (the tied embedding as the output projection). Its weight
+  gradient is computed as [E, V] and transposed: XLA on CPU runs the [V, E] dot (contracting the
+  N positions into a 64-wide output) 3x slower, and would fuse a plain transpose back into it."""
+  return jnp.einsum("ne,ve->nv", h, w)
+
+
+def _tied_logits_fwd(h, w):
+  return tied_logits(h, w), (h, w)
+
+
+def _tied_logits_bwd(res, g):  # g [N, V]
+  h, w = res
+  dw = jax.lax.optimization_barrier(jnp.einsum("ne,nv->ev", h, g.astype(h.dtype)))  # [E, V]
+  return (g.astype(w.dtype) @ w).astype(h.dtype), dw.T.astype(w.dtype)
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+
+
 def rope_tables(positions, head_dim: int, theta: float, dtype):
   """cos, sin [B, T, D] for integer positions [B, T] (rotate-half layout, as in HF)."""
   inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
@@ -81,16 +102,19 @@ class Attention(nnx.Module):
     else:
       self.q_bias = self.k_bias = self.v_bias = None
 
-  def __call__(self, x, cos, sin, key_valid, cache: LayerCache | None, write_index, spec: AttentionSpec):
+  def __call__(self, x, cos, sin, key_valid, cache: LayerCache | None, write_index, spec: AttentionSpec,
+               out_slots: tuple[int, int] | None = None):
     """x [B, T, E]; key_valid [B, S]: key slots holding real tokens. Keys are the first S cache
     slots after writing this call's T keys at `write_index`; without a cache S == T. Queries sit
-    at slots write_index.. and attend causally over slots (see attention.attend)."""
-    q = dense(x, self.q[...])  # [B, T, H, D]
+    at slots write_index.. and attend causally over slots (see attention.attend). out_slots (a, b):
+    queries (and the output [B, b - a, E]) at this call's slots a..b-1 only."""
+    a, b = out_slots or (0, x.shape[1])
     k = dense(x, self.k[...])  # [B, T, K, D]
     v = dense(x, self.v[...])
+    q = dense(x[:, a:b], self.q[...])  # [B, b - a, H, D]
     if self.q_bias is not None:
       q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q, k = apply_rope(q, cos[:, a:b], sin[:, a:b]), apply_rope(k, cos, sin)
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
     if cache is not None:
       idx = (0, 0, write_index, 0)
@@ -98,9 +122,10 @@ class Attention(nnx.Module):
                              v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
       s = key_valid.shape[-1]
       k, v = cache.k[:, :, :s].astype(x.dtype), cache.v[:, :, :s].astype(x.dtype)
-    out = attend(q, k, v, key_valid, q_offset=write_index, spec=spec)
-    b, t = out.shape[:2]
-    return dense(out.reshape(b, t, -1), self.o[...].reshape(-1, self.o.shape[-1])), cache
+    if cache is None and b < k.shape[2]:  # no query sees a key after its own slot
+      k, v, key_valid = k[:, :, :b], v[:, :, :b], key_valid[:, :b]
+    out = attend(q, k, v, key_valid, q_offset=write_index + a, spec=spec)
+    return dense(out.reshape(*out.shape[:2], -1), self.o[...].reshape(-1, self.o.shape[-1])), cache
 
 
 class MLP(nnx.Module):
@@ -126,9 +151,11 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
     self.mlp = MLP(cfg, dtype, rngs)
 
-  def __call__(self, x, cos, sin, key_valid, cache, write_index, spec: AttentionSpec):
-    h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, spec)
-    x = x + h
+  def __call__(self, x, cos, sin, key_valid, cache, write_index, spec: AttentionSpec,
+               out_slots: tuple[int, int] | None = None):
+    """x [B, T, E] -> [B, T, E], or [B, b - a, E] at slots a..b-1 of out_slots (a, b)."""
+    h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, spec, out_slots)
+    x = (x if out_slots is None else x[:, out_slots[0]:out_slots[1]]) + h
     return x + self.mlp(self.mlp_norm(x)), cache
 
 
@@ -187,7 +214,8 @@ class Decoder(nnx.Module):
       attention = dataclasses.replace(self.attention, backend=attention)
     self.attention = _attention_spec(attention, platform or attention.platform)
 
-  def __call__(self, tokens, positions, valid, cache: KVCache | None = None, remat: str | bool = "none"):
+  def __call__(self, tokens, positions, valid, cache: KVCache | None = None, remat: str | bool = "none",
+               out_slots: tuple[int, int] | None = None):
     """tokens, positions, valid [B, T] -> (hidden [B, T, E], the cache after the write, or None).
 
     valid marks real tokens. Without a cache it is the key mask (S == T). With one, the T tokens
@@ -195,7 +223,9 @@ class Decoder(nnx.Module):
     real tokens (`KVCache`). Attention is causal over slots, so no [B, T, T] mask is ever built.
     remat (training; see REMAT_POLICIES): "full" (or True) recomputes each block's activations in the
     backward pass instead of storing them: memory per layer drops to its input (and its cache, when a
-    shared prefix is read); "dots" keeps the matmul outputs and recomputes only what lies between."""
+    shared prefix is read); "dots" keeps the matmul outputs and recomputes only what lies between.
+    out_slots (a, b), static: hidden states of slots a..b-1 only, [B, b - a, E]; the last block
+    runs its queries, MLP and norms at those slots only (a training forward reads no others)."""
     policy = remat_policy(remat)
     b, t = tokens.shape
     if valid.shape != (b, t):
@@ -211,14 +241,20 @@ class Decoder(nnx.Module):
       x = x + shifted
     cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
     layers = []
+    last = len(self.layers) - 1
+    # fused backends take whole rows only: their last block runs every slot, sliced after
+    cut = out_slots if out_slots is not None and spec.resolve(self.dtype) == "xla" else None
     for i, layer in enumerate(self.layers):
       layer_cache = None if cache is None else cache.layer(i)
+      slots = cut if i == last else None
       if policy is not None:
-        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, key_valid, c, write_index, spec),
+        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, key_valid, c, write_index, spec, slots),
                                    policy=policy)(layer, x, layer_cache)
       else:
-        x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, spec)
+        x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, spec, slots)
       layers.append(layer_cache)
+    if out_slots is not None and cut is None:
+      x = x[:, out_slots[0]:out_slots[1]]
     if cache is not None:
       cache = cache.after_write(layers, valid=key_valid, count=t, tokens=history)
     return self.final_norm(x), cache
@@ -247,7 +283,7 @@ class Decoder(nnx.Module):
     """hidden [..., E] -> float32 logits [..., V]."""
     if self.lm_head is None:  # tied: contract with the embedding directly, never transpose it
       lead = hidden.shape[:-1]
-      flat = jnp.einsum("ne,ve->nv", hidden.reshape(-1, hidden.shape[-1]), self.embed[...])
+      flat = tied_logits(hidden.reshape(-1, hidden.shape[-1]), self.embed[...])
       return flat.reshape(*lead, -1).astype(jnp.float32)
     return dense(hidden, self.lm_head[...]).astype(jnp.float32)
 
