@@ -98,9 +98,9 @@ def test_resume_from_another_model_shape_is_refused(tmp_path, base1):
 def test_consecutive_non_finite_updates_stop_training(tmp_path):
   from memagent_jax.rl import update as upd
 
-  def poisoned(params, opt, batch, **kw):
-    batch = batch.replace(advantages=batch.advantages * np.nan)
-    return upd.update_step(params, opt, batch, **kw)
+  def poisoned(params, opt, groups, **kw):  # every width group's advantages NaN
+    groups = tuple(g.replace(advantages=g.advantages * np.nan) for g in groups)
+    return upd.update_step(params, opt, groups, **kw)
 
   t = assembly.build_trainer(tiny(**{"train.steps": 5, "train.max_nan_steps": 3}), workdir=str(tmp_path),
                              programs=trainer_lib.StepPrograms(update_step=poisoned))
@@ -153,21 +153,22 @@ def test_resume_skips_an_unreadable_newest_checkpoint(tmp_path, caplog, base2):
 def test_recompute_old_logprobs_knob(tmp_path):
   """On: the first update's old log-probs come from its own forward pass (its params sampled), each
   later mini-batch's from a forward pass before the updates; off: from the sampler (equal to float
-  rounding here, so the knob is checked by what runs). The toy rows share the template opening,
-  run once per update batch."""
+  rounding here, so the knob is checked by what runs). On CPU the toy rows' attention runs in blocks,
+  so the update does not run the template opening through a cache (assembly: whole_rows_fused)."""
   from memagent_jax.rl import update as upd
   calls, specs = [], []
   counting = trainer_lib.StepPrograms(
       batch_logprobs=lambda *a, **k: calls.append(1) or upd.batch_logprobs(*a, **k),
-      update_step=lambda *a, **k: specs.append(k["spec"]) or upd.update_step(*a, **k))
+      update_step=lambda *a, **k: specs.append((k["spec"], len(a[2]))) or upd.update_step(*a, **k))
   t = assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "on"), programs=counting)
   history = t.train()["history"]
-  assert [s.old_is_current for s in specs] == [True, False]  # two mini-batches
-  assert len(calls) == 1 and history[0]["prefix_shared_frac"] == 1.0
+  assert [s.old_is_current for s, _ in specs] == [True, False]  # two mini-batches
+  assert len(calls) == specs[1][1] >= 1  # one pass per width group of the second
+  assert history[0]["prefix_shared_frac"] == 0.0
   calls.clear(), specs.clear()
   assembly.build_trainer(tiny(**{"train.steps": 1, "rl.recompute_old_logprobs": False}),
                          workdir=str(tmp_path / "off"), programs=counting).train()
-  assert not calls and [s.old_is_current for s in specs] == [False, False]
+  assert not calls and [s.old_is_current for s, _ in specs] == [False, False]
 
 
 def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2):

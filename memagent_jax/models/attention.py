@@ -108,6 +108,13 @@ class AttentionSpec:
       return self.backend
     return resolve_backend(self.backend, dtype, self.platform)
 
+  def whole_rows_fused(self, dtype, length: int) -> bool:
+    """Whether whole rows of `length` tokens run a fused or blocked path (cudnn, splash, CPU blocks)
+    that attention through a cache, as a shared prefix needs, would give up."""
+    kind = self.resolve(dtype)
+    cpu_blocks = kind == "xla" and self.platform == "cpu" and self.cpu_block and length <= self.query_block
+    return kind in ("cudnn", "splash") or bool(cpu_blocks)
+
 
 def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpec()):
   """Causal attention over slots. q [B, T, H, D]; k, v [B, K, S, D] (H = G * K); key_valid [B, S]

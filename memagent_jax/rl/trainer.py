@@ -134,31 +134,34 @@ class Trainer:
     if roll.rows.prompt_width != self.loss_from:
       raise ValueError(f"the collector's rows start their loss at column {roll.rows.prompt_width}, the update "
                        f"at column {self.loss_from}")
-    plans = [group for (group,) in roll.rows.mini_batches(
-        num_questions=roll.num_questions, questions_per_mini_batch=spec.ppo_mini_batch, multiple=self.row_multiple,
-        max_groups=0)]
+    # each mini-batch as width groups: rows with short prompts (final answers) in a narrower group
+    plans = roll.rows.mini_batches(num_questions=roll.num_questions, questions_per_mini_batch=spec.ppo_mini_batch,
+                                   multiple=self.row_multiple)
     batches = []
     gd = self.policy.graphdef
-    tokens = sum(plan.real_tokens for plan in plans)  # real tokens the updates process
+    tokens = sum(group.real_tokens for groups in plans for group in groups)  # real tokens the updates process
     recompute = spec.recompute_old_logprobs and self.update_spec.loss != "sft"  # sft reads no old log-probs
-    prefixed = 0
-    for i, plan in enumerate(plans):  # old / reference log-probs: all from the params that sampled
-      with self.clock.section():  # the rows are gathered on device; whether the prefix fits comes back
-        dev, fits = roll.rows.to_device(plan, micro_batches=spec.micro_batches, mesh=self.mesh,
-                                        prefix=self._shared_prefix_dev)
-      prefix = self._shared_prefix_dev if fits else None
-      prefixed += prefix is not None
-      kw = dict(graphdef=gd, prompt_width=self.loss_from, temperature=self.update_spec.temperature,
-                compute_dtype=self.update_spec.compute_dtype, logits_chunk=self.update_spec.logits_chunk,
-                prefix=prefix)
-      # the first update runs on the params that sampled: its own forward pass gives the old log-probs
-      with self._trace_mesh(), self.clock.section():
-        if recompute and i > 0:
-          dev = dev.replace(old_logp=self.programs.batch_logprobs(st.params, dev.tokens, dev.valid, **kw))
-        if self.update_spec.kl_coef:
-          dev = dev.replace(ref_logp=self.programs.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
+    prefixed = []
+    for i, groups in enumerate(plans):  # old / reference log-probs: all from the params that sampled
+      devs, prefixes = [], []
+      for group in groups:
+        with self.clock.section():  # the rows are gathered on device; whether the prefix fits comes back
+          dev, fits = roll.rows.to_device(group, micro_batches=spec.micro_batches, mesh=self.mesh,
+                                          prefix=self._shared_prefix_dev)
+        prefix = self._shared_prefix_dev if fits else None
+        prefixed.append(prefix is not None)
+        kw = dict(graphdef=gd, prompt_width=dev.prompt_width, temperature=self.update_spec.temperature,
+                  compute_dtype=self.update_spec.compute_dtype, logits_chunk=self.update_spec.logits_chunk,
+                  prefix=prefix)
+        # the first update runs on the params that sampled: its own forward pass gives the old log-probs
+        with self._trace_mesh(), self.clock.section():
+          if recompute and i > 0:
+            dev = dev.replace(old_logp=self.programs.batch_logprobs(st.params, dev.tokens, dev.valid, **kw))
+          if self.update_spec.kl_coef:
+            dev = dev.replace(ref_logp=self.programs.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
+        devs.append(dev), prefixes.append(prefix)
       update_spec = dataclasses.replace(self.update_spec, old_is_current=recompute and i == 0)
-      batches.append((dev, update_spec, prefix))
+      batches.append((tuple(devs), update_spec, tuple(prefixes)))
     st.opt_state = set_learning_rate(st.opt_state, lr)
     update_metrics = []
     with self.clock.section():
@@ -183,7 +186,7 @@ class Trainer:
     for name in upd.UpdateMetrics.mean_names():
       metrics[name] = float(np.mean([getattr(m, name) for m in good]))
     metrics.update(updates=len(plans), skipped_updates=finite.count(False), nan_run=self._nan_run,
-                   prefix_shared_frac=prefixed / len(plans),
+                   prefix_shared_frac=float(np.mean(prefixed)), width_groups=len(prefixed) / len(plans),
                    update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=metrics["rollout_tokens"] / max(t1 - t0, 1e-9),
                    update_seconds=t2 - t1)

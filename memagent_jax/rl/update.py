@@ -76,6 +76,11 @@ class UpdateBatch:
   def replace(self, **fields) -> "UpdateBatch":
     return dataclasses.replace(self, **fields)
 
+  @property
+  def prompt_width(self) -> int:
+    """P: the first column the loss reads (1 for rows trained on whole conversations)."""
+    return self.tokens.shape[-1] - self.loss_mask.shape[-1]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -208,7 +213,7 @@ def batch_logprobs(params, tokens, valid, *, graphdef, prompt_width: int, temper
 def _micro_loss(params, mb, denominator, prefix, *, graphdef, spec: UpdateSpec):
   """Loss of one micro-batch (already divided by the mini-batch denominator) + metric sums."""
   model = nnx.merge(graphdef, cast_params(params, spec.compute_dtype))
-  logp, entropy = response_logprobs(model, mb.tokens, mb.valid, prompt_width=spec.prompt_width,
+  logp, entropy = response_logprobs(model, mb.tokens, mb.valid, prompt_width=mb.prompt_width,
                                     remat=spec.remat, temperature=spec.temperature, prefix=prefix,
                                     logits_chunk=spec.logits_chunk)
   mask = mb.loss_mask
@@ -234,29 +239,34 @@ def _micro_loss(params, mb, denominator, prefix, *, graphdef, spec: UpdateSpec):
 # params and optimizer state are donated: the updated ones reuse their buffers, so a step holds one
 # copy of each (the caller must not read the arrays it passed in again)
 @functools.partial(jax.jit, static_argnames=("graphdef", "tx", "spec"), donate_argnames=("params", "opt_state"))
-def update_step(params, opt_state, batch: UpdateBatch, *, graphdef, tx: optax.GradientTransformation,
-                spec: UpdateSpec, prefix=None):
-  """One optimizer update on a mini-batch given as micro-batches (every array [M, r, ...]);
-  prefix: a template opening [L] every row shares (`prefix_fits`), run once per micro-batch.
+def update_step(params, opt_state, batch: UpdateBatch | tuple[UpdateBatch, ...], *, graphdef,
+                tx: optax.GradientTransformation, spec: UpdateSpec, prefix=None):
+  """One optimizer update on a mini-batch given as micro-batches (every array [M, r, ...]), or as
+  width groups (a tuple of such batches, each of its own prompt width and the same response width:
+  rows with short prompts do not pay the long ones' columns); prefix: a template opening [L] every
+  row shares (`prefix_fits`), run once per micro-batch (a tuple, one per group, with groups).
 
   Returns (params, opt_state, UpdateMetrics); when the loss or gradients are not finite the
   inputs come back unchanged and metrics.finite is False."""
-  mask = batch.loss_mask  # [M, r, N]
-  denominator = losses.agg_denominator(mask.reshape(-1, mask.shape[-1]), spec.agg)
+  groups = batch if isinstance(batch, tuple) else (batch,)
+  prefixes = prefix if isinstance(prefix, tuple) else (prefix,) * len(groups)
+  denominator = group_denominator([g.loss_mask for g in groups], spec.agg)
   piece_tokens = spec.piece_tokens
   if piece_tokens is None:
     piece_tokens = CPU_PIECE_TOKENS if nnx.merge(graphdef, params).platform == "cpu" else 0
-  batch = pieces(batch, piece_tokens)  # sums over pieces equal sums over their micro-batch
   grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
-  zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+  carry = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.float32(0), LossSums.zeros())
+  for group, group_prefix in zip(groups, prefixes):  # each group's shapes: its own scan
 
-  def accumulate(carry, mb):
-    grads, loss, sums = carry
-    (l, s), g = grad_fn(params, mb, denominator, prefix, graphdef=graphdef, spec=spec)
-    grads = jax.tree_util.tree_map(jnp.add, grads, g)
-    return (grads, loss + l, jax.tree_util.tree_map(jnp.add, sums, s)), None
+    def accumulate(carry, mb, group_prefix=group_prefix):
+      grads, loss, sums = carry
+      (l, s), g = grad_fn(params, mb, denominator, group_prefix, graphdef=graphdef, spec=spec)
+      grads = jax.tree_util.tree_map(jnp.add, grads, g)
+      return (grads, loss + l, jax.tree_util.tree_map(jnp.add, sums, s)), None
 
-  (grads, loss, sums), _ = jax.lax.scan(accumulate, (zeros, jnp.float32(0), LossSums.zeros()), batch)
+    # sums over pieces equal sums over their micro-batch
+    carry, _ = jax.lax.scan(accumulate, carry, pieces(group, piece_tokens))
+  grads, loss, sums = carry
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, new_opt_state = tx.update(grads, opt_state, params)
@@ -268,6 +278,16 @@ def update_step(params, opt_state, batch: UpdateBatch, *, graphdef, tx: optax.Gr
                           approx_kl_old=sums.approx_kl_old_tokens / tokens, grad_norm=grad_norm,
                           tokens=sums.tokens, finite=finite)
   return keep(new_params, params), keep(new_opt_state, opt_state), metrics
+
+
+def group_denominator(masks, agg: str) -> jax.Array:
+  """`losses.agg_denominator` of a mini-batch given as width groups' loss masks (each [M, r, N], the
+  same N): counts add up over groups; the horizon of seq-mean-token-sum-norm is their common N."""
+  widths = {m.shape[-1] for m in masks}
+  if len(widths) != 1:
+    raise ValueError(f"width groups must share their response width; got {sorted(widths)}")
+  parts = [losses.agg_denominator(m.reshape(-1, m.shape[-1]), agg) for m in masks]
+  return parts[0] if agg == "seq-mean-token-sum-norm" else sum(parts[1:], parts[0])
 
 
 def split_micro(rows, micro_batches: int) -> UpdateBatch:
