@@ -2,6 +2,7 @@
 trajectories as computing them in every row and chunk, for less compute, on a token-shift toy model
 and a grouped-query SmolLM2-shaped one."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -121,6 +122,34 @@ def test_a_per_row_prefix_of_equal_rows_is_the_shared_prefix(shifted_toy_policy)
   got = sampling.cache_with_prefix(model, rows, jnp.asarray(tokens), jnp.asarray(valid), 9)
   for g, w in zip(got.k + got.v, want.k + want.v):
     np.testing.assert_array_equal(g, w)
+
+
+def test_prefill_after_a_prefix_skips_what_only_hidden_states_need(shifted_toy_policy):
+  """Every slot but the last only fills the cache: the last block's queries, attention and MLP run for
+  one slot per row, not all (about a fifth of a 4-block model's prefill), with the same logits and cache."""
+  model = nnx.merge(shifted_toy_policy.graphdef, shifted_toy_policy.state)
+  prefix = sampling.prefix_cache(model, jnp.arange(3, 9))
+  tokens, valid = (jnp.asarray(x) for x in sampling.left_pad([list(range(3, 9)) + [20 + i] * (30 + i) for i in range(4)], 0))
+
+  def whole(state):  # the fresh slots in one call, every hidden state computed
+    m = nnx.merge(shifted_toy_policy.graphdef, state)
+    cache = sampling.cache_with_prefix(m, prefix, tokens, valid, tokens.shape[1])
+    positions = sampling.positions_from_mask(valid)
+    hidden, cache = m(tokens[:, 6:], positions[:, 6:], valid[:, 6:], cache)
+    return m.logits(hidden[:, -1]), cache.grow(tokens.shape[1] + 2)
+
+  def split(state):
+    return sampling.prefill(nnx.merge(shifted_toy_policy.graphdef, state), tokens, valid,
+                            cache_size=tokens.shape[1] + 2, prefix=prefix)
+
+  flops = [jax.jit(f).lower(shifted_toy_policy.state).compile().cost_analysis()["flops"] for f in (whole, split)]
+  assert flops[1] < 0.85 * flops[0], flops
+  (want_logits, want), (got_logits, got) = whole(shifted_toy_policy.state), split(shifted_toy_policy.state)
+  np.testing.assert_allclose(got_logits, want_logits, atol=2e-5)
+  assert int(got.cursor) == int(want.cursor) == tokens.shape[1]
+  np.testing.assert_array_equal(got.valid, want.valid)
+  for g, w in zip(got.k + got.v, want.k + want.v):
+    np.testing.assert_allclose(g, w, atol=2e-5)
 
 
 def test_prefill_after_a_prefix_needs_tokens_after_it(shifted_toy_policy):

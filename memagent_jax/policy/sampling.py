@@ -164,7 +164,9 @@ def prefill(model, tokens, valid, *, cache_size: int, prefix: KVCache | None = N
 
   With `prefix` (see `prefix_cache`: every row's real tokens start with its L ids), the first L
   slots are copied from it and only slots L.. run through the model: slots a row's prefix spills
-  into are recomputed, exactly. Returns (next-token logits [B, V] float32, cache)."""
+  into are recomputed, exactly. Slots L..P-2 then only fill the cache (their hidden states are
+  unused, so the compiled program drops the last block's queries, attention and MLP for them) and
+  slot P-1 runs as one token against it. Returns (next-token logits [B, V] float32, cache)."""
   b, p = tokens.shape
   positions = positions_from_mask(valid)
   if prefix is None:
@@ -174,7 +176,9 @@ def prefill(model, tokens, valid, *, cache_size: int, prefix: KVCache | None = N
     if p <= l:
       raise ValueError(f"prompts of {p} slots leave nothing after the {l}-token shared prefix")
     cache = cache_with_prefix(model, prefix, tokens, valid, p)
-    hidden, cache = model(tokens[:, l:], positions[:, l:], valid[:, l:], cache)
+    if p - 1 > l:  # the cache only: [B, P-1-L] slots
+      _, cache = model(tokens[:, l:-1], positions[:, l:-1], valid[:, l:-1], cache)
+    hidden, cache = model(tokens[:, -1:], positions[:, -1:], valid[:, -1:], cache)  # [B, 1, E]
   return model.logits(hidden[:, -1]), cache.grow(cache_size)
 
 
