@@ -129,7 +129,8 @@ def test_prefill_after_a_prefix_skips_what_only_hidden_states_need(shifted_toy_p
   one slot per row, not all (about a fifth of a 4-block model's prefill), with the same logits and cache."""
   model = nnx.merge(shifted_toy_policy.graphdef, shifted_toy_policy.state)
   prefix = sampling.prefix_cache(model, jnp.arange(3, 9))
-  tokens, valid = (jnp.asarray(x) for x in sampling.left_pad([list(range(3, 9)) + [20 + i] * (30 + i) for i in range(4)], 0))
+  rows = [list(range(3, 9)) + [20 + i] * (30 + i) for i in range(4)]  # 6 prefix ids, then 30-33 more
+  tokens, valid = (jnp.asarray(x) for x in sampling.left_pad(rows, 0))
 
   def whole(state):  # the fresh slots in one call, every hidden state computed
     m = nnx.merge(shifted_toy_policy.graphdef, state)

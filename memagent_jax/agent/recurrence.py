@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from memagent_jax.policy.decode_spec import DecodeSpec
-from memagent_jax.policy.sampling import Generation, PromptRows, fold_rows, prefix_cache, row_prefix, sample_from_prompts
+from memagent_jax.policy.sampling import (Generation, PromptRows, fold_rows, prefix_cache, row_prefix,
+                                          sample_from_prompts)
 
 FINAL_STREAM = 0xFFFFFFFF  # the final answer's key is fold_in(row key, FINAL_STREAM); chunk k uses k
 
