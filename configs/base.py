@@ -29,8 +29,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       chunk_tokens=5000,  # tokens per chunk the agent reads (toy documents keep each fact inside one)
       memory_tokens=1024, answer_tokens=1024, question_tokens=1024,
       final_template="boxed", block_chunks=8,
-      # reuse the template's opening piece's keys across rows and chunks: auto (when it is >= 10% of
-      # the prompt and attention runs on xla, e.g. the toy world) | on | off; results are the same
+      # reuse the template's opening piece's keys across rows and each row's question's across its
+      # chunks: auto (when the piece is >= 10% of the prompt and attention runs on xla, e.g. the toy
+      # world) | on | off; the same tokens, log-probs equal up to float rounding (~1e-5)
       template_prefix_cache="auto",
       max_chunks=0,  # training-time centre truncation to this many chunks; 0 = read everything
       kind="memagent",  # "memagent", or "direct": the whole document in one prompt (full-attention baseline)

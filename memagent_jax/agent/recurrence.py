@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from memagent_jax.policy.decode_spec import DecodeSpec
-from memagent_jax.policy.sampling import Generation, PromptRows, fold_rows, prefix_cache, sample_from_prompts
+from memagent_jax.policy.sampling import (Generation, PromptRows, fold_rows, prefix_cache, row_prefix,
+                                          sample_from_prompts)
 
 FINAL_STREAM = 0xFFFFFFFF  # the final answer's key is fold_in(row key, FINAL_STREAM); chunk k uses k
 
@@ -30,7 +31,7 @@ class RecurrenceSpec:
   stop_tokens: tuple[int, ...]
   pad_id: int
   keep_prompts: bool  # return the assembled prompts (RL needs them; long reads may not)
-  reuse_prefix: bool  # compute the template's first piece once per block, not once per row and chunk
+  reuse_prefix: bool  # compute each row's prompt opening (template piece, question, piece) once per block
 
 
 class MemoryRows(NamedTuple):
@@ -95,6 +96,15 @@ def _sample(model, tokens, valid, *, keys, inactive, n: int, decode: DecodeSpec,
   return sample_from_prompts(model, rows, decode, max_new_tokens=n, pad_id=spec.pad_id, prefix=prefix)
 
 
+def opening_cache(model, pieces, rows: MemoryRows, pad_id: int):
+  """Each row's memory-update prompt opening, template piece 0 + question + piece 1 (left-padded to
+  [B, L0 + Q + L1]), as a [B, K, L, D] cache: piece 0's keys computed once for all rows, the question's
+  once per row. Every prompt of the row holds it within its first L slots, whatever its memory and chunk."""
+  b = rows.question.shape[0]
+  tokens, valid = pack_left([_fixed(pieces[0], b), (rows.question, rows.q_len), _fixed(pieces[1], b)], pad_id)
+  return row_prefix(model, prefix_cache(model, pieces[0]), tokens, valid)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
 def memory_block(graphdef, state, *, pieces, rows: MemoryRows, block: ChunkBlock, decode: DecodeSpec,
                  spec: RecurrenceSpec):
@@ -105,7 +115,7 @@ def memory_block(graphdef, state, *, pieces, rows: MemoryRows, block: ChunkBlock
   model = nnx.merge(graphdef, state)
   b, m = rows.memory.shape
   n = spec.memory_tokens
-  prefix = prefix_cache(model, pieces[0]) if spec.reuse_prefix else None  # the same for every step
+  prefix = opening_cache(model, pieces, rows, spec.pad_id) if spec.reuse_prefix else None  # the same every step
 
   def step(carry, xs):
     memory, mem_len = carry

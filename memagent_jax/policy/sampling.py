@@ -124,14 +124,22 @@ def cache_with_prefix(model, prefix: KVCache, tokens, valid, cache_size: int) ->
 
   Row b's real tokens start at its first valid slot f_b (left padding; a training row may also be
   right-padded after its response), so slot s < L holds prefix token s - f_b (padding where that
-  is negative: valid masks it). Differentiable in the prefix's keys and values."""
+  is negative: valid masks it). Differentiable in the prefix's keys and values.
+
+  A prefix of B rows (`row_prefix`: each row's own opening, left-padded to L slots, n_b real tokens)
+  is placed the same way: slot s < L holds the row's prefix token s - f_b, which sits at prefix
+  slot s - f_b + L - n_b; every row's prompt must hold its whole prefix within its first L slots."""
   b, l = tokens.shape[0], prefix.size
   cache = KVCache.init(model.config, b, cache_size, model.dtype)
   first = jnp.argmax(valid, axis=1)  # [B]: first real slot (0 for an all-padding row)
-  index = jnp.clip(jnp.arange(l)[None, :] - first[:, None], 0, l - 1)  # [B, L]
+  shift = first if prefix.valid.shape[0] == 1 else first - (l - jnp.sum(prefix.valid, axis=1))  # [B]
+  index = jnp.clip(jnp.arange(l)[None, :] - shift[:, None], 0, l - 1)  # [B, L]
 
-  def put(buf, shared):  # shared [1, K, L, D] -> each row's slots 0..L-1 of buf [B, K, S, D]
-    rows = jnp.take(shared[0], index, axis=1).transpose(1, 0, 2, 3)  # [B, K, L, D]
+  def put(buf, shared):  # shared [1 or B, K, L, D] -> each row's slots 0..L-1 of buf [B, K, S, D]
+    if shared.shape[0] == 1:
+      rows = jnp.take(shared[0], index, axis=1).transpose(1, 0, 2, 3)  # [B, K, L, D]
+    else:
+      rows = jnp.take_along_axis(shared, index[:, None, :, None], axis=2)  # [B, K, L, D]
     return jax.lax.dynamic_update_slice(buf, rows.astype(buf.dtype), (0, 0, 0, 0))
 
   history = cache.tokens
@@ -142,13 +150,23 @@ def cache_with_prefix(model, prefix: KVCache, tokens, valid, cache_size: int) ->
                        valid=cache.valid.at[:, :l].set(valid[:, :l]), cursor=jnp.int32(l), tokens=history)
 
 
+def row_prefix(model, shared: KVCache, tokens, valid) -> KVCache:
+  """Each row's own prompt opening, computed once and reused across its prompts: tokens, valid [B, L]
+  left-padded, every row starting with the `shared` prefix (`prefix_cache`), whose keys are copied,
+  not recomputed. -> a [B, K, L, D] cache for `cache_with_prefix` (valid [B, L] marks each row's tokens)."""
+  _, cache = prefill(model, tokens, valid, cache_size=tokens.shape[1], prefix=shared)
+  return cache
+
+
 def prefill(model, tokens, valid, *, cache_size: int, prefix: KVCache | None = None):
   """Runs left-padded prompts [B, P] into a cache of P slots (the attention window: whole rows run
   on the square path), then grows it to `cache_size` slots, its cursor at slot P.
 
   With `prefix` (see `prefix_cache`: every row's real tokens start with its L ids), the first L
   slots are copied from it and only slots L.. run through the model: slots a row's prefix spills
-  into are recomputed, exactly. Returns (next-token logits [B, V] float32, cache)."""
+  into are recomputed, exactly. Slots L..P-2 then only fill the cache (their hidden states are
+  unused, so the compiled program drops the last block's queries, attention and MLP for them) and
+  slot P-1 runs as one token against it. Returns (next-token logits [B, V] float32, cache)."""
   b, p = tokens.shape
   positions = positions_from_mask(valid)
   if prefix is None:
@@ -158,7 +176,9 @@ def prefill(model, tokens, valid, *, cache_size: int, prefix: KVCache | None = N
     if p <= l:
       raise ValueError(f"prompts of {p} slots leave nothing after the {l}-token shared prefix")
     cache = cache_with_prefix(model, prefix, tokens, valid, p)
-    hidden, cache = model(tokens[:, l:], positions[:, l:], valid[:, l:], cache)
+    if p - 1 > l:  # the cache only: [B, P-1-L] slots
+      _, cache = model(tokens[:, l:-1], positions[:, l:-1], valid[:, l:-1], cache)
+    hidden, cache = model(tokens[:, -1:], positions[:, -1:], valid[:, -1:], cache)  # [B, 1, E]
   return model.logits(hidden[:, -1]), cache.grow(cache_size)
 
 
