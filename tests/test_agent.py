@@ -201,9 +201,9 @@ def test_direct_reader_prompt_budget_and_truncation(tiny_agent_policy):
 
 def test_conversation_batch_rows(tiny_agent_policy):
   agent = MemAgent(tiny_agent_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=5)
-  results, batch = agent.rollout(["Q?", "R?"], ["one two three " * 20, "four five " * 8], temperature=1.0,
-                                 top_p=1.0, seed=2)
-  assert isinstance(batch, ConversationBatch)
+  results = agent.answer_batch(["Q?", "R?"], ["one two three " * 20, "four five " * 8], temperature=1.0,
+                               top_p=1.0, seed=2)
+  batch = ConversationBatch.from_results(results, agent.pad_id)
   assert len(batch) == sum(len(r.conversations) for r in results)
   assert batch.is_final.sum() == 2 and batch.trajectory.tolist() == sorted(batch.trajectory.tolist())
   for row in range(len(batch)):
