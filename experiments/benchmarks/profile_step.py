@@ -289,20 +289,25 @@ def rollout_details(n: dict, s: dict, iso: dict) -> dict:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec", "grad"))
 def _loss_pass(params, batch, prefix, *, graphdef, spec, grad: bool):
-  """update_step's micro-batch scan without the optimizer: the loss (grad=False) or loss + grads."""
-  mask = batch.loss_mask
-  denominator = losses.agg_denominator(mask.reshape(-1, mask.shape[-1]), spec.agg)
-  if not grad:
-    f = lambda c, mb: (c + upd._micro_loss(params, mb, denominator, prefix, graphdef=graphdef, spec=spec)[0], None)
-    return jax.lax.scan(f, jnp.float32(0), batch)[0]
+  """update_step's scans over width groups and pieces without the optimizer: the loss (grad=False) or
+  loss + grads."""
+  groups = batch if isinstance(batch, tuple) else (batch,)
+  prefixes = prefix if isinstance(prefix, tuple) else (prefix,) * len(groups)
+  denominator = upd.group_denominator([g.loss_mask for g in groups], spec.agg)
+  piece_tokens = spec.piece_tokens
+  if piece_tokens is None:
+    piece_tokens = upd.CPU_PIECE_TOKENS if nnx.merge(graphdef, params).platform == "cpu" else 0
   grad_fn = jax.value_and_grad(upd._micro_loss, has_aux=True)
-
-  def accumulate(carry, mb):
-    grads, loss = carry
-    (l, _), g = grad_fn(params, mb, denominator, prefix, graphdef=graphdef, spec=spec)
-    return (jax.tree_util.tree_map(jnp.add, grads, g), loss + l), None
-  zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-  return jax.lax.scan(accumulate, (zeros, jnp.float32(0)), batch)[0]
+  carry = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.float32(0))
+  for group, p in zip(groups, prefixes):
+    def accumulate(carry, mb, p=p):
+      grads, loss = carry
+      if not grad:
+        return (grads, loss + upd._micro_loss(params, mb, denominator, p, graphdef=graphdef, spec=spec)[0]), None
+      (l, _), g = grad_fn(params, mb, denominator, p, graphdef=graphdef, spec=spec)
+      return (jax.tree_util.tree_map(jnp.add, grads, g), loss + l), None
+    carry, _ = jax.lax.scan(accumulate, carry, upd.pieces(group, piece_tokens))
+  return carry if grad else carry[1]
 
 
 @functools.partial(jax.jit, static_argnames=("tx",))
@@ -393,8 +398,9 @@ def profile_rl(cfg, *, measured_steps: int, repeats: int) -> dict:
     in_situ = totals.pop("update_step")
     totals.update({k: in_situ * f for k, f in parts["shares"].items()})
     details["iso_update"] = {k: round(v, 4) for k, v in parts["seconds"].items()}
-    b = captured["batch"]
-    details.update(update_batch=f"{b.tokens.shape[0]} x [{b.tokens.shape[1]}, {b.tokens.shape[2]}] tokens",
+    groups = captured["batch"] if isinstance(captured["batch"], tuple) else (captured["batch"],)
+    details.update(update_batch=" + ".join(f"{b.tokens.shape[0]} x [{b.tokens.shape[1]}, {b.tokens.shape[2]}]"
+                                           for b in groups) + " tokens",
                    compile_step_wall=first["wall"], compile_seconds=first["compile"], measured=len(steps),
                    rollout_tokens=steps[-1]["metrics"]["rollout_tokens"])
     trainer.checkpointer.wait()
