@@ -174,7 +174,9 @@ class SlotRows:
   def mini_batches(self, *, num_questions: int, questions_per_mini_batch: int, multiple: int,
                    max_groups: int = 2) -> list[tuple[MiniBatchPlan, ...]]:
     """Each mini-batch as up to max_groups width groups (`split_by_width`; 0: one group of the slots'
-    full width, rows in question order)."""
+    full width, rows in question order). Rows trained on whole conversations keep the full width: their
+    loss covers the prompt, so every group must keep the same columns."""
+    max_groups = 0 if self.loss_on_prompt else max_groups
     plans = plan_mini_batches(np.arange(len(self.slot)), self.question, self.advantages, num_questions=num_questions,
                               questions_per_mini_batch=questions_per_mini_batch, multiple=multiple, tokens=self.tokens)
     out = []
