@@ -208,3 +208,9 @@ def test_width_groups_keep_every_row_and_cut_padding():
         got[int(s)] = (flat(b.tokens)[i][flat(b.valid)[i]].tolist(), flat(b.old_logp)[i].tolist(),
                        float(flat(b.advantages)[i]))
   assert got == want
+
+
+def test_group_width_is_the_smallest_eighth_that_holds_the_rows():
+  full = 176  # eighths rounded up to 8 columns: 24, 48, 72, 88, 112, 136, 160, 176
+  assert [device_rows.group_width(n, full) for n in (1, 24, 25, 50, 88, 89, 161, 176)] == [24, 24, 48, 72, 88, 112,
+                                                                                            176, 176]

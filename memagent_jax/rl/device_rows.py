@@ -41,7 +41,7 @@ def group_width(longest: int, full: int) -> int:
   """The prompt width of rows whose longest prompt is `longest`: the smallest k/WIDTH_STEPS of the
   full width (a multiple of 8 columns) that holds it."""
   for k in range(1, WIDTH_STEPS + 1):
-    w = min(full, -(-full * k // WIDTH_STEPS + 7) // 8 * 8)
+    w = min(full, -(-full * k // (WIDTH_STEPS * 8)) * 8)  # k/8 of full, rounded up to 8 columns
     if w >= longest:
       return w
   return full

@@ -142,7 +142,8 @@ def cast_params(params, dtype):
 
 
 def prefix_fits(tokens, valid, prefix, prompt_width: int) -> bool:
-  """Host check that a shared prefix [L] can stand in for the first L slots of every row [R, W]:
+  """Host check (the reference of the device gather's check, rl/device_rows.py) that a shared prefix [L]
+  can stand in for the first L slots of every row [R, W]:
   each row either starts with it (from its first real slot) or has at least L slots of padding
   before its first real token, and the loss starts after the prefix."""
   if prefix is None:
