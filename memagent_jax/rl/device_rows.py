@@ -96,14 +96,14 @@ def _gather(slots: ConversationSlots, slot, advantages, prefix=None, *, micro_ba
   p, n = prompt_width or slots.prompt.shape[1], slots.response.shape[1]
   empty = slot < 0  # [R]
   take = lambda x: jnp.take(x, jnp.maximum(slot, 0), axis=0)
-  slots = dataclasses.replace(slots, prompt=slots.prompt[:, slots.prompt.shape[1] - p:])  # left-padded: the last p
   prompt_len = jnp.where(empty, 0, take(slots.prompt_len))
   response_len = jnp.where(empty, 0, take(slots.response_len))
   prompt_valid = jnp.arange(p)[None, :] >= (p - prompt_len)[:, None]  # [R, P]
   prompt_valid = prompt_valid | (empty[:, None] & (jnp.arange(p) == p - 1)[None, :])  # one real token per row
   response_valid = jnp.arange(n)[None, :] < response_len[:, None]  # [R, N]
   loss_mask = response_valid & ~(mask_truncated & take(slots.truncated))[:, None]
-  tokens = jnp.concatenate([take(slots.prompt), take(slots.response)], axis=1)  # [R, P + N]
+  prompt = take(slots.prompt)[:, slots.prompt.shape[1] - p:]  # [R, p]: left-padded, the last p columns hold it
+  tokens = jnp.concatenate([prompt, take(slots.response)], axis=1)  # [R, p + N]
   rows = dict(tokens=jnp.where(empty[:, None], pad_id, tokens),
               valid=jnp.concatenate([prompt_valid, response_valid], axis=1), loss_mask=loss_mask,
               old_logp=jnp.where(response_valid, take(slots.logprobs), 0.0),
