@@ -173,13 +173,15 @@ def test_recompute_old_logprobs_knob(tmp_path):
 
 def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2):
   """With a reward that moves the policy (the tiny random model scores 0 on the task), the KL term is
-  positive from the second step on and changes the update; the reference stays the initial params."""
+  positive from the second step on and changes the update; the reference stays the initial params.
+  One mini-batch per step: with two, the second update of step 1 already sees moved params."""
   from memagent_jax.rl import rollout
   parity = lambda answer, prediction, gold: float(sum(map(ord, answer)) % 2)  # about half the answers score
   with rollout.REWARD_FNS.registered("answer_parity", parity):
     runs = {}
     for coef in (0.0, 5.0):
-      t = assembly.build_trainer(tiny(**{"train.steps": 2, "rl.kl_coef": coef, "rl.reward": "answer_parity"}),
+      t = assembly.build_trainer(tiny(**{"train.steps": 2, "rl.kl_coef": coef, "rl.reward": "answer_parity",
+                                              "rl.ppo_mini_batch": 4}),
                                  workdir=str(tmp_path / f"kl{coef}"))
       init = _leaves(t.state.params)
       history = t.train()["history"]
@@ -188,6 +190,7 @@ def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2):
   assert all(np.array_equal(a, b) for a, b in zip(on["init"], _leaves(on["ref"])))  # frozen
   assert off["ref"] is None and base2["ref_params"] is None
   assert off["history"][0]["grad_norm"] > 0  # the reward moves the policy
+  assert [h["updates"] for h in on["history"]] == [1, 1]
   assert on["history"][0]["kl"] == 0 and on["history"][1]["kl"] > 0  # equal at first, apart after a step
   diff = max(float(np.max(np.abs(x - y))) for x, y in zip(off["params"], on["params"]))
   assert diff > 1e-6
