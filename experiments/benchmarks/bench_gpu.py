@@ -315,20 +315,20 @@ def load_config(spec: str):
 def bench_rl(spec: str, steps: int) -> str:
   """`steps` train_step calls; logprobs seconds by timing each `update.batch_logprobs` call (blocking)."""
   from memagent_jax.experiment.assembly import build_trainer
+  from memagent_jax.rl.trainer import StepPrograms
   cfg = load_config(spec)
   cfg.train.progress, cfg.eval.every = False, 0
-  spent, original = [], upd.batch_logprobs
+  spent = []
 
   def timed_logprobs(*a, **kw):
     t = time.perf_counter()
-    out = jax.block_until_ready(original(*a, **kw))
+    out = jax.block_until_ready(upd.batch_logprobs(*a, **kw))
     spent.append(time.perf_counter() - t)
     return out
 
   rows = []
   with tempfile.TemporaryDirectory() as workdir:
-    trainer = build_trainer(cfg, workdir=workdir)
-    upd.batch_logprobs = timed_logprobs  # the trainer calls it as upd.batch_logprobs
+    trainer = build_trainer(cfg, workdir=workdir, programs=StepPrograms(batch_logprobs=timed_logprobs))
     try:
       for i in range(steps):
         spent.clear()
@@ -340,7 +340,6 @@ def bench_rl(spec: str, steps: int) -> str:
                                                                                "update_tokens_per_s")])
         print(rows[-1], flush=True)
     finally:
-      upd.batch_logprobs = original
       trainer.checkpointer.wait()
       trainer.writer.close()
   note = (f"`{spec}` through `build_trainer`, {steps} train_step calls (step 1 includes compilation). "
@@ -391,13 +390,13 @@ def main(argv):
          "decode": ("3. Decode", lambda: bench_decode(s, repeats, refs)),
          "rl": ("4. RL step split", lambda: bench_rl(args.rl_config or s.rl_config, args.rl_steps))}
   parts = [header(args.smoke, repeats)]
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   for key in sections:
     title, fn = run[key]
     print(f"== {title}", flush=True)
     parts.append(f"## {title}\n\n{fn()}\n")
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with atomic_write(out) as f:
-    f.write("\n".join(parts))
+    with atomic_write(out) as f:  # after every section: a later one that fails keeps the earlier tables
+      f.write("\n".join(parts))
   print(f"wrote {out}")
 
 
