@@ -291,9 +291,7 @@ def test_forward_logits_unchanged_by_padding_around_a_row():
 
 def test_whole_rows_fused_says_when_a_shared_prefix_would_cost_a_faster_path():
   from memagent_jax.models.attention import AttentionSpec
-  cpu = AttentionSpec(backend="xla", platform="cpu")
-  assert cpu.whole_rows_fused(jnp.float32, 192) and not cpu.whole_rows_fused(jnp.float32, 513)  # blocks <= query_block
-  assert not AttentionSpec(backend="xla", platform="cpu", cpu_block=0).whole_rows_fused(jnp.float32, 192)
-  assert not AttentionSpec(backend="xla", platform="gpu").whole_rows_fused(jnp.float32, 192)
-  assert AttentionSpec(backend="cudnn", platform="gpu", emulate_kernels=True).whole_rows_fused(jnp.bfloat16, 4096)
-  assert AttentionSpec(backend="splash", platform="tpu", emulate_kernels=True).whole_rows_fused(jnp.bfloat16, 4096)
+  assert not AttentionSpec(backend="xla", platform="cpu").whole_rows_fused(jnp.float32)  # CPU blocks: prefix wins
+  assert not AttentionSpec(backend="xla", platform="gpu").whole_rows_fused(jnp.float32)
+  assert AttentionSpec(backend="cudnn", platform="gpu", emulate_kernels=True).whole_rows_fused(jnp.bfloat16)
+  assert AttentionSpec(backend="splash", platform="tpu", emulate_kernels=True).whole_rows_fused(jnp.bfloat16)

@@ -153,8 +153,8 @@ def test_resume_skips_an_unreadable_newest_checkpoint(tmp_path, caplog, base2):
 def test_recompute_old_logprobs_knob(tmp_path):
   """On: the first update's old log-probs come from its own forward pass (its params sampled), each
   later mini-batch's from a forward pass before the updates; off: from the sampler (equal to float
-  rounding here, so the knob is checked by what runs). On CPU the toy rows' attention runs in blocks,
-  so the update does not run the template opening through a cache (assembly: whole_rows_fused)."""
+  rounding here, so the knob is checked by what runs). Without a fused attention kernel the memory
+  rows' group runs the template opening once through a cache; the final-answer group has no room for it."""
   from memagent_jax.rl import update as upd
   calls, specs = [], []
   counting = trainer_lib.StepPrograms(
@@ -164,7 +164,7 @@ def test_recompute_old_logprobs_knob(tmp_path):
   history = t.train()["history"]
   assert [s.old_is_current for s, _ in specs] == [True, False]  # two mini-batches
   assert len(calls) == specs[1][1] >= 1  # one pass per width group of the second
-  assert history[0]["prefix_shared_frac"] == 0.0
+  assert history[0]["prefix_shared_frac"] == 0.5  # one of each mini-batch's two width groups
   calls.clear(), specs.clear()
   assembly.build_trainer(tiny(**{"train.steps": 1, "rl.recompute_old_logprobs": False}),
                          workdir=str(tmp_path / "off"), programs=counting).train()

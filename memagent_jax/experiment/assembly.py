@@ -186,9 +186,9 @@ def build_experiment(cfg, workdir: str | None = None, *, programs: StepPrograms 
   # the loss starts at the response column; a teacher's prompt loss trains whole conversations
   loss_from = 1 if cfg.train.source == "teacher" and cfg.teacher.prompt_loss else prompt_width
   # the memory template's opening (the same in every memory-update row) runs once per update batch
-  # where the agent reuses it in rollouts too (`agent.template_prefix_cache`), unless whole rows have a
-  # faster attention path (a kernel, or CPU blocks): through the prefix's cache, attention is dense
-  fused = policy.model.attention.whole_rows_fused(policy.dtype, prompt_width + response_width)
+  # where the agent reuses it in rollouts too (`agent.template_prefix_cache`), unless whole rows run a
+  # fused kernel: through the prefix's cache, attention is plain XLA
+  fused = policy.model.attention.whole_rows_fused(policy.dtype)
   shared = agent.memory_segments.pieces[0] if getattr(agent, "reuse_prefix", False) and not fused else None
   trainer = Trainer(specs.train_spec(cfg), update=specs.update_spec(cfg, loss_from=loss_from),
                     optim=specs.optim_spec(cfg), workdir=workdir or cfg.train.workdir, mesh=mesh, rules=rules,
