@@ -34,7 +34,7 @@ setup(
     extras_require={
         # torch (+ accelerate, which transformers needs to read GGUF) is only the reference
         # for parity tests; the CPU build of torch is pinned.
-        "test": ["pytest>=8", "torch==2.13.0", "accelerate==1.15.0",
+        "test": ["pytest>=8", "pytest-xdist==3.8.0", "torch==2.13.0", "accelerate==1.15.0",
                  # the quickstart notebook is executed by a test
                  "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"],
     },
