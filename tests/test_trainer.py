@@ -180,9 +180,8 @@ def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2):
   with rollout.REWARD_FNS.registered("answer_parity", parity):
     runs = {}
     for coef in (0.0, 5.0):
-      t = assembly.build_trainer(tiny(**{"train.steps": 2, "rl.kl_coef": coef, "rl.reward": "answer_parity",
-                                              "rl.ppo_mini_batch": 4}),
-                                 workdir=str(tmp_path / f"kl{coef}"))
+      cfg = tiny(**{"train.steps": 2, "rl.kl_coef": coef, "rl.reward": "answer_parity", "rl.ppo_mini_batch": 4})
+      t = assembly.build_trainer(cfg, workdir=str(tmp_path / f"kl{coef}"))
       init = _leaves(t.state.params)
       history = t.train()["history"]
       runs[coef] = dict(init=init, params=_leaves(t.state.params), ref=t.state.ref_params, history=history)
