@@ -14,10 +14,9 @@ LOOKUP_RL = "rl,full,lookup"
 
 
 def _curriculum_config():
-  """Full-scale lookup RL with the 400-step curriculum (configs/toy_memagent.LOOKUP_CURRICULUM)."""
+  """Full-scale lookup RL: make reproduce's 400-step curriculum (configs/toy_memagent.LOOKUP_CURRICULUM)."""
   cfg = toy_memagent.get_config(LOOKUP_RL)
-  with cfg.unlocked():
-    cfg.data.phases, cfg.train.steps = toy_memagent.LOOKUP_CURRICULUM, 400
+  assert (cfg.data.phases, cfg.train.steps) == (toy_memagent.LOOKUP_CURRICULUM, 400)
   return cfg
 
 

@@ -225,8 +225,8 @@ def test_report_names_each_stage_training_documents():
   full = toy_report._training_documents("lookup", "full")
   demo = toy_report._training_documents("lookup", "demo")
   assert "warm_start on 1x documents generated with num_distractors=3;" in full
-  assert ("rl on 1x documents generated with, in turn, steps 1-100 distractor_keys=askable, num_distractors=3; "
-          "steps 101-200 distractor_keys=mixed, num_distractors=3; steps 201-250 distractor_keys=mixed, "
+  assert ("rl on 1x documents generated with, in turn, steps 1-200 distractor_keys=askable, num_distractors=3; "
+          "steps 201-300 distractor_keys=mixed, num_distractors=3; steps 301-400 distractor_keys=mixed, "
           "late_fact_share=1.0, num_distractors=3;") in full
   assert "askable" not in demo and "rl on 1x documents generated with num_distractors=3;" in demo
   assert toy_report._training_documents("one_key", "full") == ""
