@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo demo-smollm2 reproduce notebook bench bench-gpu clean
+.PHONY: setup test test-fast demo demo-smollm2 reproduce seeds notebook bench bench-gpu clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,11 @@ demo: setup
 # (docs/results/toy_reproduction_lookup.{md,png,json}). Resumes where it stopped; rm -rf runs/toy_full_lookup to start over.
 reproduce: setup
 	$(PY) -m experiments.toy_reproduction --scale=full $(TOY_BASE)
+
+# make reproduce's recipe with training seeds 0, 1, 2 and from a perturbed warm start (seed 0 is make
+# reproduce's run, reused): RL-MemAgent's four curves -> docs/results/toy_reproduction_seeds.{md,png}.
+seeds: setup
+	$(PY) -m experiments.toy_seeds
 
 # The embedded SmolLM2 reading a real document with MemAgent, memory shown after each chunk.
 demo-smollm2: setup

@@ -131,7 +131,8 @@ def report_name(scale: str, world: str) -> str:
   return "toy_reproduction" + ("" if world == "one_key" else f"_{world}") + ("" if scale == "full" else f"_{scale}")
 
 
-def _acc(r) -> str:
+def acc_cell(r) -> str:
+  """A row's accuracy in % with its 95% Wilson interval."""
   return f"{r['accuracy'] * 100:.1f} [{r['ci_low'] * 100:.0f}, {r['ci_high'] * 100:.0f}]"
 
 
@@ -147,13 +148,14 @@ def _sharing(rows) -> str:
 
 
 def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: int, eval_seed: int,
-                 command: str, seconds: float, world: str = "one_key") -> dict:
+                 command: str, seconds: float, world: str = "one_key", seed: int = 0, perturb: float = 0.0) -> dict:
   from configs import toy_memagent
   os.makedirs(results_dir, exist_ok=True)
   base = os.path.join(results_dir, report_name(scale, world))
   paths = {"table": base + ".md", "plot": base + ".png", "json": base + ".json"}
   with atomic_write(paths["json"]) as f:
-    json.dump({"scale": scale, "world": world, "n": n, "eval_seed": eval_seed, "rows": rows,
+    json.dump({"scale": scale, "world": world, "n": n, "eval_seed": eval_seed, "seed": seed, "perturb": perturb,
+               "rows": rows,
                "stages": {k: {"steps": v["steps"]} for k, v in stages.items()}}, f, indent=1)
   plot(rows, root, paths["plot"])
   lengths = sorted({r["length"] for r in rows})
@@ -165,7 +167,7 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
           + " | ".join(f"{LABELS[m]} peak RSS MiB" for m in methods) + " |",
           "|---|" + "---|" * (2 * len(methods))]
   for length in lengths:
-    cells = [_acc(get[(m, length)]) if (m, length) in get else "-" for m in methods]
+    cells = [acc_cell(get[(m, length)]) if (m, length) in get else "-" for m in methods]
     acc.append(f"| {length} | {length // toy.TRAIN_TOKENS}x | " + " | ".join(cells) + " |")
     t = [f"{get[(m, length)]['seconds_per_doc']:.4f}" if (m, length) in get else "-" for m in methods]
     mem = [f"{get[(m, length)]['peak_rss_mib']:.0f}" if (m, length) in get else "-" for m in methods]
@@ -181,7 +183,9 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
       "pretrain (base model: find and copy a fact in short plain texts) -> warm_start (supervised on the "
       "imperfect memory teacher) -> rl (Multi-Conv DAPO, final-answer reward only); full_attention "
       "(supervised on whole training documents) from the same base." + _training_documents(world, scale), "",
-      f"Seeds: training data 0, model init 0, training 0; evaluation documents {eval_seed} + length, "
+      f"Seeds: training data {seed}, model init 0, training {seed}"
+      + (f"; RL started from the warm start with every weight times 1 + {perturb:g} N(0, 1)" if perturb else "")
+      + f"; evaluation documents {eval_seed} + length, "
       f"sampling {eval_seed}. Evaluation sampling: temperature 0.7, top-p 0.95 (the paper's). "
       f"n = {n} documents per point; accuracy is exact match of the boxed answer, in % with a 95% "
       "Wilson interval. The full-attention model reads whole documents up to its context window of "

@@ -25,6 +25,7 @@ import sys
 import time
 
 import jax
+import numpy as np
 from absl import app, flags, logging
 
 from configs import toy_memagent
@@ -32,7 +33,8 @@ from experiments import toy_analysis, toy_report
 from memagent_jax.runtime.atomic_io import atomic_write
 from memagent_jax.data import curriculum, toy
 from memagent_jax.evaluation.length_sweep import sweep_lengths
-from memagent_jax.experiment.assembly import load_reader, train_phases
+from memagent_jax.experiment.assembly import enable_compilation_cache, load_reader, train_phases
+from memagent_jax.models import safetensors_io
 from memagent_jax.policy.export import export_checkpoint
 
 SCALES = {  # eval samples per point, largest multiple of the training length, memagent eval batch
@@ -60,6 +62,12 @@ _EVAL_SEED = flags.DEFINE_integer("eval_seed", 1000, "seed of the evaluation doc
 _EVAL_WORKERS = flags.DEFINE_integer("eval_workers", 2, "methods evaluated at once, each in its own process "
                                      "(1: one after another, in this process)")
 _STEPS = flags.DEFINE_string("steps", "", "override training steps, e.g. 'pretrain=3,warm_start=3,rl=2'")
+_SEED = flags.DEFINE_integer("seed", 0, "training data and training seed of every trained stage (the base "
+                             "model is the committed one whatever the seed)")
+_PERTURB = flags.DEFINE_float("perturb", 0.0, "RL starts from the warm start with every weight times "
+                              "1 + perturb * N(0, 1) (e.g. 1e-6: float rounding's size, as another machine gives)")
+_EVAL_METHODS = flags.DEFINE_list("eval_methods", [m for m, _ in METHODS],
+                                  "trained stages to sweep (e.g. rl: a seed run needs only RL's curve)")
 _BASE = flags.DEFINE_string("base", None, "an exported base model of this world (a pretrain stage's export, "
                             "e.g. experiments/data/toy_base_lookup): used instead of training the pretrain stage")
 BASE_META = "base.json"  # written into every pretrain export: the world and steps it was trained for
@@ -72,12 +80,16 @@ def steps_override() -> dict[str, str]:
   return dict(kv.split("=") for kv in _STEPS.value.split(",") if kv)
 
 
-def stage_config(stage: str, scale: str, root: str, world: str = "one_key", steps: dict | None = None):
-  """The stage's config in this run; steps: {stage: steps} overrides (default: --steps)."""
+def stage_config(stage: str, scale: str, root: str, world: str = "one_key", steps: dict | None = None,
+                 seed: int = 0, perturb: float = 0.0):
+  """The stage's config in this run; steps: {stage: steps} overrides (default: --steps); seed: its
+  training data and training seed; perturb: RL starts from the perturbed warm start (`perturbed_export`)."""
   cfg = toy_memagent.get_config(f"{stage},{scale},{world}")
   cfg.train.workdir = os.path.join(root, stage)
+  cfg.train.seed = cfg.data.seed = seed
+  cfg.train.compilation_cache_dir = compile_cache(root)
   if stage == "rl":
-    cfg.model.source = os.path.join(root, "warm_start", "export")
+    cfg.model.source = perturbed_export(root, perturb) if perturb else os.path.join(root, "warm_start", "export")
   elif stage in ("warm_start", "full_attention"):  # both start from the same pretrained base
     cfg.model.source = os.path.join(root, "pretrain", "export")
   steps = steps_override() if steps is None else steps
@@ -87,9 +99,39 @@ def stage_config(stage: str, scale: str, root: str, world: str = "one_key", step
   return cfg
 
 
-def train_stage(stage: str, scale: str, root: str, world: str) -> dict:
+def compile_cache(root: str) -> str:
+  """The run's persistent XLA cache: a sweep or a resumed stage loads the programs an earlier process
+  of the run compiled (every MemAgent sweep runs the same shapes) instead of compiling them again.
+  JAX_COMPILATION_CACHE_DIR, when set, wins."""
+  return os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(root, "xla_cache")
+
+
+def perturbed_export(root: str, perturb: float) -> str:
+  """The warm start's export with every weight times 1 + perturb * N(0, 1) (numpy seed 0): how far
+  another machine's float rounding may move a trained model, made on purpose. Written once, beside
+  the export it perturbs."""
+  src = os.path.join(root, "warm_start", "export")
+  dst = os.path.join(root, "warm_start", f"export_perturbed_{perturb:g}")
+  if os.path.isdir(dst):
+    return dst
+  if not os.path.isdir(src):
+    raise FileNotFoundError(f"--perturb={perturb:g}: no warm-start export at {src} to perturb (train warm_start first)")
+  tmp = dst + ".tmp"
+  shutil.rmtree(tmp, ignore_errors=True)
+  shutil.copytree(src, tmp)
+  weights = os.path.join(tmp, "model.safetensors")
+  rng = np.random.default_rng(0)
+  tensors = {name: (a * (1 + perturb * rng.standard_normal(a.shape))).astype(a.dtype)
+             if np.issubdtype(a.dtype, np.floating) else np.array(a)
+             for name, a in sorted(safetensors_io.load_tensors(weights).items())}
+  safetensors_io.save_tensors(weights, tensors, metadata={"format": "pt"})
+  os.replace(tmp, dst)
+  return dst
+
+
+def train_stage(stage: str, scale: str, root: str, world: str, seed: int = 0, perturb: float = 0.0) -> dict:
   """Trains (or resumes) one stage and exports its final params as an HF directory."""
-  cfg = stage_config(stage, scale, root, world)
+  cfg = stage_config(stage, scale, root, world, seed=seed, perturb=perturb)
   t0 = time.perf_counter()
   print(f"\n== {stage}: {cfg.train.steps} steps, logs in {cfg.train.workdir}/logs", flush=True)
   out = train_phases(cfg)  # the stage's data phases (RL's curriculum) one after another
@@ -99,7 +141,7 @@ def train_stage(stage: str, scale: str, root: str, world: str) -> dict:
     with atomic_write(os.path.join(export, BASE_META)) as f:
       json.dump({"world": world, "steps": out["step"], "model": cfg.model.source}, f, indent=1)
   return {"stage": stage, "steps": out["step"], "seconds": round(time.perf_counter() - t0, 1),
-          "export": export}
+          "export": export, "seed": seed, **({"perturb": perturb} if stage == "rl" and perturb else {})}
 
 
 def use_base(base: str, root: str, world: str) -> dict:
@@ -143,6 +185,7 @@ def sweep_stage(stage: str, *, scale: str, root: str, world: str, steps: dict, l
                 warmup_length: int | None = None) -> list[dict]:
   """One method's accuracy-against-length rows (its own process when sweeps run side by side);
   warmup_length: where a MemAgent reader compiles when `lengths` is only part of its sweep."""
+  enable_compilation_cache(compile_cache(root))  # before this process compiles anything
   rl_cfg = toy_memagent.get_config(f"rl,{scale},{world}")
   ev, agent = rl_cfg.eval, rl_cfg.agent
   reader = make_reader(stage, scale, root, world, steps)
@@ -255,30 +298,32 @@ def main(argv):
       if stage == "pretrain" and _BASE.value:
         stages[stage] = use_base(_BASE.value, root, world)
       elif stage in _STAGES.value:
-        stages[stage] = train_stage(stage, scale, root, world)
+        stages[stage] = train_stage(stage, scale, root, world, seed=_SEED.value, perturb=_PERTURB.value)
       else:
         continue
       with atomic_write(stages_path) as f:
         json.dump(stages, f, indent=1)
-      if early and stage in ("warm_start", "full_attention"):
+      if early and stage in ("warm_start", "full_attention") and stage in _EVAL_METHODS.value:
         print(f"\n== eval {dict(METHODS)[stage]}, beside the next stages", flush=True)
         started[stage] = pool.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
                                      **sweep_kwargs(scale, root, n, max_multiple, _EVAL_SEED.value, world))
     if "eval" not in _STAGES.value:
       return
-    rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world, trained=list(stages),
+    rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world,
+                    trained=[s for s in stages if s in _EVAL_METHODS.value],
                     workers=workers, pool=pool, started=started)
   finally:
     if pool is not None:
       pool.shutdown(cancel_futures=True)
   command = "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
-                                  command=command.strip(), seconds=time.perf_counter() - t0, world=world)
+                                  command=command.strip(), seconds=time.perf_counter() - t0, world=world,
+                                  seed=_SEED.value, perturb=_PERTURB.value)
   errors = os.path.join(results_dir, toy_report.report_name(scale, world).replace("toy_reproduction", "memory_errors")
                         + ".md")  # where the MemAgent memories went wrong
   with atomic_write(errors) as f:
     f.write("\n".join(toy_analysis.errors_markdown(toy_analysis.error_rows(root, stage, _EVAL_SEED.value, world), stage)
-                      for stage in ("rl", "warm_start")))
+                      for stage in ("rl", "warm_start") if stage in _EVAL_METHODS.value))
   print(f"\nTable:       {paths['table']}\nErrors:      {errors}\nPlot:        {paths['plot']}\n"
         f"JSON:        {paths['json']}\n"
         f"TensorBoard: .venv/bin/tensorboard --logdir {root}  (train/ and eval/ scalars of every stage)\n"

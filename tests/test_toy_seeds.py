@@ -1,0 +1,102 @@
+"""The seed-robustness runs (experiments/toy_seeds.py) and the toy reproduction's --seed / --perturb."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from memagent_jax.models import safetensors_io
+from test_toy_reproduction import BASE, _run
+
+
+def _rows(accs, lengths=(128, 256, 512)):
+  return [dict(method="rl", length=l, accuracy=a / 100, ci_low=a / 100 - 0.03, ci_high=min(1, a / 100 + 0.02))
+          for l, a in zip(lengths, accs)]
+
+
+def test_verdict_measures_the_drop_below_each_runs_own_1x():
+  from experiments import toy_seeds
+  assert toy_seeds.verdict(_rows([99.0, 97.0, 94.0])) == (5.0, True)
+  assert toy_seeds.verdict(_rows([99.0, 99.5, 93.5])) == (5.5, False)
+  assert toy_seeds.verdict(_rows([90.0, 95.0, 92.0])) == (0.0, True)  # above 1x is no drop
+
+
+def test_four_runs_each_with_its_own_workdir_and_results():
+  """Seed 0 is make reproduce's run; the others never write docs/results or sweep other methods."""
+  from experiments import toy_seeds
+  runs = toy_seeds.runs("runs/x")
+  assert [(r["seed"], r["perturb"]) for r in runs] == [(0, 0.0), (1, 0.0), (2, 0.0), (0, 1e-6)]
+  assert runs[0]["workdir"] == "runs/toy_full_lookup" and len({r["workdir"] for r in runs}) == 4
+  for run in runs:
+    cmd = toy_seeds.command(run)
+    assert f"--results_dir={run['workdir']}/results" in cmd and "--eval_methods=rl" in cmd
+    assert f"--seed={run['seed']}" in cmd and "--scale=full" in cmd
+  assert "--perturb=1e-06" in toy_seeds.command(runs[3])
+
+
+def test_table_marks_a_run_that_falls(tmp_path):
+  from experiments import toy_seeds
+  runs = toy_seeds.runs(str(tmp_path))
+  results = [(runs[0], _rows([99.0, 98.0, 96.0])), (runs[1], _rows([99.0, 92.0, 95.0]))]
+  text = toy_seeds.markdown(results, ["cmd a", "cmd b"], [0.0, 24.5])
+  lines = [line for line in text.splitlines() if line.startswith("| seed")]
+  assert lines[0] == "| seed 0 (make reproduce) | 99.0 [96, 100] | 98.0 [95, 100] | 96.0 [93, 98] | 3.0 | yes | 0.0 |"
+  assert lines[1].endswith("| 7.0 | **no** | 24.5 |")
+  assert "| run | 1x | 2x | 4x |" in text
+
+
+def test_perturbed_export_moves_every_float_weight_by_about_the_asked_amount(tmp_path):
+  from experiments import toy_reproduction
+  with pytest.raises(FileNotFoundError, match="no warm-start export"):
+    toy_reproduction.perturbed_export(str(tmp_path), 1e-6)
+  shutil.copytree(BASE, tmp_path / "warm_start" / "export")
+  path = toy_reproduction.perturbed_export(str(tmp_path), 1e-6)
+  assert path == str(tmp_path / "warm_start" / "export_perturbed_1e-06")
+  before = safetensors_io.load_tensors(os.path.join(BASE, "model.safetensors"))
+  after = safetensors_io.load_tensors(os.path.join(path, "model.safetensors"))
+  assert before.keys() == after.keys()
+  for name, a in before.items():
+    b = after[name]
+    assert b.dtype == a.dtype and b.shape == a.shape
+    rel = np.abs(b.astype(np.float64) - a) / np.maximum(np.abs(a), 1e-30)
+    assert rel.max() < 1e-5 and (a == 0).sum() == (b == 0).sum(), name
+    if a.size > 1000:  # a large matrix: most weights move, by about 1e-6 of themselves
+      moved = rel[a != 0]
+      assert 0.5e-6 < np.median(moved) < 1.5e-6, (name, np.median(moved))
+  for name in os.listdir(BASE):
+    if name != "model.safetensors":
+      assert open(os.path.join(path, name), "rb").read() == open(os.path.join(BASE, name), "rb").read()
+  stamp = os.path.getmtime(os.path.join(path, "model.safetensors"))
+  assert toy_reproduction.perturbed_export(str(tmp_path), 1e-6) == path  # made once, then reused
+  assert os.path.getmtime(os.path.join(path, "model.safetensors")) == stamp
+
+
+def test_seed_reaches_every_trained_stage_and_perturb_rls_source(tmp_path):
+  from experiments import toy_reproduction
+  for stage in ("warm_start", "rl", "full_attention"):
+    cfg = toy_reproduction.stage_config(stage, "full", str(tmp_path), "lookup", seed=2)
+    assert cfg.train.seed == 2 and cfg.data.seed == 2, stage
+  assert toy_reproduction.stage_config("rl", "full", str(tmp_path), "lookup").model.source.endswith("warm_start/export")
+  shutil.copytree(BASE, tmp_path / "warm_start" / "export")
+  cfg = toy_reproduction.stage_config("rl", "full", str(tmp_path), "lookup", perturb=1e-6)
+  assert cfg.model.source == str(tmp_path / "warm_start" / "export_perturbed_1e-06")
+
+
+@pytest.mark.slow
+def test_seed_run_trains_from_the_perturbed_warm_start_and_sweeps_rl_only(tmp_path):
+  """A seed run end to end at a tiny scale: RL's stage records seed and perturbation, only RL is
+  swept, its results stay in the workdir, and the report names the seed and the perturbation."""
+  work = tmp_path / "s"
+  _run(["--scale=demo", "--world=lookup", f"--base={BASE}", "--steps=warm_start=2,rl=1", "--n=4",
+        "--max_multiple=2", "--stages=warm_start,rl,eval", "--eval_methods=rl", "--seed=3", "--perturb=1e-6",
+        f"--workdir={work}", f"--results_dir={work}/results"], cwd=tmp_path, xla_cache=tmp_path / "xla_cache")
+  stages = json.load(open(work / "stages.json"))
+  assert stages["rl"]["seed"] == 3 and stages["rl"]["perturb"] == 1e-6 and stages["warm_start"]["seed"] == 3
+  assert (work / "warm_start" / "export_perturbed_1e-06" / "model.safetensors").is_file()
+  report = json.load(open(work / "results" / "toy_reproduction_lookup_demo.json"))
+  assert {r["method"] for r in report["rows"]} == {"rl"} and report["seed"] == 3
+  md = open(work / "results" / "toy_reproduction_lookup_demo.md").read()
+  assert "training data 3" in md and "1 + 1e-06 N(0, 1)" in md
+  assert "warm_start" not in open(work / "results" / "memory_errors_lookup_demo.md").read()
