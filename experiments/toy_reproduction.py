@@ -278,6 +278,9 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   scale, world = _SCALE.value, _WORLD.value
+  unknown = sorted(set(_EVAL_METHODS.value) - {m for m, _ in METHODS})
+  if unknown:
+    raise app.UsageError(f"--eval_methods: unknown {', '.join(unknown)}; choose from {', '.join(m for m, _ in METHODS)}")
   root = _WORKDIR.value or f"runs/toy_{scale}" + ("" if world == "one_key" else f"_{world}")
   results_dir = _RESULTS.value or ("docs/results" if scale == "full" else os.path.join(root, "results"))
   n = _N.value or SCALES[scale]["n"]
