@@ -6,7 +6,7 @@ more from a warm start perturbed at float rounding's size; RL-MemAgent's curve o
 
 Seed 0 is make reproduce's own run (runs/toy_full_lookup: reused when it is there, trained
 otherwise); the perturbed run starts from a copy of seed 0's warm start, every weight times
-1 + 1e-6 N(0, 1). Each run sweeps only RL (n = 200, 1x..256x); the table and plot go to
+1 + 1e-6 N(0, 1). A finished run is not run again; the table is rewritten after every run. Each run sweeps only RL (n = 200, 1x..256x); the table and plot go to
 docs/results/toy_reproduction_seeds.{md,png}.
 """
 
@@ -38,10 +38,10 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "print the commands, run nothing"
 def runs(root: str) -> list[dict]:
   """The four runs: label, workdir, seed, perturbation."""
   return [dict(label="seed 0 (make reproduce)", workdir=REPRODUCE_ROOT, seed=0, perturb=0.0),
-          dict(label="seed 1", workdir=os.path.join(root, "seed1"), seed=1, perturb=0.0),
-          dict(label="seed 2", workdir=os.path.join(root, "seed2"), seed=2, perturb=0.0),
           dict(label=f"seed 0, warm start x (1 + {PERTURB:g} N(0, 1))", workdir=os.path.join(root, "perturbed"),
-               seed=0, perturb=PERTURB)]
+               seed=0, perturb=PERTURB),
+          dict(label="seed 1", workdir=os.path.join(root, "seed1"), seed=1, perturb=0.0),
+          dict(label="seed 2", workdir=os.path.join(root, "seed2"), seed=2, perturb=0.0)]
 
 
 def command(run: dict) -> list[str]:
@@ -60,9 +60,12 @@ def reuse_warm_start(run: dict):
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("export_perturbed_*"))
 
 
-def rl_rows(run: dict) -> list[dict]:
-  """RL-MemAgent's rows of a finished run, by length."""
-  with open(os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json")) as f:
+def rl_rows(run: dict) -> list[dict] | None:
+  """RL-MemAgent's rows of a finished run, by length (None: the run has not finished)."""
+  path = os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json")
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
     rows = json.load(f)["rows"]
   return sorted((r for r in rows if r["method"] == "rl"), key=lambda r: r["length"])
 
@@ -74,8 +77,9 @@ def verdict(rows: list[dict]) -> tuple[float, bool]:
   return drop, drop <= TOLERANCE
 
 
-def markdown(results: list[tuple[dict, list[dict]]], commands: list[str], minutes: list[float],
+def markdown(results: list[tuple[dict, list[dict]]], commands: list[str], minutes: list[float | None],
              plot_name: str = "toy_reproduction_seeds.png") -> str:
+  """The finished runs' table; minutes[i] None: run i was finished before this command."""
   lengths = [r["length"] for r in results[0][1]]
   head = ("| run | " + " | ".join(f"{length // lengths[0]}x" for length in lengths)
           + " | largest drop below 1x (points) | within 5 points at every length | wall min |")
@@ -83,13 +87,14 @@ def markdown(results: list[tuple[dict, list[dict]]], commands: list[str], minute
   for (run, rows), wall in zip(results, minutes):
     drop, ok = verdict(rows)
     cells = [toy_report.acc_cell(r) for r in rows]
-    lines.append(f"| {run['label']} | " + " | ".join(cells) + f" | {drop:.1f} | {'yes' if ok else '**no**'} | {wall:.1f} |")
+    wall = "-" if wall is None else f"{wall:.1f}"
+    lines.append(f"| {run['label']} | " + " | ".join(cells) + f" | {drop:.1f} | {'yes' if ok else '**no**'} | {wall} |")
   return "\n".join([
       "# The toy recipe across seeds (lookup world, RL-MemAgent)", "",
       "Command: `python -m experiments.toy_seeds` (make seeds). Each run is make reproduce's recipe "
       "(warm start 300 steps, RL 400 steps on configs/toy_memagent.LOOKUP_CURRICULUM, KL 0.005) from the "
       "committed base, swept at n = 200 per length (evaluation seed 1000, temperature 0.7, top-p 0.95); "
-      "accuracy in % with a 95% Wilson interval. Wall min: this command's minutes for the run (0 when "
+      "accuracy in % with a 95% Wilson interval. Wall min: this command's minutes for the run (- when "
       "it was finished before). The runs:", "",
       *[f"    {c}" for c in commands], "", *lines, "",
       f"![RL-MemAgent across seeds]({plot_name})", ""])
@@ -124,22 +129,32 @@ def main(argv):
   if _DRY_RUN.value:
     print("\n".join(commands))
     return
-  minutes = []
-  for run, cmd in zip(todo, commands):
-    print(f"\n==== {run['label']}: {cmd}", flush=True)
-    reuse_warm_start(run)
-    t0 = time.perf_counter()
-    subprocess.run(command(run), check=True)
-    minutes.append((time.perf_counter() - t0) / 60)
-  results = [(run, rl_rows(run)) for run in todo]
-  os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
-  with atomic_write(_OUT.value + ".md") as f:
-    f.write(markdown(results, commands, minutes, os.path.basename(_OUT.value) + ".png"))
-  plot(results, _OUT.value + ".png")
+  minutes = [None] * len(todo)
+  for i, (run, cmd) in enumerate(zip(todo, commands)):
+    if rl_rows(run) is None:
+      print(f"\n==== {run['label']}: {cmd}", flush=True)
+      reuse_warm_start(run)
+      t0 = time.perf_counter()
+      subprocess.run(command(run), check=True)
+      minutes[i] = (time.perf_counter() - t0) / 60
+    write_table(todo, commands, minutes, _OUT.value)  # after every run: a stopped command leaves the runs it finished
+  print(f"\nTable: {_OUT.value}.md\nPlot:  {_OUT.value}.png")
+
+
+def write_table(todo: list[dict], commands: list[str], minutes: list[float | None], out: str):
+  """Table (out.md) and plot (out.png) of the finished runs, each with its verdict printed."""
+  done = [(i, run, rl_rows(run)) for i, run in enumerate(todo) if rl_rows(run) is not None]
+  if not done:
+    return
+  os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  results = [(run, rows) for _, run, rows in done]
+  with atomic_write(out + ".md") as f:
+    f.write(markdown(results, commands, [minutes[i] for i, _, _ in done], os.path.basename(out) + ".png"))
+  plot(results, out + ".png")
   for run, rows in results:
     drop, ok = verdict(rows)
-    print(f"{run['label']}: largest drop below 1x {drop:.1f} points ({'within' if ok else 'OUTSIDE'} {TOLERANCE:g})")
-  print(f"\nTable: {_OUT.value}.md\nPlot:  {_OUT.value}.png")
+    print(f"{run['label']}: largest drop below 1x {drop:.1f} points ({'within' if ok else 'OUTSIDE'} {TOLERANCE:g})",
+          flush=True)
 
 
 if __name__ == "__main__":

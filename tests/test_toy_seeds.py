@@ -27,22 +27,22 @@ def test_four_runs_each_with_its_own_workdir_and_results():
   """Seed 0 is make reproduce's run; the others never write docs/results or sweep other methods."""
   from experiments import toy_seeds
   runs = toy_seeds.runs("runs/x")
-  assert [(r["seed"], r["perturb"]) for r in runs] == [(0, 0.0), (1, 0.0), (2, 0.0), (0, 1e-6)]
+  assert [(r["seed"], r["perturb"]) for r in runs] == [(0, 0.0), (0, 1e-6), (1, 0.0), (2, 0.0)]
   assert runs[0]["workdir"] == "runs/toy_full_lookup" and len({r["workdir"] for r in runs}) == 4
   for run in runs:
     cmd = toy_seeds.command(run)
     assert f"--results_dir={run['workdir']}/results" in cmd and "--eval_methods=rl" in cmd
     assert f"--seed={run['seed']}" in cmd and "--scale=full" in cmd
-  assert "--perturb=1e-06" in toy_seeds.command(runs[3])
+  assert "--perturb=1e-06" in toy_seeds.command(runs[1])
 
 
 def test_table_marks_a_run_that_falls(tmp_path):
   from experiments import toy_seeds
   runs = toy_seeds.runs(str(tmp_path))
-  results = [(runs[0], _rows([99.0, 98.0, 96.0])), (runs[1], _rows([99.0, 92.0, 95.0]))]
-  text = toy_seeds.markdown(results, ["cmd a", "cmd b"], [0.0, 24.5])
+  results = [(runs[0], _rows([99.0, 98.0, 96.0])), (runs[2], _rows([99.0, 92.0, 95.0]))]
+  text = toy_seeds.markdown(results, ["cmd a", "cmd b"], [None, 24.5])
   lines = [line for line in text.splitlines() if line.startswith("| seed")]
-  assert lines[0] == "| seed 0 (make reproduce) | 99.0 [96, 100] | 98.0 [95, 100] | 96.0 [93, 98] | 3.0 | yes | 0.0 |"
+  assert lines[0] == "| seed 0 (make reproduce) | 99.0 [96, 100] | 98.0 [95, 100] | 96.0 [93, 98] | 3.0 | yes | - |"
   assert lines[1].endswith("| 7.0 | **no** | 24.5 |")
   assert "| run | 1x | 2x | 4x |" in text
 
@@ -100,3 +100,22 @@ def test_seed_run_trains_from_the_perturbed_warm_start_and_sweeps_rl_only(tmp_pa
   md = open(work / "results" / "toy_reproduction_lookup_demo.md").read()
   assert "training data 3" in md and "1 + 1e-06 N(0, 1)" in md
   assert "warm_start" not in open(work / "results" / "memory_errors_lookup_demo.md").read()
+
+
+def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
+  """A stopped `make seeds` leaves a table of the runs it finished; unfinished ones are left out."""
+  from experiments import toy_report, toy_seeds
+  monkeypatch.setattr(toy_seeds, "REPRODUCE_ROOT", str(tmp_path / "seed0"))
+  runs = toy_seeds.runs(str(tmp_path))
+  for run, accs in ((runs[0], [99.0, 98.0, 97.0]), (runs[2], [99.5, 93.0, 99.0])):
+    os.makedirs(os.path.join(run["workdir"], "results"))
+    rows = _rows(accs) + [dict(_rows([50.0])[0], method="warm_start")]  # other methods are ignored
+    with open(os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json"), "w") as f:
+      json.dump({"rows": rows}, f)
+  out = str(tmp_path / "res" / "seeds")
+  toy_seeds.write_table(runs, ["a", "b", "c", "d"], [None, None, 12.0, None], out)
+  text = open(out + ".md").read()
+  assert [line.split(" |")[0] for line in text.splitlines() if line.startswith("| seed")] == [
+      "| seed 0 (make reproduce)", "| seed 1"]
+  assert "| 6.5 | **no** | 12.0 |" in text and "![RL-MemAgent across seeds](seeds.png)" in text
+  assert os.path.getsize(out + ".png") > 1000
