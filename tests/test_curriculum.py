@@ -82,6 +82,9 @@ class _FakeTrainer:
   def __init__(self, cfg):
     self.cfg, self.state = cfg, types.SimpleNamespace(step=_FakeTrainer.saved)
 
+  def close(self):
+    _FakeTrainer.runs.append(("closed", self.state.step))
+
   def train(self, until=None):
     until = until or self.cfg.train.steps
     _FakeTrainer.runs.append((self.state.step, until, self.cfg.data.options.to_dict()))
@@ -100,12 +103,14 @@ def test_train_phases_runs_each_phase_on_its_documents_and_resumes_in_its_phase(
   # a run killed at step 250 resumes in the second phase, on its documents
   _FakeTrainer.saved, _FakeTrainer.runs = 250, []
   assembly.train_phases(cfg, build=lambda c, w: _FakeTrainer(c))
-  assert [(a, b, o["distractor_keys"]) for a, b, o in _FakeTrainer.runs] == [(250, 300, "mixed"), (300, 400, "mixed")]
+  assert _FakeTrainer.runs[0] == ("closed", 250)  # the finished first phase's trainer lets go of the workdir
+  assert [(a, b, o["distractor_keys"]) for a, b, o in _FakeTrainer.runs[1:]] == [(250, 300, "mixed"), (300, 400, "mixed")]
 
 
-def test_a_real_run_switches_documents_at_the_phase_end(tmp_path):
+def test_a_real_run_switches_documents_at_the_phase_end(tmp_path, caplog):
   """The tiny config trained 2 steps in 2 phases: the second phase resumes the first's checkpoint
-  and reads documents of its own options; step 2 equals step 2 of a run resumed by hand."""
+  and reads documents of its own options; step 2 equals step 2 of a run resumed by hand. Run again,
+  the finished run trains nothing and no phase takes the workdir lock over from another."""
   c = toy_cpu.get_config("tiny")
   with c.unlocked():
     c.train.steps = 2
@@ -114,6 +119,10 @@ def test_a_real_run_switches_documents_at_the_phase_end(tmp_path):
     c.data.phases = "1:;2:distractor_keys=mixed"
   out = assembly.train_phases(c, workdir=str(tmp_path / "phased"))
   assert out["step"] == 2 and [h["step"] for h in out["history"]] == [1, 2]
+  with caplog.at_level("WARNING"):
+    again = assembly.train_phases(c, workdir=str(tmp_path / "phased"))
+  assert again["step"] == 2 and again["history"] == []
+  assert not [r for r in caplog.records if "taking over the workdir lock" in r.getMessage()]
   # by hand: step 1 on the first options, then a resumed run on the second's
   first = phase_configs.phase_config(c, {})
   with first.unlocked():

@@ -215,7 +215,8 @@ def train_phases(cfg, workdir: str | None = None, build=None) -> dict:
   for until, settings in phases:
     trainer = build(phase_configs.phase_config(cfg, settings), workdir)  # restores the newest readable checkpoint
     if trainer.state.step >= until and until != phases[-1][0]:
-      continue  # finished in an earlier call
+      trainer.close()  # finished in an earlier call: the next phase's trainer takes the workdir lock
+      continue
     print(f"data phase to step {until}: " + (", ".join(f"{k}={v!r}" for k, v in settings.items()) or "data.options"),
           flush=True)
     out = trainer.train(until=until)

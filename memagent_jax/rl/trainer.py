@@ -264,6 +264,13 @@ class Trainer:
       self.lock.release()
     return {"history": list(history), "step": st.step}
 
+  def close(self):
+    """Lets go of what building took (the workdir lock, the metric files) for a trainer that will not
+    train: a finished phase of a curriculum. train() does the same when it ends."""
+    self.checkpointer.wait()
+    self.writer.close()
+    self.lock.release()
+
   def _log(self, step: int, metrics: dict, prefix: str):
     """Writes metrics; when that fails (a full disk) and the save in flight failed first, the save's
     error is the one raised: it says which step is lost and which one is kept."""
