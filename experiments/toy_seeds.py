@@ -30,9 +30,15 @@ REPRODUCE_ROOT = "runs/toy_full_lookup"  # make reproduce's workdir: seed 0
 PERTURB = 1e-6
 TOLERANCE = 5.0  # points: each run's accuracy at every length within this of its own 1x (issue 34)
 
-_ROOT = flags.DEFINE_string("root", "runs/toy_seeds_lookup", "directory of the seed-1, seed-2 and perturbed runs")
-_OUT = flags.DEFINE_string("out", "docs/results/toy_reproduction_seeds", "table + plot path stem")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "print the commands, run nothing")
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The command line's flags, defined when run as a script only: tests import this module beside
+  other scripts' flags of the same names (--out, --root, --dry_run)."""
+  flags.DEFINE_string("root", "runs/toy_seeds_lookup", "directory of the seed-1, seed-2 and perturbed runs")
+  flags.DEFINE_string("out", "docs/results/toy_reproduction_seeds", "table + plot path stem")
+  flags.DEFINE_bool("dry_run", False, "print the commands, run nothing")
 
 
 def runs(root: str) -> list[dict]:
@@ -124,9 +130,9 @@ def plot(results: list[tuple[dict, list[dict]]], path: str):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  todo = runs(_ROOT.value)
+  todo = runs(FLAGS.root)
   commands = [shlex.join(["python", *command(run)[1:]]) for run in todo]
-  if _DRY_RUN.value:
+  if FLAGS.dry_run:
     print("\n".join(commands))
     return
   minutes = [None] * len(todo)
@@ -137,8 +143,8 @@ def main(argv):
       t0 = time.perf_counter()
       subprocess.run(command(run), check=True)
       minutes[i] = (time.perf_counter() - t0) / 60
-    write_table(todo, commands, minutes, _OUT.value)  # after every run: a stopped command leaves the runs it finished
-  print(f"\nTable: {_OUT.value}.md\nPlot:  {_OUT.value}.png")
+    write_table(todo, commands, minutes, FLAGS.out)  # after every run: a stopped command leaves the runs it finished
+  print(f"\nTable: {FLAGS.out}.md\nPlot:  {FLAGS.out}.png")
 
 
 def write_table(todo: list[dict], commands: list[str], minutes: list[float | None], out: str):
@@ -158,4 +164,5 @@ def write_table(todo: list[dict], commands: list[str], minutes: list[float | Non
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

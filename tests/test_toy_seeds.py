@@ -119,3 +119,12 @@ def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
       "| seed 0 (make reproduce)", "| seed 1"]
   assert "| 6.5 | **no** | 12.0 |" in text and "![RL-MemAgent across seeds](seeds.png)" in text
   assert os.path.getsize(out + ".png") > 1000
+
+
+def test_imports_beside_other_scripts_with_flags_of_the_same_names():
+  """Its --out, --root, --dry_run are defined only when it runs as a script: importing it beside
+  experiments.sweep (--root, --dry_run) and profile_step (--out), as one pytest worker does, defines
+  nothing twice."""
+  import importlib
+  for name in ("experiments.sweep", "experiments.benchmarks.profile_step", "experiments.toy_seeds"):
+    importlib.import_module(name)
