@@ -146,3 +146,22 @@ def test_the_report_names_each_phase_documents():
   assert ("rl on 1x documents generated with, in turn, steps 1-200 distractor_keys=askable, num_distractors=3; "
           "steps 201-300 distractor_keys=mixed, num_distractors=3; steps 301-400 distractor_keys=mixed, "
           "late_fact_share=1.0, num_distractors=3;") in told
+
+
+def test_a_later_phase_reuses_the_compiled_update(tmp_path):
+  """Each phase builds its own trainer; the optimizer transform, a static argument of the update
+  program, is shared by trainers of one optimizer spec, so a phase whose rows have shapes already
+  seen compiles no new update (the reproduction's phase switches recompiled for ~10 s per shape)."""
+  from memagent_jax.agent import recurrence
+  from memagent_jax.rl import update as upd
+  programs = (upd.update_step, upd.batch_logprobs, recurrence.memory_block, recurrence.answer_block)
+  c = toy_cpu.get_config("tiny")
+  with c.unlocked():
+    c.train.steps = 1
+  first = assembly.build_trainer(c, workdir=str(tmp_path / "a"))
+  first.train()
+  compiled = [p._cache_size() for p in programs]
+  second = assembly.build_trainer(c, workdir=str(tmp_path / "b"))  # the same rows: same data seed and config
+  assert second.tx is first.tx
+  second.train()
+  assert [p._cache_size() for p in programs] == compiled

@@ -10,6 +10,7 @@ the trainer sets it from the step before each step's updates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -72,9 +73,12 @@ def lr_at(spec: OptimSpec, step: int) -> float:
   return float(schedule(step))
 
 
+@functools.lru_cache(maxsize=None)
 def make_optimizer(spec: OptimSpec) -> optax.GradientTransformation:
   """AdamW (+ weight decay) after clipping the global gradient norm (0 disables clipping); its
-  learning rate is a state entry set per rollout step with `set_learning_rate`."""
+  learning rate is a state entry set per rollout step with `set_learning_rate`. One transform per
+  spec: the update program takes it as a static argument (compared by identity), so trainers built
+  from one spec (a curriculum's phases) reuse each other's compiled updates instead of recompiling."""
   adamw = optax.inject_hyperparams(optax.adamw)(
       learning_rate=lr_at(spec, 0), b1=spec.b1, b2=spec.b2, eps=spec.eps, weight_decay=spec.weight_decay)
   if spec.grad_clip > 0:
