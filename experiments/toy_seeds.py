@@ -120,7 +120,7 @@ def plot(results: list[tuple[dict, list[dict]]], path: str):
   ax.set_xscale("log", base=2)
   ax.set_xlabel("document length / training length")
   ax.set_ylabel("accuracy % (95% Wilson interval)")
-  ax.set_title("RL-MemAgent, toy lookup world, four runs of one recipe")
+  ax.set_title(f"RL-MemAgent, toy lookup world: {len(results)} runs of one recipe")
   ax.legend(fontsize=8, loc="lower left")
   ax.grid(alpha=0.3)
   save_figure(fig, path)
