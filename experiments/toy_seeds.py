@@ -1,7 +1,7 @@
 """Is the toy recipe robust or lucky? make reproduce's recipe with training seeds 0, 1, 2 and once
 more from a warm start perturbed at float rounding's size; RL-MemAgent's curve of each, one table.
 
-  python -m experiments.toy_seeds            # make seeds: about 4 x 25 min on 2 cores, resumable
+  python -m experiments.toy_seeds            # make seeds: about 30 min a run on 2 cores, resumable
   python -m experiments.toy_seeds --dry_run  # the commands only
 
 Seed 0 is make reproduce's own run (runs/toy_full_lookup: reused when it is there, trained
@@ -149,7 +149,7 @@ def main(argv):
 
 def write_table(todo: list[dict], commands: list[str], minutes: list[float | None], out: str):
   """Table (out.md) and plot (out.png) of the finished runs, each with its verdict printed."""
-  done = [(i, run, rl_rows(run)) for i, run in enumerate(todo) if rl_rows(run) is not None]
+  done = [(i, run, rows) for i, run in enumerate(todo) if (rows := rl_rows(run)) is not None]
   if not done:
     return
   os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
