@@ -319,3 +319,9 @@ def test_resume_truncates_metrics_in_place(tmp_path):
     train_state._truncate_metrics(str(path), 2)
     writer.write(json.dumps({"step": 3}) + "\n")
   assert [json.loads(l)["step"] for l in open(path)] == [1, 1, 2, 3]
+
+
+def test_progress_bar_loss_says_none_when_no_update_ran():
+  assert trainer_lib.loss_text({"updates": 0}) == "none"  # dynamic sampling kept no group
+  assert trainer_lib.loss_text({"updates": 1, "loss": 0.25}) == "0.25"
+  assert trainer_lib.loss_text({"updates": 1, "loss": float("nan")}) == "nan"  # a real non-finite loss shows

@@ -251,7 +251,7 @@ class Trainer:
         history.append({"step": st.step, **metrics})
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", kept=f"{metrics['kept_group_frac']:.2f}",
-                        loss=f"{metrics.get('loss', float('nan')):.3g}")
+                        loss=loss_text(metrics))
       if signum:
         save_state(self.checkpointer, st, mesh=self.mesh, meta=self.checkpoint_meta())  # skipped if saved
         self.checkpointer.wait()
@@ -284,3 +284,9 @@ class Trainer:
     """What a checkpoint carries beside the arrays: the model, the data position, the config."""
     return dict(model_meta(self.spec.model_source, self.policy), data_state=self.batches.get_state(),
                 step=self.state.step, config=self.config_json)
+
+
+def loss_text(metrics: dict) -> str:
+  """The progress bar's loss: "none" on a step that made no update (no group kept), not a NaN that
+  reads like a diverged run."""
+  return f"{metrics['loss']:.3g}" if metrics.get("updates") and "loss" in metrics else "none"
