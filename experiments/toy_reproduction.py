@@ -241,8 +241,9 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
   if workers > 1 and jax.default_backend() != "cpu":
     print(f"--eval_workers={workers} ignored on {jax.default_backend()}: one process holds the device", flush=True)
     workers = 1
-  workers = min(workers, len(stages))
   kw = sweep_kwargs(scale, root, n, max_multiple, seed, world)
+  # a lone MemAgent method is still two tasks (`sweep_parts`): a seed run's RL sweep uses both cores
+  workers = min(workers, sum(len(sweep_parts(stage, kw["lengths"], workers)) for stage in stages))
   print(f"\n== eval {', '.join(dict(METHODS)[s] for s in stages)}: {n} documents at {len(kw['lengths'])} lengths"
         + (f", {workers} at a time" if workers > 1 else ""), flush=True)
   if workers <= 1:

@@ -295,3 +295,33 @@ def test_whole_rows_fused_says_when_a_shared_prefix_would_cost_a_faster_path():
   assert not AttentionSpec(backend="xla", platform="gpu").whole_rows_fused(jnp.float32)
   assert AttentionSpec(backend="cudnn", platform="gpu", emulate_kernels=True).whole_rows_fused(jnp.bfloat16)
   assert AttentionSpec(backend="splash", platform="tpu", emulate_kernels=True).whole_rows_fused(jnp.bfloat16)
+
+
+@pytest.mark.parametrize("t,offset,rows", [(1, 37, 3), (12, 20, 1), (24, 9, 2)])  # decode (one step), row steps
+def test_cpu_cache_row_steps_match_reference_and_dense_gradients(t, offset, rows):
+  """`cpu_cache_attention` (queries against a longer cache, rows per loop step, each rematerialised)
+  equals the reference forward and the one dense pass's gradients, with a traced offset."""
+  s = 64
+  q, k, v = _qkv(6, t, s, 4, 2, 8, seed=t)
+  valid = _rows(6, s, seed=t)
+  valid[:, offset:offset + t] = True  # the queries' own slots hold real tokens
+  kv = jnp.asarray(valid)
+  cpu = lambda q, k, v, off: attention.cpu_cache_attention(q, k, v, kv, q_offset=off, step_bytes=rows * 4 * t * s * 4)
+  out = jax.jit(cpu)(q, k, v, jnp.int32(offset))
+  _close_on_valid(out, _reference(q, k, v, valid, offset), np.ones((6, t), bool))
+  qvalid = np.ones((6, t), bool)
+  ours = _loss_grads(lambda *a: cpu(*a, jnp.int32(offset)), q, k, v, qvalid)
+  dense = _loss_grads(lambda *a: attention.dense_attention(*a, attention.slot_mask(kv, offset, t)), q, k, v, qvalid)
+  for a, b in zip(ours, dense):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_attend_on_cpu_runs_a_long_cache_prefill_in_row_steps():
+  """The CPU spec routes T < S through the row steps (a loop in the program), decoding not."""
+  spec = AttentionSpec(backend="xla", platform="cpu")
+  q, k, v = _qkv(64, 40, 120, 4, 2, 8, seed=0)
+  kv = jnp.ones((64, 120), bool)
+  run = lambda q: attention.attend(q, k, v, kv, q_offset=80, spec=spec)
+  assert "scan" in str(jax.make_jaxpr(run)(q))
+  assert "scan" not in str(jax.make_jaxpr(run)(q[:, :1]))
+  _close_on_valid(jax.jit(run)(q), _reference(q, k, v, np.ones((64, 120), bool), 80), np.ones((64, 40), bool))

@@ -200,6 +200,10 @@ def test_side_by_side_sweeps_give_the_rows_of_sequential_ones(tmp_path):
   assert strip(rows[2]) == strip(rows[1])
   assert [r["method"] for r in rows[2]] == ["rl", "rl", "warm_start", "warm_start"]
   assert all(r["concurrent_sweeps"] == 2 for r in rows[2]) and "concurrent_sweeps" not in rows[1][0]
+  # one method alone (a seed run sweeps RL only) still runs its two tasks side by side
+  shutil.rmtree(tmp_path / "run" / "eval")
+  alone = toy_reproduction.evaluate("demo", str(tmp_path / "run"), 6, 2, 1000, "lookup", trained=["rl"], workers=2)
+  assert strip(alone) == strip(rows[1])[:2] and all(r["concurrent_sweeps"] == 2 for r in alone)
 
 
 def test_toy_sweep_reports_accuracy_and_per_chunk_rates(tmp_path):

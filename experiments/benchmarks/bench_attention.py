@@ -8,6 +8,8 @@ preset with random weights: the "32K tokens on one H100" check.
   python -m experiments.benchmarks.bench_attention                                     # accelerator sizes
   python -m experiments.benchmarks.bench_attention --shapes=2x256,1x1024 --dtype=float32  # CPU
   python -m experiments.benchmarks.bench_attention --shapes=1x32768 --model=qwen2.5-0.5b-instruct
+  python -m experiments.benchmarks.bench_attention --cache=88x176 --shapes=200x0,128x0 --heads=4 \
+      --kv_heads=4 --head_dim=32 --dtype=float32   # CPU: queries against a cache, row steps vs one pass
 """
 
 from __future__ import annotations
@@ -96,6 +98,37 @@ def model_case(backend, b, t, args, dtype):
   return fn, (params, tokens, valid), flops
 
 
+def cache_cases(b, queries, slots, args, dtype):
+  """Queries at the last `queries` of `slots` cache slots (a prefill after a shared prefix): the
+  CPU row-stepped path `attend` takes, and one dense pass over all rows (what ran before it), as
+  (name, forward fn, forward + backward fn) on the same inputs."""
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.normal(size=(b, queries, args.heads, args.head_dim)), dtype)
+  k, v = (jnp.asarray(x, dtype) for x in rng.normal(size=(2, b, args.kv_heads, slots, args.head_dim)))
+  valid = jnp.asarray(left_padded(b, slots, args.pad_frac))
+  off = jnp.int32(slots - queries)
+  cot = jnp.asarray(rng.normal(size=q.shape), dtype)
+  paths = {"row steps (cpu_cache_attention)": lambda q, k, v: attention.cpu_cache_attention(q, k, v, valid, q_offset=off),
+           "one dense pass": lambda q, k, v: attention.dense_attention(q, k, v, attention.slot_mask(valid, off, queries))}
+  for name, fn in paths.items():
+    grad = jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v) * cot).astype(jnp.float32), argnums=(0, 1, 2))
+    yield name, fn, grad, (q, k, v)
+
+
+def cache_table(args, dtype):
+  """`--cache`: the row-stepped cache path against one dense pass, forward and forward + backward."""
+  queries, slots = (int(n) for n in args.cache.split("x"))
+  print(f"{jax.devices()[0].device_kind} ({jax.default_backend()}), H={args.heads} K={args.kv_heads} "
+        f"D={args.head_dim}, {args.dtype}, {queries} queries against {slots} cache slots\n")
+  print("| path | B | forward ms | forward + backward ms |")
+  print("|---|---|---|---|")
+  for b, _ in parse_shapes(args.shapes):
+    for name, fn, grad, fn_args in cache_cases(b, queries, slots, args, dtype):
+      fwd, _ = measure(fn, fn_args, args.repeats)
+      both, _ = measure(grad, fn_args, args.repeats)
+      print(f"| {name} | {b} | {fwd * 1e3:.1f} | {both * 1e3:.1f} |")
+
+
 flags.DEFINE_string("shapes", "8x2048,4x8192,1x32768", "BxT cases, comma separated")
 flags.DEFINE_integer("heads", 14, "query heads")
 flags.DEFINE_integer("kv_heads", 2, "key/value heads")
@@ -106,6 +139,8 @@ flags.DEFINE_float("pad_frac", 0.1, "rows are left-padded by up to this fraction
 flags.DEFINE_integer("repeats", 5, "timed calls per case")
 flags.DEFINE_string("model", "", "a preset: time its whole training fwd+bwd instead")
 flags.DEFINE_integer("response_tokens", 1024, "with --model: tokens scored")
+flags.DEFINE_string("cache", "", "QxS: Q queries at the end of S cache slots instead (the B of --shapes; "
+                    "its T is ignored): the CPU row-stepped path against one dense pass")
 
 
 def main(argv):
@@ -115,6 +150,8 @@ def main(argv):
   if args.heads % args.kv_heads:
     raise SystemExit(f"--heads={args.heads} must be a multiple of --kv_heads={args.kv_heads}")
   dtype = jnp.dtype(args.dtype)
+  if args.cache:
+    return cache_table(args, dtype)
   case = model_case if args.model else attention_case
   what = f"model {args.model}" if args.model else f"H={args.heads} K={args.kv_heads} D={args.head_dim}"
   print(f"{jax.devices()[0].device_kind} ({jax.default_backend()}), {what}, {args.dtype}, fwd+bwd\n")

@@ -120,8 +120,9 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   """Causal attention over slots. q [B, T, H, D]; k, v [B, K, S, D] (H = G * K); key_valid [B, S]
   -> [B, T, H, D]. Query t sits at slot q_offset + t and sees the valid keys at slots <= its own.
 
-  T == S (a whole row, q_offset 0: training, prefill) runs on the spec's backend; T < S (decoding
-  against a cache) always runs on xla, whose mask is then only [B, T, S] for a few queries.
+  T == S (a whole row, q_offset 0: training, prefill) runs on the spec's backend; T < S (decoding or
+  a prefill against a cache) always runs on xla, whose mask is then only [B, T, S], on CPU a few rows
+  per loop step (`cpu_cache_attention`).
   Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
   b, t, h, d = q.shape
   s = k.shape[2]
@@ -139,8 +140,10 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
     return cudnn_attention(q, k, v, key_valid, implementation="xla" if spec.emulate_kernels else "cudnn")
   if t == s and kind == "splash":
     return _per_shard(functools.partial(splash_attention, interpret=spec.emulate_kernels), q, k, v, key_valid)
-  if t == s and kind == "xla" and spec.platform == "cpu" and spec.cpu_block and t <= spec.query_block:
-    return cpu_attention(q, k, v, key_valid, block=spec.cpu_block)
+  if kind == "xla" and spec.platform == "cpu" and spec.cpu_block and t <= spec.query_block:
+    if t == s:
+      return cpu_attention(q, k, v, key_valid, block=spec.cpu_block)
+    return cpu_cache_attention(q, k, v, key_valid, q_offset=q_offset)
   return xla_attention(q, k, v, key_valid, q_offset=q_offset, query_block=spec.query_block,
                        scan_from=spec.scan_from)
 
@@ -179,8 +182,7 @@ def cpu_attention(q, k, v, key_valid, *, block: int, step_bytes: int = _CPU_STEP
   Steps take rows b, b + B/c, ... so rows split over devices stay split; c is the largest divisor
   of B whose [c, H, T, T] float32 scores fit in `step_bytes` (at least 1)."""
   b, t, h, d = q.shape
-  per_row = h * t * t * 4
-  c = max([n for n in range(1, b + 1) if b % n == 0 and n * per_row <= step_bytes] or [1])
+  c = _row_steps(b, h * t * t * 4, step_bytes)
   steps = lambda x: x.reshape(c, b // c, *x.shape[1:]).swapaxes(0, 1)  # [B, ...] -> [B/c, c, ...]
 
   @jax.checkpoint
@@ -190,6 +192,34 @@ def cpu_attention(q, k, v, key_valid, *, block: int, step_bytes: int = _CPU_STEP
 
   out = jax.lax.map(rows, (steps(q), steps(k), steps(v), steps(key_valid)))  # [B/c, c, T, H, D]
   return out.swapaxes(0, 1).reshape(b, t, h, d)
+
+
+def _row_steps(b: int, per_row: int, step_bytes: int) -> int:
+  """c, the rows of one CPU loop step: the largest divisor of b whose scores (per_row bytes each)
+  fit in step_bytes (at least 1)."""
+  return max([n for n in range(1, b + 1) if b % n == 0 and n * per_row <= step_bytes] or [1])
+
+
+def cpu_cache_attention(q, k, v, key_valid, *, q_offset, step_bytes: int = _CPU_STEP_BYTES):
+  """Queries against a longer cache on CPU (T < S: a prefill after a shared prefix, training rows
+  after their template opening): c rows per `lax.map` step, each rematerialised in the backward pass,
+  so a step's [c, H, T, S] scores stay in cache instead of streaming a [B, H, T, S] tensor through
+  memory five times (scores, max, exp, sum, PV). Rows b, b + B/c, ... share a step (as in
+  `cpu_attention`); when all rows fit one step (decoding: T = 1) it is one `xla_attention` pass."""
+  b, t, h, _ = q.shape
+  s = k.shape[2]
+  c = _row_steps(b, h * t * s * 4, step_bytes)
+  if c == b:
+    return dense_attention(q, k, v, slot_mask(key_valid, q_offset, t))
+  steps = lambda x: x.reshape(c, b // c, *x.shape[1:]).swapaxes(0, 1)  # [B, ...] -> [B/c, c, ...]
+
+  @jax.checkpoint
+  def rows(args):
+    qi, ki, vi, kvi = args
+    return dense_attention(qi, ki, vi, slot_mask(kvi, q_offset, t))
+
+  out = jax.lax.map(rows, (steps(q), steps(k), steps(v), steps(key_valid)))  # [B/c, c, T, H, D]
+  return out.swapaxes(0, 1).reshape(q.shape)
 
 
 def _mapped_blocks(q, k, v, key_valid, q_offset, query_block: int):
