@@ -42,7 +42,8 @@ def training_summary(root: str, stages: dict) -> list[str]:
     first = f"{name} {v[:10].mean():.3f}" if v.size else "-"
     last = f"{name} {v[-10:].mean():.3f}" if v.size else "-"
     _, secs = _curve(root, stage, "train/step_seconds")  # summed per step: right for resumed runs too
-    lines.append(f"| {stage} | {info['steps']} | {secs.sum() / 60:.1f} min | {first} | {last} |")
+    took = f"not retrained (from {info['base']})" if info.get("base") else f"{secs.sum() / 60:.1f} min"
+    lines.append(f"| {stage} | {info['steps']} | {took} | {first} | {last} |")
   return lines
 
 

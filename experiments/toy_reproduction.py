@@ -70,7 +70,10 @@ _EVAL_METHODS = flags.DEFINE_list("eval_methods", [m for m, _ in METHODS],
                                   "trained stages to sweep (e.g. rl: a seed run needs only RL's curve)")
 _BASE = flags.DEFINE_string("base", None, "an exported base model of this world (a pretrain stage's export, "
                             "e.g. experiments/data/toy_base_lookup): used instead of training the pretrain stage")
-BASE_META = "base.json"  # written into every pretrain export: the world and steps it was trained for
+_WARM_START = flags.DEFINE_string("warm_start", None, "an exported warm start of this world and scale (a warm_start "
+                                  "stage's export, e.g. experiments/data/toy_warm_start_lookup_demo): used instead "
+                                  "of training the warm_start stage")
+BASE_META = "base.json"  # written into every pretrain and warm-start export: the world, scale and steps it was trained for
 
 
 def steps_override() -> dict[str, str]:
@@ -137,9 +140,11 @@ def train_stage(stage: str, scale: str, root: str, world: str, seed: int = 0, pe
   out = train_phases(cfg)  # the stage's data phases (RL's curriculum) one after another
   export = os.path.join(root, stage, "export")
   export_checkpoint(os.path.join(root, stage, "checkpoints"), export)
-  if stage == "pretrain":  # what --base checks before a later run starts from this export
+  if stage in ("pretrain", "warm_start"):  # what --base / --warm_start check before a later run starts from it
     with atomic_write(os.path.join(export, BASE_META)) as f:
-      json.dump({"world": world, "steps": out["step"], "model": cfg.model.source}, f, indent=1)
+      json.dump({"world": world, "steps": out["step"], "model": cfg.model.source, "stage": stage, "scale": scale,
+                 "seed": seed, "command": "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])},
+                f, indent=1)
   return {"stage": stage, "steps": out["step"], "seconds": round(time.perf_counter() - t0, 1),
           "export": export, "seed": seed, **({"perturb": perturb} if stage == "rl" and perturb else {})}
 
@@ -147,19 +152,29 @@ def train_stage(stage: str, scale: str, root: str, world: str, seed: int = 0, pe
 def use_base(base: str, root: str, world: str) -> dict:
   """Copies a committed/earlier pretrain export in as this run's pretrain stage (no training), after
   checking it is a complete export made for this world."""
-  meta_path = os.path.join(base, BASE_META)
-  missing = [n for n in ("config.json", "model.safetensors", BASE_META) if not os.path.isfile(os.path.join(base, n))]
+  return use_export("pretrain", base, root, world)
+
+
+def use_export(stage: str, source: str, root: str, world: str, scale: str | None = None) -> dict:
+  """Copies a committed/earlier export of `stage` in as this run's stage (no training), after checking
+  it is a complete export that stage made for this world (and scale, when given: a warm start)."""
+  flag = "--base" if stage == "pretrain" else f"--{stage}"
+  missing = [n for n in ("config.json", "model.safetensors", BASE_META) if not os.path.isfile(os.path.join(source, n))]
   if missing:
-    raise FileNotFoundError(f"--base={base} is not a pretrain export of toy_reproduction.py: no {', '.join(missing)}")
-  meta = json.load(open(meta_path))
+    raise FileNotFoundError(f"{flag}={source} is not a {stage} export of toy_reproduction.py: no {', '.join(missing)}")
+  meta = json.load(open(os.path.join(source, BASE_META)))
+  if meta.get("stage", "pretrain") != stage:
+    raise ValueError(f"{flag}={source} is a {meta.get('stage', 'pretrain')} export, not a {stage} one")
   if meta.get("world") != world:
-    raise ValueError(f"--base={base} was pretrained for world {meta.get('world')!r}, this run is --world={world}")
-  export = os.path.join(root, "pretrain", "export")
-  if os.path.abspath(base) != os.path.abspath(export):
+    raise ValueError(f"{flag}={source} was trained for world {meta.get('world')!r}, this run is --world={world}")
+  if scale and meta.get("scale", scale) != scale:
+    raise ValueError(f"{flag}={source} was trained at scale {meta.get('scale')!r}, this run is --scale={scale}")
+  export = os.path.join(root, stage, "export")
+  if os.path.abspath(source) != os.path.abspath(export):
     shutil.rmtree(export, ignore_errors=True)
-    shutil.copytree(base, export)
-  print(f"\n== pretrain: from {base} ({meta['steps']} steps, not retrained)", flush=True)
-  return {"stage": "pretrain", "steps": meta["steps"], "seconds": 0.0, "export": export, "base": base}
+    shutil.copytree(source, export)
+  print(f"\n== {stage}: from {source} ({meta['steps']} steps, not retrained)", flush=True)
+  return {"stage": stage, "steps": meta["steps"], "seconds": 0.0, "export": export, "base": source}
 
 
 def reader_digest(stage: str, scale: str, root: str, world: str, steps: dict | None = None) -> str:
@@ -301,6 +316,8 @@ def main(argv):
     for stage in TRAIN_STAGES:
       if stage == "pretrain" and _BASE.value:
         stages[stage] = use_base(_BASE.value, root, world)
+      elif stage == "warm_start" and _WARM_START.value:
+        stages[stage] = use_export(stage, _WARM_START.value, root, world, scale)
       elif stage in _STAGES.value:
         stages[stage] = train_stage(stage, scale, root, world, seed=_SEED.value, perturb=_PERTURB.value)
       else:

@@ -112,6 +112,7 @@ def test_quickstart_notebook_runs_top_to_bottom(run):
 
 
 BASE = os.path.join(REPO, "experiments", "data", "toy_base_lookup")
+DEMO_WARM_START = os.path.join(REPO, "experiments", "data", "toy_warm_start_lookup_demo")  # make demo's
 
 
 def test_committed_lookup_base_looks_facts_up_by_key():
@@ -155,13 +156,27 @@ def test_base_flag_makes_the_committed_base_the_pretrain_stage(tmp_path):
 
 def test_base_of_another_world_or_an_incomplete_one_is_refused(tmp_path):
   from experiments import toy_reproduction
-  with pytest.raises(ValueError, match="pretrained for world 'lookup', this run is --world=one_key"):
+  with pytest.raises(ValueError, match="trained for world 'lookup', this run is --world=one_key"):
     toy_reproduction.use_base(BASE, str(tmp_path / "run"), "one_key")
   (tmp_path / "partial").mkdir()
   (tmp_path / "partial" / "config.json").write_text("{}")
   with pytest.raises(FileNotFoundError, match="is not a pretrain export.*model.safetensors, base.json"):
     toy_reproduction.use_base(str(tmp_path / "partial"), str(tmp_path / "run"), "lookup")
   assert not (tmp_path / "run").exists()  # nothing copied before the checks pass
+
+
+def test_committed_demo_warm_start_is_checked_and_copied_in(tmp_path):
+  """--warm_start takes a warm_start export of this world and scale (make demo's committed one) and
+  refuses a base, another world or another scale before copying anything."""
+  from experiments import toy_reproduction
+  with pytest.raises(ValueError, match="is a pretrain export, not a warm_start one"):
+    toy_reproduction.use_export("warm_start", BASE, str(tmp_path / "run"), "lookup", "demo")
+  with pytest.raises(ValueError, match="trained at scale 'demo', this run is --scale=full"):
+    toy_reproduction.use_export("warm_start", DEMO_WARM_START, str(tmp_path / "run"), "lookup", "full")
+  assert not (tmp_path / "run").exists()
+  info = toy_reproduction.use_export("warm_start", DEMO_WARM_START, str(tmp_path / "run"), "lookup", "demo")
+  assert info["steps"] == 270 and info["base"] == DEMO_WARM_START
+  assert os.path.isfile(tmp_path / "run" / "warm_start" / "export" / "model.safetensors")
 
 
 def test_eval_sweeps_only_the_trained_stages(tmp_path):
