@@ -1,0 +1,52 @@
+"""One toy sweep batch with CPU attention against a cache in row steps (`attention.cpu_cache_attention`,
+what `attend` runs) or in one dense pass over all rows (what ran before it): seconds and a digest of
+every answer and memory, so the two are shown to read the documents identically.
+
+  python -m experiments.benchmarks.bench_sweep_batch --path=rows --multiple=8    # then --path=dense
+
+Run the two paths in separate processes, alternating (the jitted recurrence is cached per process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from absl import app, flags
+
+from configs import toy_memagent
+from memagent_jax.data import tasks
+from memagent_jax.experiment.assembly import load_reader
+from memagent_jax.models import attention
+
+_PATH = flags.DEFINE_enum("path", "rows", ["rows", "dense"], "attention against a cache: row steps or one dense pass")
+_MULTIPLE = flags.DEFINE_integer("multiple", 8, "document length / training length (128 tokens)")
+_N = flags.DEFINE_integer("n", 200, "documents in the batch (make reproduce's sweep batch)")
+_REPEATS = flags.DEFINE_integer("repeats", 2, "timed batches after the compiling one (best is printed)")
+_SOURCE = flags.DEFINE_string("source", "experiments/data/toy_base_lookup", "the reader's weights")
+
+
+def main(argv):
+  del argv
+  if _PATH.value == "dense":
+    attention.cpu_cache_attention = lambda q, k, v, kv, *, q_offset, **_: attention.dense_attention(
+        q, k, v, attention.slot_mask(kv, q_offset, q.shape[1]))
+  cfg = toy_memagent.get_config("rl,full,lookup")
+  reader = load_reader(cfg, _SOURCE.value, training=False)
+  length = 128 * _MULTIPLE.value
+  samples = tasks.make_samples(cfg.data.task, length, _N.value, 1000 + length, reader.tokenizer,
+                               chunk_tokens=cfg.agent.chunk_tokens)
+  questions, docs = [s["question"] for s in samples], [s["context"] for s in samples]
+  run = lambda: reader.answer_batch(questions, docs, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, seed=1000)
+  results = run()  # compiles
+  best = float("inf")
+  for _ in range(_REPEATS.value):
+    start = time.perf_counter()
+    results = run()
+    best = min(best, time.perf_counter() - start)
+  digest = hashlib.sha256(repr([(r.answer, r.memories) for r in results]).encode()).hexdigest()[:12]
+  print(f"path={_PATH.value} {_N.value} documents of {length} tokens: best {best:.3f} s, answers+memories {digest}")
+
+
+if __name__ == "__main__":
+  app.run(main)
