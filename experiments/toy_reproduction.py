@@ -1,7 +1,7 @@
 """The toy-world reproduction of MemAgent's headline curve: warm start -> Multi-Conv DAPO, two
 baselines, accuracy / time / memory against document length, a table and a plot.
 
-  python -m experiments.toy_reproduction --scale=full     # make reproduce (50 min from the committed base, 2 cores)
+  python -m experiments.toy_reproduction --scale=full     # make reproduce (40 min from the committed base, 2 cores)
   python -m experiments.toy_reproduction --scale=demo     # make demo (<= 10 min)
 
 Stages (each resumes from its checkpoints, eval from its finished lengths; --fresh starts over):
