@@ -156,7 +156,8 @@ def main(argv):
                                        args.repeats)}))
     return
   dtype = jnp.dtype(args.dtype)
-  stock = args.torch_stock and not args.no_torch and dtype == jnp.float32
+  with_torch = not args.no_torch and dtype == jnp.float32
+  stock = with_torch and args.torch_stock
   peak = matmul_peak(dtype)
   lines = [f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, dtype {args.dtype}, "
            f"matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3 jitted matmul)", "",
@@ -166,7 +167,6 @@ def main(argv):
            "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if stock else "")]
   for preset in args.presets.split(","):
     step, r = bench_update(preset, args.rows, args.length, args.prompt_width, dtype, args.micro_batches, args.remat)
-    with_torch = not args.no_torch and dtype == jnp.float32
     if with_torch:
       r["seconds"], ts = _time_pair(step, bench_torch(preset, args.rows, args.length, args.prompt_width), args.repeats)
     else:

@@ -4,7 +4,7 @@ Every call of a compiled CPU program allocates its temporaries (one block, often
 update) and frees them on return. glibc serves blocks above its mmap threshold (32 MB at most) by
 mmap and unmaps them on free, so the next call faults every page in again and the kernel zeroes
 it: on tiny-smollm2's update that was 550 MB and 0.27 s of system time per 0.65 s step
-(docs/results/bench_train.md). Two settings stop it:
+(docs/results/cpu_host.md). Two settings stop it:
 
   keep_freed_memory()     glibc's mmap and trim thresholds at 2 GB: big blocks come from the heap
                           and stay there, so freed temporaries are reused without faults;
@@ -35,13 +35,12 @@ _applied: dict[str, bool] = {}
 
 def _glibc():
   """The C library when it is glibc (mallopt with these parameters is glibc's), else None."""
-  name = ctypes.util.find_library("c")
   try:
-    libc = ctypes.CDLL(name or "libc.so.6")
-    version = libc.gnu_get_libc_version
-  except (OSError, AttributeError):
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+  except OSError:
     return None
-  version.restype = ctypes.c_char_p
+  if not hasattr(libc, "gnu_get_libc_version"):
+    return None
   libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
   return libc
 
@@ -52,7 +51,9 @@ def keep_freed_memory() -> bool:
   libc = _glibc()
   if libc is None:
     return False
-  return bool(libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BELOW)) & bool(libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BELOW))
+  mmap_set = libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BELOW)
+  trim_set = libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BELOW)
+  return bool(mmap_set and trim_set)
 
 
 def synchronous_dispatch() -> bool:
