@@ -52,8 +52,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default runs/toy
 _RESULTS = flags.DEFINE_string("results_dir", None, "table + plot directory (default: docs/results for "
                                "full, <workdir>/results for demo)")
 _FRESH = flags.DEFINE_bool("fresh", False, "delete the workdir first (a full, deterministic re-run)")
-# full attention before RL: its sweep then runs beside RL training with the warm start's, and the
-# run ends with RL's sweep alone on both cores
+# the order of a serial run (--eval_workers=1) and of stages.json; side by side, full attention trains
+# first, in its own process, beside the warm start (see main)
 TRAIN_STAGES = ("pretrain", "warm_start", "full_attention", "rl")
 _STAGES = flags.DEFINE_list("stages", [*TRAIN_STAGES, "eval"], "stages to run")
 _N = flags.DEFINE_integer("n", None, "evaluation documents per point (default per scale)")
@@ -132,9 +132,13 @@ def perturbed_export(root: str, perturb: float) -> str:
   return dst
 
 
-def train_stage(stage: str, scale: str, root: str, world: str, seed: int = 0, perturb: float = 0.0) -> dict:
-  """Trains (or resumes) one stage and exports its final params as an HF directory."""
-  cfg = stage_config(stage, scale, root, world, seed=seed, perturb=perturb)
+def train_stage(stage: str, scale: str, root: str, world: str, seed: int = 0, perturb: float = 0.0,
+                steps: dict | None = None, progress: bool = True) -> dict:
+  """Trains (or resumes) one stage and exports its final params as an HF directory. steps: {stage: steps}
+  overrides (default: --steps; a side-lane process has no parsed flags); progress: its progress bar
+  (off beside another stage's)."""
+  cfg = stage_config(stage, scale, root, world, steps, seed=seed, perturb=perturb)
+  cfg.train.progress = progress
   t0 = time.perf_counter()
   print(f"\n== {stage}: {cfg.train.steps} steps, logs in {cfg.train.workdir}/logs", flush=True)
   out = train_phases(cfg)  # the stage's data phases (RL's curriculum) one after another
@@ -307,17 +311,24 @@ def main(argv):
   t0 = time.perf_counter()
   stages_path = os.path.join(root, "stages.json")
   stages = json.load(open(stages_path)) if os.path.exists(stages_path) else {}
-  # with sweeps side by side, the warm start's and full attention's sweeps run beside RL training
-  # (which leaves the 2 cores part idle in its rollouts), not after it
+  # With sweeps side by side, two processes share the 2 cores from start to end: this one trains the
+  # warm start, then RL; one side process ("lane", one task at a time) trains full attention, then
+  # sweeps it, then the warm start. RL's sweep ends the run in two processes. (Running both baseline
+  # sweeps beside RL training, three processes on 2 cores, ran RL at a third of its speed.)
   workers = _EVAL_WORKERS.value if jax.default_backend() == "cpu" else 1
   early = "eval" in _STAGES.value and workers > 1 and "rl" in _STAGES.value
-  pool, started = (sweep_pool(workers) if early else None), {}
+  lane, started, training = (sweep_pool(1) if early else None), {}, {}  # training: stage -> lane future
+  order = ("pretrain", "full_attention", "warm_start", "rl") if early else TRAIN_STAGES
   try:
-    for stage in TRAIN_STAGES:
+    for stage in order:
       if stage == "pretrain" and _BASE.value:
         stages[stage] = use_base(_BASE.value, root, world)
       elif stage == "warm_start" and _WARM_START.value:
         stages[stage] = use_export(stage, _WARM_START.value, root, world, scale)
+      elif stage in _STAGES.value and early and stage == "full_attention":
+        print(f"\n== {stage}: trained in a side process, beside the warm start and RL", flush=True)
+        training[stage] = lane.submit(train_stage, stage, scale, root, world, seed=_SEED.value,
+                                      perturb=_PERTURB.value, steps=steps_override(), progress=False)
       elif stage in _STAGES.value:
         stages[stage] = train_stage(stage, scale, root, world, seed=_SEED.value, perturb=_PERTURB.value)
       else:
@@ -325,17 +336,22 @@ def main(argv):
       with atomic_write(stages_path) as f:
         json.dump(stages, f, indent=1)
       if early and stage in ("warm_start", "full_attention") and stage in _EVAL_METHODS.value:
-        print(f"\n== eval {dict(METHODS)[stage]}, beside the next stages", flush=True)
-        started[stage] = pool.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
+        print(f"\n== eval {dict(METHODS)[stage]}: in the side process, after its earlier tasks", flush=True)
+        started[stage] = lane.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
                                      **sweep_kwargs(scale, root, n, max_multiple, _EVAL_SEED.value, world))
+    for stage, future in training.items():  # in TRAIN_STAGES order in stages.json, as a serial run writes it
+      stages[stage] = future.result()
+    if training:
+      stages = {s: stages[s] for s in TRAIN_STAGES if s in stages}
+      with atomic_write(stages_path) as f:
+        json.dump(stages, f, indent=1)
     if "eval" not in _STAGES.value:
       return
     rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world,
-                    trained=[s for s in stages if s in _EVAL_METHODS.value],
-                    workers=workers, pool=pool, started=started)
+                    trained=[s for s in stages if s in _EVAL_METHODS.value], workers=workers, started=started)
   finally:
-    if pool is not None:
-      pool.shutdown(cancel_futures=True)
+    if lane is not None:
+      lane.shutdown(cancel_futures=True)
   command = "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
                                   command=command.strip(), seconds=time.perf_counter() - t0, world=world,
