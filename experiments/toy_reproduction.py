@@ -1,7 +1,7 @@
 """The toy-world reproduction of MemAgent's headline curve: warm start -> Multi-Conv DAPO, two
 baselines, accuracy / time / memory against document length, a table and a plot.
 
-  python -m experiments.toy_reproduction --scale=full     # make reproduce (40 min from the committed base, 2 cores)
+  python -m experiments.toy_reproduction --scale=full     # make reproduce (25 min from the committed base, 2 cores)
   python -m experiments.toy_reproduction --scale=demo     # make demo (<= 10 min)
 
 Stages (each resumes from its checkpoints, eval from its finished lengths; --fresh starts over):
@@ -254,7 +254,7 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
   workers > 1 runs that many sweep tasks at once, each in its own process of `pool` (made here if
   None; a MemAgent method is two tasks, `sweep_parts`): on 2 cores two sweeps take about 0.75x the
   time of one after the other (one sweep leaves a core half idle). `started`: {stage: future} of
-  sweeps submitted earlier (the warm start's, run beside RL training). `sweep`: what sweeps one stage
+  sweeps submitted earlier (the baselines', run in a side process beside training). `sweep`: what sweeps one stage
   (`sweep_stage`; a module-level function when workers > 1, as the pool pickles it)."""
   stages = [stage for stage, _ in METHODS if stage in trained]
   if workers > 1 and jax.default_backend() != "cpu":
@@ -271,7 +271,7 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
   own = pool is None
   pool = pool or sweep_pool(workers)
   try:
-    futures = {}  # stage -> its tasks (the warm start's, started beside RL training, is one)
+    futures = {}  # stage -> its tasks (a baseline's, started beside training, is one)
     for stage in stages:
       if stage in started:
         futures[stage] = [started[stage]]

@@ -81,10 +81,15 @@ def test_rerunning_the_evaluation_gives_the_same_accuracies(run):
 
 @pytest.mark.slow
 def test_a_fresh_rerun_trains_and_scores_identically(run, tmp_path):
-  """Same seeds, new workdir: every stage retrained from scratch gives the same losses and table."""
+  """Same seeds, new workdir: every stage retrained from scratch gives the same losses and table. The
+  rerun is serial (--eval_workers=1: every stage and sweep in one process, in TRAIN_STAGES order), so
+  the side process the first run trained full attention and swept the baselines in changes nothing."""
   from memagent_jax.rl.metrics import read_jsonl
-  root, _ = run
-  _run([*TINY, f"--workdir={tmp_path}/again", "--fresh"], cwd=tmp_path, xla_cache=root / "xla_cache")
+  root, stdout = run
+  assert "full_attention: trained in a side process" in stdout
+  again = _run([*TINY, f"--workdir={tmp_path}/again", "--fresh", "--eval_workers=1"], cwd=tmp_path,
+               xla_cache=root / "xla_cache")
+  assert "side process" not in again
   acc = lambda d: {(r["method"], r["length"]): r["accuracy"]
                    for r in json.load(open(f"{d}/results/toy_reproduction_demo.json"))["rows"]}
   assert acc(tmp_path / "again") == acc(root / "run")
