@@ -329,10 +329,16 @@ def main(argv):
         print(f"\n== {stage}: trained in a side process, beside the warm start and RL", flush=True)
         training[stage] = lane.submit(train_stage, stage, scale, root, world, seed=_SEED.value,
                                       perturb=_PERTURB.value, steps=steps_override(), progress=False)
+        training[stage].add_done_callback(lambda f, s=stage: f.exception() is None or print(
+            f"\n!! {s} failed in the side process: {f.exception()!r}; the run stops when this process's current stage ends",
+            flush=True))
       elif stage in _STAGES.value:
         stages[stage] = train_stage(stage, scale, root, world, seed=_SEED.value, perturb=_PERTURB.value)
       else:
         continue
+      for future in training.values():  # a side stage that failed stops the run now, not after RL
+        if future.done() and future.exception() is not None:
+          raise future.exception()
       with atomic_write(stages_path) as f:
         json.dump(stages, f, indent=1)
       if early and stage in ("warm_start", "full_attention") and stage in _EVAL_METHODS.value:
