@@ -330,8 +330,8 @@ def main(argv):
         training[stage] = lane.submit(train_stage, stage, scale, root, world, seed=_SEED.value,
                                       perturb=_PERTURB.value, steps=steps_override(), progress=False)
         training[stage].add_done_callback(lambda f, s=stage: f.exception() is None or print(
-            f"\n!! {s} failed in the side process: {f.exception()!r}; the run stops when this process's current stage ends",
-            flush=True))
+            f"\n!! {s} failed in the side process: {f.exception()!r}; the run stops when this process's "
+            "current stage ends", flush=True))
       elif stage in _STAGES.value:
         stages[stage] = train_stage(stage, scale, root, world, seed=_SEED.value, perturb=_PERTURB.value)
       else:
