@@ -1,7 +1,7 @@
 """Is the toy recipe robust or lucky? make reproduce's recipe with training seeds 0, 1, 2 and once
 more from a warm start perturbed at float rounding's size; RL-MemAgent's curve of each, one table.
 
-  python -m experiments.toy_seeds            # make seeds: about 30 min a run on 2 cores, resumable
+  python -m experiments.toy_seeds            # make seeds: 17-20 min a run on 2 cores, resumable
   python -m experiments.toy_seeds --dry_run  # the commands only
 
 Seed 0 is make reproduce's own run (runs/toy_full_lookup: reused when it is there, trained
