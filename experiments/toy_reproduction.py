@@ -246,15 +246,22 @@ def sweep_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
   return concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1)
 
 
+def stop_processes(pool):
+  """Terminates a pool's worker processes (ProcessPoolExecutor has no public way before Python 3.14)."""
+  for process in list((getattr(pool, "_processes", None) or {}).values()):
+    process.terminate()
+
+
 def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str,
-             trained: list[str], workers: int = 1, pool=None, started: dict | None = None,
+             trained: list[str], workers: int = 1, pools=None, started: dict | None = None,
              sweep=sweep_stage) -> list[dict]:
   """The sweep of every trained stage of METHODS (make demo trains no full-attention baseline).
 
-  workers > 1 runs that many sweep tasks at once, each in its own process of `pool` (made here if
-  None; a MemAgent method is two tasks, `sweep_parts`): on 2 cores two sweeps take about 0.75x the
-  time of one after the other (one sweep leaves a core half idle). `started`: {stage: future} of
-  sweeps submitted earlier (the baselines', run in a side process beside training). `sweep`: what sweeps one stage
+  workers > 1 runs that many sweep tasks at once, each in its own process (a MemAgent method is two
+  tasks, `sweep_parts`): on 2 cores two sweeps take about 0.75x the time of one after the other (one
+  sweep leaves a core half idle). pools: the executors the tasks are dealt to in turn (default: one
+  pool of `workers` processes, made here). `started`: {stage: future} of sweeps submitted earlier
+  (the baselines', run in a side process beside training). `sweep`: what sweeps one stage
   (`sweep_stage`; a module-level function when workers > 1, as the pool pickles it)."""
   stages = [stage for stage, _ in METHODS if stage in trained]
   if workers > 1 and jax.default_backend() != "cpu":
@@ -268,22 +275,26 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
   if workers <= 1:
     return [row for stage in stages for row in sweep(stage, **kw)]
   started = started or {}
-  own = pool is None
-  pool = pool or sweep_pool(workers)
+  own = pools is None
+  pools = pools or [sweep_pool(workers)]
   try:
-    futures = {}  # stage -> its tasks (a baseline's, started beside training, is one)
+    futures, dealt = {}, 0  # stage -> its tasks (a baseline's, started beside training, is one)
     for stage in stages:
       if stage in started:
         futures[stage] = [started[stage]]
         continue
-      futures[stage] = [pool.submit(sweep, stage, progress=False, concurrent_sweeps=workers,
-                                    **{**kw, "lengths": part}, warmup_length=min(kw["lengths"]))
-                        for part in sweep_parts(stage, kw["lengths"], workers)]
+      futures[stage] = []
+      for part in sweep_parts(stage, kw["lengths"], workers):
+        futures[stage].append(pools[dealt % len(pools)].submit(
+            sweep, stage, progress=False, concurrent_sweeps=workers, **{**kw, "lengths": part},
+            warmup_length=min(kw["lengths"])))
+        dealt += 1
     return [row for stage in stages
             for row in sorted((r for f in futures[stage] for r in f.result()), key=lambda r: r["length"])]
   finally:
     if own:
-      pool.shutdown()
+      for pool in pools:
+        pool.shutdown()
 
 
 def sweep_kwargs(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str) -> dict:
@@ -313,12 +324,36 @@ def main(argv):
   stages = json.load(open(stages_path)) if os.path.exists(stages_path) else {}
   # With sweeps side by side, two processes share the 2 cores from start to end: this one trains the
   # warm start, then RL; one side process ("lane", one task at a time) trains full attention, then
-  # sweeps it, then the warm start. RL's sweep ends the run in two processes. (Running both baseline
-  # sweeps beside RL training, three processes on 2 cores, ran RL at a third of its speed.)
+  # sweeps it, then the warm start. RL's sweep ends the run: its longest length in a fresh process, the
+  # rest in the lane once the baselines' sweeps are done. (Running both baseline sweeps beside RL
+  # training, three processes on 2 cores, ran RL at a third of its speed: reproduce_schedule.md.)
   workers = _EVAL_WORKERS.value if jax.default_backend() == "cpu" else 1
   early = "eval" in _STAGES.value and workers > 1 and "rl" in _STAGES.value
-  lane, started, training = (sweep_pool(1) if early else None), {}, {}  # training: stage -> lane future
+  lane, end = (sweep_pool(1), sweep_pool(1)) if early else (None, None)
+  started, training = {}, {}  # stage -> future of its sweep / of its training in the lane
   order = ("pretrain", "full_attention", "warm_start", "rl") if early else TRAIN_STAGES
+  baseline_sweep = lambda stage: lane.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
+                                             **sweep_kwargs(scale, root, n, max_multiple, _EVAL_SEED.value, world))
+
+  def settle(block: bool):
+    """Lane training that has ended (block: all of it, waited for) goes into stages.json, and only then
+    is its sweep queued; one that failed stops the run after the file is written."""
+    error = None
+    for stage, future in list(training.items()):
+      if block or future.done():
+        del training[stage]
+        if future.exception() is not None:
+          error = error or future.exception()
+          continue
+        stages[stage] = future.result()
+        if stage in _EVAL_METHODS.value:
+          print(f"\n== eval {dict(METHODS)[stage]}: in the side process", flush=True)
+          started[stage] = baseline_sweep(stage)
+    with atomic_write(stages_path) as f:  # in TRAIN_STAGES order, as a serial run writes it
+      json.dump({s: stages[s] for s in TRAIN_STAGES if s in stages}, f, indent=1)
+    if error is not None:
+      raise error
+
   try:
     for stage in order:
       if stage == "pretrain" and _BASE.value:
@@ -329,35 +364,32 @@ def main(argv):
         print(f"\n== {stage}: trained in a side process, beside the warm start and RL", flush=True)
         training[stage] = lane.submit(train_stage, stage, scale, root, world, seed=_SEED.value,
                                       perturb=_PERTURB.value, steps=steps_override(), progress=False)
-        training[stage].add_done_callback(lambda f, s=stage: f.exception() is None or print(
+        training[stage].add_done_callback(lambda f, s=stage: f.cancelled() or f.exception() is None or print(
             f"\n!! {s} failed in the side process: {f.exception()!r}; the run stops when this process's "
             "current stage ends", flush=True))
       elif stage in _STAGES.value:
         stages[stage] = train_stage(stage, scale, root, world, seed=_SEED.value, perturb=_PERTURB.value)
       else:
         continue
-      for future in training.values():  # a side stage that failed stops the run now, not after RL
-        if future.done() and future.exception() is not None:
-          raise future.exception()
-      with atomic_write(stages_path) as f:
-        json.dump(stages, f, indent=1)
-      if early and stage in ("warm_start", "full_attention") and stage in _EVAL_METHODS.value:
+      settle(block=False)
+      if early and stage == "warm_start" and stage in _EVAL_METHODS.value:
         print(f"\n== eval {dict(METHODS)[stage]}: in the side process, after its earlier tasks", flush=True)
-        started[stage] = lane.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
-                                     **sweep_kwargs(scale, root, n, max_multiple, _EVAL_SEED.value, world))
-    for stage, future in training.items():  # in TRAIN_STAGES order in stages.json, as a serial run writes it
-      stages[stage] = future.result()
-    if training:
-      stages = {s: stages[s] for s in TRAIN_STAGES if s in stages}
-      with atomic_write(stages_path) as f:
-        json.dump(stages, f, indent=1)
+        started[stage] = baseline_sweep(stage)
+    settle(block=True)
+    stages = {s: stages[s] for s in TRAIN_STAGES if s in stages}  # the report's order
     if "eval" not in _STAGES.value:
       return
     rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world,
-                    trained=[s for s in stages if s in _EVAL_METHODS.value], workers=workers, started=started)
+                    trained=[s for s in stages if s in _EVAL_METHODS.value], workers=workers, started=started,
+                    pools=[end, lane] if early else None)
+  except BaseException:
+    for pool in (lane, end):  # a queued or running side task must not outlive the run's failure
+      stop_processes(pool)
+    raise
   finally:
-    if lane is not None:
-      lane.shutdown(cancel_futures=True)
+    for pool in (lane, end):
+      if pool is not None:
+        pool.shutdown(cancel_futures=True)
   command = "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])
   paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
                                   command=command.strip(), seconds=time.perf_counter() - t0, world=world,

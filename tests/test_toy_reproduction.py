@@ -90,6 +90,8 @@ def test_a_fresh_rerun_trains_and_scores_identically(run, tmp_path):
   again = _run([*TINY, f"--workdir={tmp_path}/again", "--fresh", "--eval_workers=1"], cwd=tmp_path,
                xla_cache=root / "xla_cache")
   assert "side process" not in again
+  steps = lambda d: [(k, v["steps"]) for k, v in json.load(open(f"{d}/stages.json")).items()]
+  assert steps(tmp_path / "again") == steps(root / "run")  # the same stages, in the same order
   acc = lambda d: {(r["method"], r["length"]): r["accuracy"]
                    for r in json.load(open(f"{d}/results/toy_reproduction_demo.json"))["rows"]}
   assert acc(tmp_path / "again") == acc(root / "run")
