@@ -142,11 +142,10 @@ def _sharing(rows) -> str:
   k = max((r.get("concurrent_sweeps", 1) for r in rows), default=1)
   if k <= 1:
     return ""
-  return (f" Every sweep ran in its own process beside one other process on the {os.cpu_count()} cores (the "
-          "baselines' beside the warm start's and RL's training, RL-MemAgent's two parts beside each other), "
-          "so a time measured then (JSON rows with concurrent_sweeps) is that of a shared machine "
-          "(one sweep alone runs about 1.5x faster; two side by side finish about 1.3x sooner than one "
-          "after the other).")
+  return (f" Sweeps ran in their own processes, at most {k} busy processes at a time on the {os.cpu_count()} "
+          "cores (a sweep beside training or beside another sweep), so a time measured then (JSON rows with "
+          "concurrent_sweeps) is that of a shared machine (one sweep alone runs about 1.5x faster; two side "
+          "by side finish about 1.3x sooner than one after the other).")
 
 
 def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: int, eval_seed: int,

@@ -16,6 +16,7 @@ Everything is seeded: the same flags give the same table.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -334,6 +335,12 @@ def main(argv):
   order = ("pretrain", "full_attention", "warm_start", "rl") if early else TRAIN_STAGES
   baseline_sweep = lambda stage: lane.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
                                              **sweep_kwargs(scale, root, n, max_multiple, _EVAL_SEED.value, world))
+  in_order = lambda: {s: stages[s] for s in TRAIN_STAGES if s in stages}  # as a serial run writes stages.json
+
+  def report_failure(future, stage: str):  # at once: settle raises it only when the current stage ends
+    if not future.cancelled() and future.exception() is not None:
+      print(f"\n!! {stage} failed in the side process: {future.exception()!r}; the run stops when this "
+            "process's current stage ends", flush=True)
 
   def settle(block: bool):
     """Lane training that has ended (block: all of it, waited for) goes into stages.json, and only then
@@ -349,8 +356,8 @@ def main(argv):
         if stage in _EVAL_METHODS.value:
           print(f"\n== eval {dict(METHODS)[stage]}: in the side process", flush=True)
           started[stage] = baseline_sweep(stage)
-    with atomic_write(stages_path) as f:  # in TRAIN_STAGES order, as a serial run writes it
-      json.dump({s: stages[s] for s in TRAIN_STAGES if s in stages}, f, indent=1)
+    with atomic_write(stages_path) as f:
+      json.dump(in_order(), f, indent=1)
     if error is not None:
       raise error
 
@@ -364,9 +371,7 @@ def main(argv):
         print(f"\n== {stage}: trained in a side process, beside the warm start and RL", flush=True)
         training[stage] = lane.submit(train_stage, stage, scale, root, world, seed=_SEED.value,
                                       perturb=_PERTURB.value, steps=steps_override(), progress=False)
-        training[stage].add_done_callback(lambda f, s=stage: f.cancelled() or f.exception() is None or print(
-            f"\n!! {s} failed in the side process: {f.exception()!r}; the run stops when this process's "
-            "current stage ends", flush=True))
+        training[stage].add_done_callback(functools.partial(report_failure, stage=stage))
       elif stage in _STAGES.value:
         stages[stage] = train_stage(stage, scale, root, world, seed=_SEED.value, perturb=_PERTURB.value)
       else:
@@ -376,7 +381,7 @@ def main(argv):
         print(f"\n== eval {dict(METHODS)[stage]}: in the side process, after its earlier tasks", flush=True)
         started[stage] = baseline_sweep(stage)
     settle(block=True)
-    stages = {s: stages[s] for s in TRAIN_STAGES if s in stages}  # the report's order
+    stages = in_order()  # the report's order
     if "eval" not in _STAGES.value:
       return
     rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world,
