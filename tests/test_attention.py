@@ -325,3 +325,21 @@ def test_attend_on_cpu_runs_a_long_cache_prefill_in_row_steps():
   assert "scan" in str(jax.make_jaxpr(run)(q))
   assert "scan" not in str(jax.make_jaxpr(run)(q[:, :1]))
   _close_on_valid(jax.jit(run)(q), _reference(q, k, v, np.ones((64, 120), bool), 80), np.ones((64, 40), bool))
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_row_steps_in_either_row_order_equal_one_pass_and_its_gradients(strided):
+  """Row steps of adjacent rows (one device: no transposed copies) or strided rows (several devices:
+  split rows stay split) give one pass's outputs and gradients: the order only groups rows."""
+  t, s, offset = 12, 40, 20
+  q, k, v = _qkv(6, t, s, 4, 2, 8, seed=3)
+  valid = _rows(6, s, seed=3)
+  valid[:, offset:offset + t] = True
+  kv = jnp.asarray(valid)
+  rows = lambda qi, ki, vi, kvi: attention.dense_attention(qi, ki, vi, attention.slot_mask(kvi, offset, t))
+  stepped = lambda q, k, v: attention._in_row_steps(rows, 2, q, k, v, kv, strided=strided)  # 3 steps of 2 rows
+  one_pass = lambda q, k, v: rows(q, k, v, kv)
+  np.testing.assert_allclose(np.asarray(jax.jit(stepped)(q, k, v)), np.asarray(jax.jit(one_pass)(q, k, v)), atol=1e-6)
+  qvalid = np.ones((6, t), bool)
+  for a, b in zip(_loss_grads(stepped, q, k, v, qvalid), _loss_grads(one_pass, q, k, v, qvalid)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

@@ -162,3 +162,30 @@ def test_non_integer_and_out_of_range_ids_are_refused(tiny):
     tiny.sample([[[1, 2]]], 2, params=GREEDY)
   with pytest.raises(TypeError, match=r"stop_tokens of row 0 must be integer token ids, got dtype float64"):
     tiny.sample([[1, 2]], 2, params=GREEDY, stop_tokens=[2.0])
+
+
+def test_prefill_writes_the_decode_sized_cache_as_the_prompt_sized_one_grown(tiny):
+  """`prefill` fills the first P slots of a cache already sized for decoding (`attend_slots`): the
+  same logits and cache, bit for bit, as a prompt-sized cache grown after, its old path."""
+  from flax import nnx
+  import jax.numpy as jnp
+  from memagent_jax.models.kv_cache import KVCache
+  from memagent_jax.policy import sampling
+  tokens, valid = (jnp.asarray(x) for x in sampling.left_pad(_ragged(5, [9, 14, 3], 256), 0))
+  model = nnx.merge(tiny.graphdef, tiny.state)
+  p = tokens.shape[1]
+
+  def grown(model):
+    hidden, cache = model(tokens, sampling.positions_from_mask(valid), valid, KVCache.init(model.config, 3, p, model.dtype))
+    return model.logits(hidden[:, -1]), cache.grow(p + 6)
+
+  want_logits, want = jax.jit(grown)(model)
+  got_logits, got = jax.jit(lambda m: sampling.prefill(m, tokens, valid, cache_size=p + 6))(model)
+  np.testing.assert_array_equal(np.asarray(got_logits), np.asarray(want_logits))
+  assert got.size == want.size == p + 6 and int(got.cursor) == int(want.cursor) == p
+  for g, w in zip(got.k + got.v + (got.valid,), want.k + want.v + (want.valid,)):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+  with pytest.raises(ValueError, match="do not fit a cache of"):
+    sampling.prefill(model, tokens, valid, cache_size=p - 1)
+  with pytest.raises(ValueError, match="attend_slots=4 needs"):
+    model(tokens, sampling.positions_from_mask(valid), valid, KVCache.init(model.config, 3, p, model.dtype), attend_slots=4)

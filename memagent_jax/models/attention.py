@@ -192,15 +192,21 @@ def _row_steps(b: int, per_row: int, step_bytes: int) -> int:
   return max([n for n in range(1, b + 1) if b % n == 0 and n * per_row <= step_bytes] or [1])
 
 
-def _in_row_steps(fn, c: int, q, k, v, key_valid):
+def _in_row_steps(fn, c: int, q, k, v, key_valid, *, strided: bool | None = None):
   """fn(q, k, v, key_valid) on c rows per `lax.map` step, each step rematerialised in the backward
-  pass; rows b, b + B/c, ... share a step, so rows split over devices stay split."""
+  pass. Strided (default: when the process has several devices), rows b, b + B/c, ... share a step,
+  so rows split over devices stay split; otherwise a step takes c adjacent rows and no operand is
+  copied into step order (those transposes were about 5% of a toy sweep batch, docs/results/toy_rl_step_speed.md)."""
   b = q.shape[0]
   if c == b:
     return fn(q, k, v, key_valid)
-  steps = lambda x: x.reshape(c, b // c, *x.shape[1:]).swapaxes(0, 1)  # [B, ...] -> [B/c, c, ...]
+  if not (jax.device_count() > 1 if strided is None else strided):  # [B, ...] -> [B/c, c, ...] is a reshape
+    steps, unsteps = (lambda x: x.reshape(b // c, c, *x.shape[1:])), (lambda x: x.reshape(q.shape))
+  else:  # [B, ...] -> [c, B/c, ...] -> [B/c, c, ...]
+    steps = lambda x: x.reshape(c, b // c, *x.shape[1:]).swapaxes(0, 1)
+    unsteps = lambda x: x.swapaxes(0, 1).reshape(q.shape)
   out = jax.lax.map(jax.checkpoint(lambda args: fn(*args)), (steps(q), steps(k), steps(v), steps(key_valid)))
-  return out.swapaxes(0, 1).reshape(q.shape)  # [B/c, c, T, H, D] -> [B, T, H, D]
+  return unsteps(out)  # [B/c, c, T, H, D] -> [B, T, H, D]
 
 
 def cpu_cache_attention(q, k, v, key_valid, *, q_offset, step_bytes: int = _CPU_STEP_BYTES):

@@ -215,7 +215,7 @@ class Decoder(nnx.Module):
     self.attention = _attention_spec(attention, platform or attention.platform)
 
   def __call__(self, tokens, positions, valid, cache: KVCache | None = None, remat: str | bool = "none",
-               out_slots: tuple[int, int] | None = None):
+               out_slots: tuple[int, int] | None = None, attend_slots: int | None = None):
     """tokens, positions, valid [B, T] -> (hidden [B, T, E], the cache after the write, or None).
 
     valid marks real tokens. Without a cache it is the key mask (S == T). With one, the T tokens
@@ -225,7 +225,10 @@ class Decoder(nnx.Module):
     backward pass instead of storing them: memory per layer drops to its input (and its cache, when a
     shared prefix is read); "dots" keeps the matmul outputs and recomputes only what lies between.
     out_slots (a, b), static: hidden states of slots a..b-1 only, [B, b - a, E]; the last block
-    runs its queries, MLP and norms at those slots only (a training forward reads no others)."""
+    runs its queries, MLP and norms at those slots only (a training forward reads no others).
+    attend_slots, static: keys are the cache's first attend_slots slots only (default all S; this
+    call's tokens must be written within them), so a prefill fills a cache already sized for
+    decoding, with no copy to grow it, and still attends over the prompt's slots alone."""
     policy = remat_policy(remat)
     b, t = tokens.shape
     if valid.shape != (b, t):
@@ -234,6 +237,11 @@ class Decoder(nnx.Module):
       raise ValueError(f"a cache of {cache.valid.shape} (rows, slots) cannot take tokens {(b, t)}")
     spec = self.attention
     key_valid, write_index = (valid, 0) if cache is None else (cache.valid_after(valid), cache.cursor)  # [B, S]
+    if attend_slots is not None:
+      if cache is None or not t <= attend_slots <= cache.size:
+        raise ValueError(f"attend_slots={attend_slots} needs a cache of at least that many slots and "
+                         f"at most that many tokens ({t})")
+    seen = key_valid if attend_slots is None else key_valid[:, :attend_slots]  # [B, S'] keys attended
     x = jnp.take(self.embed[...], tokens, axis=0)
     history = None
     if self.token_shift is not None:
@@ -248,10 +256,10 @@ class Decoder(nnx.Module):
       layer_cache = None if cache is None else cache.layer(i)
       slots = cut if i == last else None
       if policy is not None:
-        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, key_valid, c, write_index, spec, slots),
+        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, seen, c, write_index, spec, slots),
                                    policy=policy)(layer, x, layer_cache)
       else:
-        x, layer_cache = layer(x, cos, sin, key_valid, layer_cache, write_index, spec, slots)
+        x, layer_cache = layer(x, cos, sin, seen, layer_cache, write_index, spec, slots)
       layers.append(layer_cache)
     if out_slots is not None and cut is None:
       x = x[:, out_slots[0]:out_slots[1]]

@@ -159,8 +159,8 @@ def row_prefix(model, shared: KVCache, tokens, valid) -> KVCache:
 
 
 def prefill(model, tokens, valid, *, cache_size: int, prefix: KVCache | None = None):
-  """Runs left-padded prompts [B, P] into a cache of P slots (the attention window: whole rows run
-  on the square path), then grows it to `cache_size` slots, its cursor at slot P.
+  """Runs left-padded prompts [B, P] into the first P slots of a cache of `cache_size` slots,
+  attending over those P slots alone (whole rows run on the square path); its cursor ends at slot P.
 
   With `prefix` (see `prefix_cache`: every row's real tokens start with its L ids), the first L
   slots are copied from it and only slots L.. run through the model: slots a row's prefix spills
@@ -168,18 +168,21 @@ def prefill(model, tokens, valid, *, cache_size: int, prefix: KVCache | None = N
   unused, so the compiled program drops the last block's queries, attention and MLP for them) and
   slot P-1 runs as one token against it. Returns (next-token logits [B, V] float32, cache)."""
   b, p = tokens.shape
+  if cache_size < p:
+    raise ValueError(f"prompts of {p} slots do not fit a cache of {cache_size}")
   positions = positions_from_mask(valid)
   if prefix is None:
-    hidden, cache = model(tokens, positions, valid, KVCache.init(model.config, b, p, model.dtype))
+    cache = KVCache.init(model.config, b, cache_size, model.dtype)
+    hidden, cache = model(tokens, positions, valid, cache, attend_slots=p)
   else:
     l = prefix.size
     if p <= l:
       raise ValueError(f"prompts of {p} slots leave nothing after the {l}-token shared prefix")
-    cache = cache_with_prefix(model, prefix, tokens, valid, p)
+    cache = cache_with_prefix(model, prefix, tokens, valid, cache_size)
     if p - 1 > l:  # the cache only: [B, P-1-L] slots
-      _, cache = model(tokens[:, l:-1], positions[:, l:-1], valid[:, l:-1], cache)
-    hidden, cache = model(tokens[:, -1:], positions[:, -1:], valid[:, -1:], cache)  # [B, 1, E]
-  return model.logits(hidden[:, -1]), cache.grow(cache_size)
+      _, cache = model(tokens[:, l:-1], positions[:, l:-1], valid[:, l:-1], cache, attend_slots=p)
+    hidden, cache = model(tokens[:, -1:], positions[:, -1:], valid[:, -1:], cache, attend_slots=p)  # [B, 1, E]
+  return model.logits(hidden[:, -1]), cache
 
 
 def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_tokens: int, pad_id: int,
