@@ -327,19 +327,27 @@ def test_attend_on_cpu_runs_a_long_cache_prefill_in_row_steps():
   _close_on_valid(jax.jit(run)(q), _reference(q, k, v, np.ones((64, 120), bool), 80), np.ones((64, 40), bool))
 
 
-@pytest.mark.parametrize("strided", [False, True])
-def test_row_steps_in_either_row_order_equal_one_pass_and_its_gradients(strided):
+def test_row_steps_in_either_row_order_equal_one_pass_and_its_gradients():
   """Row steps of adjacent rows (one device: no transposed copies) or strided rows (several devices:
-  split rows stay split) give one pass's outputs and gradients: the order only groups rows."""
+  split rows stay split) give the same floats as each other, and one pass's outputs and gradients:
+  the order only groups rows. With one device the default is the adjacent order."""
   t, s, offset = 12, 40, 20
   q, k, v = _qkv(6, t, s, 4, 2, 8, seed=3)
   valid = _rows(6, s, seed=3)
   valid[:, offset:offset + t] = True
   kv = jnp.asarray(valid)
   rows = lambda qi, ki, vi, kvi: attention.dense_attention(qi, ki, vi, attention.slot_mask(kvi, offset, t))
-  stepped = lambda q, k, v: attention._in_row_steps(rows, 2, q, k, v, kv, strided=strided)  # 3 steps of 2 rows
+  stepped = {o: (lambda q, k, v, o=o: attention._in_row_steps(rows, 2, q, k, v, kv, strided=o))  # 3 steps of 2 rows
+             for o in (False, True, None)}
   one_pass = lambda q, k, v: rows(q, k, v, kv)
-  np.testing.assert_allclose(np.asarray(jax.jit(stepped)(q, k, v)), np.asarray(jax.jit(one_pass)(q, k, v)), atol=1e-6)
+  outs = {o: np.asarray(jax.jit(f)(q, k, v)) for o, f in stepped.items()}
+  np.testing.assert_array_equal(outs[False], outs[True])
+  np.testing.assert_allclose(outs[False], np.asarray(jax.jit(one_pass)(q, k, v)), atol=1e-6)
   qvalid = np.ones((6, t), bool)
-  for a, b in zip(_loss_grads(stepped, q, k, v, qvalid), _loss_grads(one_pass, q, k, v, qvalid)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+  ref = _loss_grads(one_pass, q, k, v, qvalid)
+  for order in (False, True):
+    for a, b in zip(_loss_grads(stepped[order], q, k, v, qvalid), ref):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+  transposes = {o: str(jax.make_jaxpr(f)(q, k, v)).count("transpose") for o, f in stepped.items()}
+  assert transposes[False] < transposes[True], transposes  # the strided order transposes its operands
+  assert transposes[None] == transposes[False if jax.device_count() == 1 else True], transposes

@@ -166,7 +166,8 @@ def test_non_integer_and_out_of_range_ids_are_refused(tiny):
 
 def test_prefill_writes_the_decode_sized_cache_as_the_prompt_sized_one_grown(tiny):
   """`prefill` fills the first P slots of a cache already sized for decoding (`attend_slots`): the
-  same logits and cache, bit for bit, as a prompt-sized cache grown after, its old path."""
+  same logits and cache, bit for bit, as a prompt-sized cache grown after (its old path), and the
+  same FLOPs (its attention spans the P prompt slots, not the cache's P + 6)."""
   from flax import nnx
   import jax.numpy as jnp
   from memagent_jax.models.kv_cache import KVCache
@@ -174,18 +175,41 @@ def test_prefill_writes_the_decode_sized_cache_as_the_prompt_sized_one_grown(tin
   tokens, valid = (jnp.asarray(x) for x in sampling.left_pad(_ragged(5, [9, 14, 3], 256), 0))
   model = nnx.merge(tiny.graphdef, tiny.state)
   p = tokens.shape[1]
+  positions = sampling.positions_from_mask(valid)
 
-  def grown(model):
-    hidden, cache = model(tokens, sampling.positions_from_mask(valid), valid, KVCache.init(model.config, 3, p, model.dtype))
-    return model.logits(hidden[:, -1]), cache.grow(p + 6)
+  def grown(state):
+    m = nnx.merge(tiny.graphdef, state)
+    hidden, cache = m(tokens, positions, valid, KVCache.init(m.config, 3, p, m.dtype))
+    return m.logits(hidden[:, -1]), cache.grow(p + 6)
 
-  want_logits, want = jax.jit(grown)(model)
-  got_logits, got = jax.jit(lambda m: sampling.prefill(m, tokens, valid, cache_size=p + 6))(model)
+  def unwindowed(state):  # what prefill would run if attend_slots were ignored
+    m = nnx.merge(tiny.graphdef, state)
+    hidden, cache = m(tokens, positions, valid, KVCache.init(m.config, 3, p + 6, m.dtype))
+    return m.logits(hidden[:, -1]), cache
+
+  def direct(state):
+    return sampling.prefill(nnx.merge(tiny.graphdef, state), tokens, valid, cache_size=p + 6)
+
+  want_logits, want = jax.jit(grown)(tiny.state)
+  got_logits, got = jax.jit(direct)(tiny.state)
   np.testing.assert_array_equal(np.asarray(got_logits), np.asarray(want_logits))
   assert got.size == want.size == p + 6 and int(got.cursor) == int(want.cursor) == p
   for g, w in zip(got.k + got.v + (got.valid,), want.k + want.v + (want.valid,)):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+  flops = {f.__name__: jax.jit(f).lower(tiny.state).compile().cost_analysis()["flops"]
+           for f in (grown, direct, unwindowed)}
+  assert flops["direct"] < flops["unwindowed"], flops  # the window is what the program attends over
+  np.testing.assert_allclose(flops["direct"], flops["grown"], rtol=0.02)
+
+  cache = KVCache.init(model.config, 3, p, model.dtype)
   with pytest.raises(ValueError, match="do not fit a cache of"):
     sampling.prefill(model, tokens, valid, cache_size=p - 1)
-  with pytest.raises(ValueError, match="attend_slots=4 needs"):
-    model(tokens, sampling.positions_from_mask(valid), valid, KVCache.init(model.config, 3, p, model.dtype), attend_slots=4)
+  with pytest.raises(ValueError, match=f"attend_slots=4 must lie between this call's {p} tokens"):
+    model(tokens, positions, valid, cache, attend_slots=4)
+  with pytest.raises(ValueError, match=f"cache's {p} slots"):
+    model(tokens, positions, valid, cache, attend_slots=p + 1)
+  with pytest.raises(ValueError, match="needs a cache"):
+    model(tokens, positions, valid, attend_slots=p)
+  with pytest.raises(ValueError, match="past the attended ones"):  # cursor 2: slots 2..p+1 of a p-slot window
+    model(tokens, positions, valid, KVCache.init(model.config, 3, p + 6, model.dtype).replace(cursor=jnp.int32(2)),
+          attend_slots=p)

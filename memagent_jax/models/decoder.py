@@ -219,8 +219,8 @@ class Decoder(nnx.Module):
     """tokens, positions, valid [B, T] -> (hidden [B, T, E], the cache after the write, or None).
 
     valid marks real tokens. Without a cache it is the key mask (S == T). With one, the T tokens
-    are written at slots cache.cursor.. and the queries attend over all S cache slots that hold
-    real tokens (`KVCache`). Attention is causal over slots, so no [B, T, T] mask is ever built.
+    are written at slots cache.cursor.. and the queries attend over the cache slots that hold real
+    tokens: all S, or the first attend_slots (`KVCache`). Attention is causal over slots, so no [B, T, T] mask is ever built.
     remat (training; see REMAT_POLICIES): "full" (or True) recomputes each block's activations in the
     backward pass instead of storing them: memory per layer drops to its input (and its cache, when a
     shared prefix is read); "dots" keeps the matmul outputs and recomputes only what lies between.
@@ -238,9 +238,7 @@ class Decoder(nnx.Module):
     spec = self.attention
     key_valid, write_index = (valid, 0) if cache is None else (cache.valid_after(valid), cache.cursor)  # [B, S]
     if attend_slots is not None:
-      if cache is None or not t <= attend_slots <= cache.size:
-        raise ValueError(f"attend_slots={attend_slots} needs a cache of at least that many slots and "
-                         f"at most that many tokens ({t})")
+      _check_attend_slots(attend_slots, t, cache)
     seen = key_valid if attend_slots is None else key_valid[:, :attend_slots]  # [B, S'] keys attended
     x = jnp.take(self.embed[...], tokens, axis=0)
     history = None
@@ -294,6 +292,19 @@ class Decoder(nnx.Module):
       flat = tied_logits(hidden.reshape(-1, hidden.shape[-1]), self.embed[...])
       return flat.reshape(*lead, -1).astype(jnp.float32)
     return dense(hidden, self.lm_head[...]).astype(jnp.float32)
+
+
+def _check_attend_slots(attend_slots: int, t: int, cache: KVCache | None):
+  """Clear errors for an attended window that cannot hold this call's tokens; the cursor is checked
+  where it is concrete (outside jit), since a write past the window would be silently unseen."""
+  if cache is None:
+    raise ValueError(f"attend_slots={attend_slots} needs a cache; without one the keys are this call's tokens")
+  if not t <= attend_slots <= cache.size:
+    raise ValueError(f"attend_slots={attend_slots} must lie between this call's {t} tokens and the "
+                     f"cache's {cache.size} slots")
+  if not isinstance(cache.cursor, jax.core.Tracer) and int(cache.cursor) + t > attend_slots:
+    raise ValueError(f"attend_slots={attend_slots}: this call writes slots {int(cache.cursor)}.."
+                     f"{int(cache.cursor) + t - 1}, past the attended ones")
 
 
 def positions_from_mask(valid):

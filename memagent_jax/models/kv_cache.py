@@ -1,9 +1,9 @@
 """`KVCache`: every layer's keys and values, the write cursor and the slots' validity, as one pytree.
 
 Slots fill left to right: a forward call writes its T tokens at `cursor` and moves it T slots on.
-Queries attend causally over all S slots, masked by `valid`, so the cache's size is the attention
-window: a prefill fills a cache of exactly the prompt's slots (the square path, where the fused
-kernels run), then `grow` pads it to the decode length.
+Queries attend causally over the slots, masked by `valid`: all S, or the first P where the call
+says so (`Decoder(attend_slots=P)`), which is how a prefill fills the first P slots of a cache sized
+for decoding and still runs the square path (where the fused kernels run) over the prompt alone.
 """
 
 from __future__ import annotations
