@@ -196,7 +196,7 @@ def _in_row_steps(fn, c: int, q, k, v, key_valid, *, strided: bool | None = None
   """fn(q, k, v, key_valid) on c rows per `lax.map` step, each step rematerialised in the backward
   pass. Strided (default: when the process has several devices), rows b, b + B/c, ... share a step,
   so rows split over devices stay split; otherwise a step takes c adjacent rows and no operand is
-  copied into step order (those transposes were about 5% of a toy sweep batch, docs/results/toy_rl_step_speed.md)."""
+  copied into step order (those transposes were about 5% of a toy sweep batch: toy_rl_step_speed.md)."""
   b = q.shape[0]
   if c == b:
     return fn(q, k, v, key_valid)

@@ -220,7 +220,8 @@ class Decoder(nnx.Module):
 
     valid marks real tokens. Without a cache it is the key mask (S == T). With one, the T tokens
     are written at slots cache.cursor.. and the queries attend over the cache slots that hold real
-    tokens: all S, or the first attend_slots (`KVCache`). Attention is causal over slots, so no [B, T, T] mask is ever built.
+    tokens: all S, or the first attend_slots (`KVCache`). Attention is causal over slots, so no
+    [B, T, T] mask is ever built.
     remat (training; see REMAT_POLICIES): "full" (or True) recomputes each block's activations in the
     backward pass instead of storing them: memory per layer drops to its input (and its cache, when a
     shared prefix is read); "dots" keeps the matmul outputs and recomputes only what lies between.
@@ -237,9 +238,10 @@ class Decoder(nnx.Module):
       raise ValueError(f"a cache of {cache.valid.shape} (rows, slots) cannot take tokens {(b, t)}")
     spec = self.attention
     key_valid, write_index = (valid, 0) if cache is None else (cache.valid_after(valid), cache.cursor)  # [B, S]
+    seen = key_valid  # [B, S'] the keys attended
     if attend_slots is not None:
       _check_attend_slots(attend_slots, t, cache)
-    seen = key_valid if attend_slots is None else key_valid[:, :attend_slots]  # [B, S'] keys attended
+      seen = key_valid[:, :attend_slots]
     x = jnp.take(self.embed[...], tokens, axis=0)
     history = None
     if self.token_shift is not None:
