@@ -351,3 +351,41 @@ def test_row_steps_in_either_row_order_equal_one_pass_and_its_gradients():
   transposes = {o: str(jax.make_jaxpr(f)(q, k, v)).count("transpose") for o, f in stepped.items()}
   assert transposes[False] < transposes[True], transposes  # the strided order transposes its operands
   assert transposes[None] == transposes[False if jax.device_count() == 1 else True], transposes
+
+
+def test_rope_tables_computed_once_on_cpu_equal_the_fused_ones_bit_for_bit(monkeypatch):
+  """On CPU the rotary tables run behind a conditional (`rope_tables_once`) so XLA evaluates cos and sin
+  once per forward instead of inside every head's and layer's rotation: the compiled training step
+  (forward and gradients) has no cosine outside the conditional's two branches, and its log-probs and
+  gradients equal those of the fused tables bit for bit."""
+  from memagent_jax.models import decoder
+  p, n = 10, 6
+  rng = np.random.default_rng(7)
+  tokens = jnp.asarray(rng.integers(0, 64, size=(3, p + n)), jnp.int32)
+  valid = np.ones((3, p + n), bool)
+  valid[0, :4] = valid[2, p + 3:] = False
+  model = Decoder(TINY, attention="xla", rngs=nnx.Rngs(3))
+  graphdef, params = nnx.split(model)
+
+  def loss(params, tokens, valid):  # rows as arguments: XLA folds a conditional whose predicate is constant
+    logp, _ = response_logprobs(nnx.merge(graphdef, params), tokens, valid, prompt_width=p, remat=False,
+                                temperature=1.0)
+    return jnp.sum(jnp.where(valid[:, p:], logp, 0.0)), logp
+
+  def run():
+    step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    args = (params, tokens, jnp.asarray(valid))
+    cosines = step.lower(*args).compile().as_text().count(" cosine(")
+    return cosines, step(*args)
+
+  once_cosines, ((_, once_logp), once_grads) = run()
+  monkeypatch.setattr(decoder, "rope_tables_once", decoder.rope_tables)  # tables fused into each rotation
+  fused_cosines, ((_, fused_logp), fused_grads) = run()
+  assert once_cosines <= 2 < fused_cosines, (once_cosines, fused_cosines)  # the branches: 2 at most
+  np.testing.assert_array_equal(np.asarray(once_logp), np.asarray(fused_logp))
+  for a, b in zip(jax.tree_util.tree_leaves(once_grads), jax.tree_util.tree_leaves(fused_grads)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  positions = jnp.asarray(rng.integers(0, 4000, size=(4, 9)), jnp.int32)
+  for a, b in zip(jax.jit(decoder.rope_tables_once, static_argnums=(1, 2, 3))(positions, 8, 1e4, jnp.float32),
+                  jax.jit(decoder.rope_tables, static_argnums=(1, 2, 3))(positions, 8, 1e4, jnp.float32)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

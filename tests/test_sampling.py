@@ -213,3 +213,36 @@ def test_prefill_writes_the_decode_sized_cache_as_the_prompt_sized_one_grown(tin
   with pytest.raises(ValueError, match="past the attended ones"):  # cursor 2: slots 2..p+1 of a p-slot window
     model(tokens, positions, valid, KVCache.init(model.config, 3, p + 6, model.dtype).replace(cursor=jnp.int32(2)),
           attend_slots=p)
+
+
+def test_sort_descending_gives_the_values_of_the_float_sort_and_process_logits_is_unchanged():
+  """The integer-key sort behind top-p returns -sort(-x) value for value (signed zeros may swap places,
+  NaNs last, subnormals rank by value where the float sort flushes them to zero), infinities included;
+  process_logits with it equals the float sort's bit for bit."""
+  import jax.numpy as jnp
+  from memagent_jax.policy import sampling
+  rng = np.random.default_rng(11)
+  x = rng.standard_normal((6, 300)).astype(np.float32) * 30
+  x[0, :8] = [0.0, -0.0, np.inf, -np.inf, 1e-42, -1e-42, np.nan, 3.0]
+  x[1, :4] = 7.25  # ties
+  x[2] = -np.inf
+  x[2, 5] = 1.0
+  got = np.asarray(jax.jit(sampling.sort_descending)(jnp.asarray(x)))
+  want = np.asarray(jax.jit(lambda v: -jnp.sort(-v, axis=-1))(jnp.asarray(x)))
+  flush = lambda v: np.where(np.abs(v) < np.finfo(np.float32).tiny, 0.0, v)  # XLA compares subnormals as 0
+  np.testing.assert_array_equal(flush(got), flush(want))  # equal as values: 0.0 == -0.0, NaN matches NaN
+  assert got[0, 155] == 1e-42 and got[0, 156] == 0 == got[0, 157]  # the subnormal by its value: above zero
+  assert np.isnan(got[0, -1]) and not np.isnan(got[0, :-1]).any()
+
+  def reference(logits, spec):  # process_logits with the float sort it replaced
+    v = logits / spec.divisor
+    desc = -jnp.sort(-v, axis=-1)
+    probs = jax.nn.softmax(desc, axis=-1)
+    n_keep = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < spec.top_p, axis=-1, keepdims=True)
+    return jnp.where(v < jnp.take_along_axis(desc, n_keep - 1, axis=-1), -jnp.inf, v)
+
+  logits = jnp.asarray(rng.standard_normal((64, 192)).astype(np.float32) * 4)
+  for spec in (DecodeSpec(temperature=0.7, top_p=0.95), DecodeSpec(temperature=1.3, top_p=0.5)):
+    assert spec.use_top_p
+    np.testing.assert_array_equal(np.asarray(jax.jit(sampling.process_logits, static_argnums=1)(logits, spec)),
+                                  np.asarray(jax.jit(reference, static_argnums=1)(logits, spec)))

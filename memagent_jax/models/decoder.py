@@ -8,6 +8,7 @@ names (`out_sharding` metadata) that `parallel.py` maps to mesh axes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +78,16 @@ def rope_tables(positions, head_dim: int, theta: float, dtype):
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
   emb = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def rope_tables_once(positions, head_dim: int, theta: float, dtype):
+  """`rope_tables` in a computation of its own, for XLA:CPU. It fuses cos and sin into every rotation
+  that reads them and evaluates them there again: once per head, layer and q or k (a 1K-token
+  SmolLM2 prefill: 360 times). A conditional is a boundary it does not fuse through; both branches
+  are the same function, so the result is bit for bit the fused one and the predicate is moot (with
+  constant positions XLA folds the conditional away, as it would fold the tables)."""
+  tables = functools.partial(rope_tables, head_dim=head_dim, theta=theta, dtype=dtype)
+  return jax.lax.cond(positions.reshape(-1)[0] >= 0, tables, tables, positions)
 
 
 def apply_rope(x, cos, sin):  # x [B, T, H, D]; cos, sin [B, T, D]
@@ -247,7 +258,8 @@ class Decoder(nnx.Module):
     if self.token_shift is not None:
       shifted, history = self._shifted_embeddings(tokens, key_valid, cache, write_index)
       x = x + shifted
-    cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+    tables = rope_tables_once if self.platform == "cpu" and positions.size else rope_tables
+    cos, sin = tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)  # [B, T, D]
     layers = []
     last = len(self.layers) - 1
     # fused backends take whole rows only: their last block runs every slot, sliced after
