@@ -1,6 +1,7 @@
 """One toy sweep batch with CPU attention against a cache in row steps (`attention.cpu_cache_attention`,
 what `attend` runs) or in one dense pass over all rows (what ran before it): seconds and a digest of
-every answer and memory, so the two are shown to read the documents identically.
+every answer and memory (and of every log-prob of them), so the two are shown to read the documents
+identically.
 
   python -m experiments.benchmarks.bench_sweep_batch --path=rows --multiple=8    # then --path=dense
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import time
 
+import numpy as np
 from absl import app, flags
 
 from configs import toy_memagent
@@ -45,7 +47,10 @@ def main(argv):
     results = run()
     best = min(best, time.perf_counter() - start)
   digest = hashlib.sha256(repr([(r.answer, r.memories) for r in results]).encode()).hexdigest()[:12]
-  print(f"path={_PATH.value} {_N.value} documents of {length} tokens: best {best:.3f} s, answers+memories {digest}")
+  logprobs = np.concatenate([c.response_logprobs for r in results for c in r.conversations]).astype(np.float32)
+  lp_digest = hashlib.sha256(logprobs.tobytes()).hexdigest()[:12]  # every float the sampler computed for them
+  print(f"path={_PATH.value} {_N.value} documents of {length} tokens: best {best:.3f} s, answers+memories {digest}, "
+        f"log-probs {lp_digest}")
 
 
 if __name__ == "__main__":
