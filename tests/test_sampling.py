@@ -231,18 +231,25 @@ def test_sort_descending_gives_the_values_of_the_float_sort_and_process_logits_i
   want = np.asarray(jax.jit(lambda v: -jnp.sort(-v, axis=-1))(jnp.asarray(x)))
   flush = lambda v: np.where(np.abs(v) < np.finfo(np.float32).tiny, 0.0, v)  # XLA compares subnormals as 0
   np.testing.assert_array_equal(flush(got), flush(want))  # equal as values: 0.0 == -0.0, NaN matches NaN
-  assert got[0, 155] == 1e-42 and got[0, 156] == 0 == got[0, 157]  # the subnormal by its value: above zero
+  sub = int(np.flatnonzero(got[0] == np.float32(1e-42))[0])
+  assert got[0, sub + 1] == 0 == got[0, sub + 2]  # the subnormal by its value: above both zeros
   assert np.isnan(got[0, -1]) and not np.isnan(got[0, :-1]).any()
 
   def reference(logits, spec):  # process_logits with the float sort it replaced
     v = logits / spec.divisor
+    if spec.top_k:
+      v = jnp.where(v < jax.lax.top_k(v, spec.top_k)[0][:, -1:], -jnp.inf, v)
     desc = -jnp.sort(-v, axis=-1)
     probs = jax.nn.softmax(desc, axis=-1)
     n_keep = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < spec.top_p, axis=-1, keepdims=True)
     return jnp.where(v < jnp.take_along_axis(desc, n_keep - 1, axis=-1), -jnp.inf, v)
 
-  logits = jnp.asarray(rng.standard_normal((64, 192)).astype(np.float32) * 4)
-  for spec in (DecodeSpec(temperature=0.7, top_p=0.95), DecodeSpec(temperature=1.3, top_p=0.5)):
+  logits = rng.standard_normal((64, 192)).astype(np.float32) * 4
+  logits[:8, :20] = np.round(logits[:8, :20])  # ties, and zeros of both signs
+  logits[8:16, :10] = -0.0
+  logits = jnp.asarray(logits)
+  for spec in (DecodeSpec(temperature=0.7, top_p=0.95), DecodeSpec(temperature=1.3, top_p=0.5),
+               DecodeSpec(temperature=1.0, top_p=0.9, top_k=12)):  # top-k first: -inf in the sort
     assert spec.use_top_p
     np.testing.assert_array_equal(np.asarray(jax.jit(sampling.process_logits, static_argnums=1)(logits, spec)),
                                   np.asarray(jax.jit(reference, static_argnums=1)(logits, spec)))

@@ -81,11 +81,11 @@ def rope_tables(positions, head_dim: int, theta: float, dtype):
 
 
 def rope_tables_once(positions, head_dim: int, theta: float, dtype):
-  """`rope_tables` in a computation of its own, for XLA:CPU. It fuses cos and sin into every rotation
-  that reads them and evaluates them there again: once per head, layer and q or k (a 1K-token
-  SmolLM2 prefill: 360 times). A conditional is a boundary it does not fuse through; both branches
-  are the same function, so the result is bit for bit the fused one and the predicate is moot (with
-  constant positions XLA folds the conditional away, as it would fold the tables)."""
+  """`rope_tables` in a computation of its own, for XLA:CPU, which fuses cos and sin into every
+  rotation that reads them and evaluates them there again: per head, layer and q or k (SmolLM2-135M:
+  360 times a forward). A conditional is a boundary XLA does not fuse through; both branches are the
+  same function, so the result is the fused one bit for bit and the predicate is moot (with constant
+  positions XLA folds the conditional away, as it would fold the tables)."""
   tables = functools.partial(rope_tables, head_dim=head_dim, theta=theta, dtype=dtype)
   return jax.lax.cond(positions.reshape(-1)[0] >= 0, tables, tables, positions)
 
@@ -258,6 +258,7 @@ class Decoder(nnx.Module):
     if self.token_shift is not None:
       shifted, history = self._shifted_embeddings(tokens, key_valid, cache, write_index)
       x = x + shifted
+    # CPU only: elsewhere the fusion was not measured and a conditional is not free
     tables = rope_tables_once if self.platform == "cpu" and positions.size else rope_tables
     cos, sin = tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)  # [B, T, D]
     layers = []

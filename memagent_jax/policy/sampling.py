@@ -69,9 +69,9 @@ class DecodeState:
 def sort_descending(x):
   """x [..., V] float32 sorted from largest to smallest along its last axis: the values of
   -jnp.sort(-x) (0.0 and -0.0 may swap places, a subnormal ranks by its value where XLA's float
-  comparison flushes it to zero; NaNs last), 5-6x faster on CPU. XLA sorts floats
-  through a NaN-aware comparator called per comparison; this sorts int32 keys whose order is the
-  floats' order (the bits of a non-negative float; a negative one's with its magnitude flipped)."""
+  comparison flushes it to zero; NaNs last). It sorts int32 keys whose order is the floats' order
+  (a non-negative float's bits; a negative one's with the magnitude bits flipped): 5-6x faster than
+  the float sort on CPU (measured there only; every platform runs it). Not differentiable."""
   flip = lambda k: jnp.where(k < 0, k ^ jnp.int32(0x7FFFFFFF), k)  # its own inverse
   neg = jnp.where(jnp.isnan(x), jnp.nan, -x).astype(jnp.float32)  # a positive NaN: sorted after +inf
   keys = jnp.sort(flip(jax.lax.bitcast_convert_type(neg, jnp.int32)), axis=-1)
