@@ -1,0 +1,106 @@
+"""Where a compiled program's wall time goes, per XLA thunk: one toy sweep batch (`--target=sweep`) or
+one SmolLM2 prefill (`--target=prefill`), traced with `jax.profiler` and grouped by thunk kind and
+output shape (from the optimized HLO XLA dumps). Each moment of wall time is split equally among the
+thunks running then, so two cores' overlap is not counted twice and the rows add up to the traced time.
+
+  python -m experiments.benchmarks.profile_thunks --target=sweep --multiple=8
+  python -m experiments.benchmarks.profile_thunks --target=prefill --tokens=4096
+
+XLA_FLAGS is set here (HLO dump) before JAX starts, so run it in a fresh process.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+_WORK = tempfile.mkdtemp(prefix="profile_thunks_")
+if "jax" not in sys.modules:  # the dump names each thunk's output shape
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={_WORK}/hlo --xla_dump_hlo_as_text").strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+_TARGET = flags.DEFINE_enum("target", "sweep", ["sweep", "prefill"], "the program to trace")
+_MULTIPLE = flags.DEFINE_integer("multiple", 8, "sweep: document length / training length (128 tokens)")
+_N = flags.DEFINE_integer("n", 200, "sweep: documents in the batch")
+_TOKENS = flags.DEFINE_integer("tokens", 4096, "prefill: prompt tokens (B=1, as make bench)")
+_ROWS = flags.DEFINE_integer("rows", 25, "table rows to print")
+_WRAPPERS = re.compile(r"(while|conditional|cond|call)(\.\d+)?$")  # control flow: its body's thunks are counted
+_NUMBERED = re.compile(r"\.\d+$")  # ynn_fusion.117 -> ynn_fusion
+
+
+def wall_share(trace_dir: str, hlo_text: str) -> tuple[collections.Counter, collections.Counter, float]:
+  """(seconds, calls) per "thunk kind output-shape", and the traced seconds the thunks cover."""
+  shapes = dict(re.findall(r"^\s*(?:ROOT )?%(\S+) = (\S+\[[^\]]*\])", hlo_text, re.M)[::-1])
+  events = json.load(gzip.open(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)[0]))
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  skip = ("Pjit", "ThunkExecutor", "$", "Common", "Slinky", "end:")
+  thunks = [e for e in events if e.get("ph") == "X" and "dur" in e and not e["name"].startswith(skip)
+            and not _WRAPPERS.match(e["name"])]
+  key = lambda e: f"{_NUMBERED.sub('', e['name'])} {shapes.get(e['name'], '?')}"
+  calls = collections.Counter(key(e) for e in thunks)
+  edges = sorted([(e["ts"], 1, i) for i, e in enumerate(thunks)] + [(e["ts"] + e["dur"], -1, i) for i, e in enumerate(thunks)])
+  share, running, last = collections.Counter(), set(), None
+  for t, kind, i in edges:
+    for j in running:  # the time since the last edge, split among the thunks running in it
+      share[key(thunks[j])] += (t - last) / len(running) / 1e6
+    last = t
+    (running.add if kind == 1 else running.discard)(i)
+  return share, calls, sum(share.values())
+
+
+def _sweep_call():
+  from configs import toy_memagent
+  from memagent_jax.data import tasks
+  from memagent_jax.experiment.assembly import load_reader
+  cfg = toy_memagent.get_config("rl,full,lookup")
+  reader = load_reader(cfg, "experiments/data/toy_base_lookup", training=False)
+  length = 128 * _MULTIPLE.value  # the documents and seeds of bench_sweep_batch
+  samples = tasks.make_samples(cfg.data.task, length, _N.value, 1000 + length, reader.tokenizer,
+                               chunk_tokens=cfg.agent.chunk_tokens)
+  questions, docs = [s["question"] for s in samples], [s["context"] for s in samples]
+  return "jit_memory_block", lambda: reader.answer_batch(questions, docs, temperature=cfg.eval.temperature,
+                                                         top_p=cfg.eval.top_p, seed=1000)
+
+
+def _prefill_call():
+  import memagent_jax as mj
+  from experiments.benchmarks.bench_sampler import _prefill
+  policy = mj.load_policy("smollm2-135m-instruct", dtype="float32")
+  t = _TOKENS.value
+  ids = jnp.asarray(np.random.default_rng(0).integers(0, policy.config.vocab_size, size=(1, t)), jnp.int32)
+  return "jit__prefill", lambda: _prefill(policy.graphdef, policy.state, ids, t + 128).block_until_ready()
+
+
+def main(argv):
+  del argv
+  program, call = (_sweep_call if _TARGET.value == "sweep" else _prefill_call)()
+  call(), call()  # compile, warm up
+  start = time.perf_counter()
+  call()
+  untraced = time.perf_counter() - start
+  with jax.profiler.trace(f"{_WORK}/trace"):
+    start = time.perf_counter()
+    call()
+    traced = time.perf_counter() - start
+  hlo = sorted(glob.glob(f"{_WORK}/hlo/*{program}.cpu_after_optimizations.txt"))[-1]
+  share, calls, covered = wall_share(f"{_WORK}/trace", open(hlo).read())
+  print(f"{_TARGET.value}: {untraced:.3f} s untraced, {traced:.3f} s traced, thunks cover {covered:.3f} s "
+        f"(wall split among the thunks running at once)\n")
+  print("| thunk kind and output shape | calls | s |\n|---|---|---|")
+  for name, seconds in share.most_common(_ROWS.value):
+    print(f"| {name} | {calls[name]} | {seconds:.3f} |")
+
+
+if __name__ == "__main__":
+  app.run(main)
