@@ -21,8 +21,8 @@ import sys
 import tempfile
 import time
 
-_WORK = tempfile.mkdtemp(prefix="profile_thunks_")
-if "jax" not in sys.modules:  # the dump names each thunk's output shape
+_WORK = tempfile.mkdtemp(prefix="profile_thunks_") if __name__ == "__main__" else None
+if _WORK and "jax" not in sys.modules:  # the dump names each thunk's output shape
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={_WORK}/hlo --xla_dump_hlo_as_text").strip()
 
 import jax  # noqa: E402
