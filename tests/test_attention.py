@@ -6,6 +6,8 @@ No GPU or TPU here: the `cudnn` glue (row packing, lengths) runs with the XLA im
 (`AttentionSpec(emulate_kernels=True)`).
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -390,3 +392,76 @@ def test_rope_tables_computed_once_on_cpu_equal_the_fused_ones_bit_for_bit(monke
   for a, b in zip(jax.jit(decoder.rope_tables_once, static_argnums=(1, 2, 3))(positions, 8, 1e4, jnp.float32),
                   jax.jit(decoder.rope_tables, static_argnums=(1, 2, 3))(positions, 8, 1e4, jnp.float32)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("t", [1, 40])  # the prompt's last token (one pass), a prefill after a prefix (row steps)
+@pytest.mark.parametrize("backend", ["xla", "cpu"])
+def test_attend_reads_the_first_key_slots_of_a_longer_cache_as_the_sliced_keys(t, backend):
+  """k, v of a decode-sized cache with key_valid over its first S slots: the same floats as the keys
+  sliced to S, on every path (CPU row steps slice per step), and the extra slots are never read
+  (NaN there changes nothing). The CPU row steps take no [B, K, S, D] slice of the whole cache."""
+  b, s, extra = 64, 120, 24  # at t = 40, 64 rows run in row steps
+  spec = AttentionSpec(backend="xla", platform=backend if backend == "cpu" else "gpu")
+  q, k, v = _qkv(b, t, s + extra, 4, 2, 8, seed=t)
+  k, v = (x.at[:, :, s:].set(jnp.nan) for x in (k, v))  # slots past S: never read
+  valid = _rows(b, s, seed=t)
+  valid[:, s - t:] = True  # the queries' own slots
+  kv = jnp.asarray(valid)
+  run = lambda q, k, v: attention.attend(q, k, v, kv, q_offset=s - t, spec=spec)
+  full = np.asarray(jax.jit(run)(q, k, v))
+  sliced = np.asarray(jax.jit(run)(q, k[:, :, :s], v[:, :, :s]))
+  np.testing.assert_array_equal(full, sliced)
+  _close_on_valid(full, _reference(q, k[:, :, :s], v[:, :, :s], valid, s - t), np.ones((b, t), bool))
+  if backend == "cpu" and t > 1:
+    whole = [e for e in jax.make_jaxpr(run)(q, k, v).jaxpr.eqns
+             if e.primitive.name == "slice" and e.outvars[0].aval.shape == (b, 2, s, 8)]
+    assert not whole, whole
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the boundary is taken on CPU only")
+def test_block_residual_boundary_keeps_the_output_projection_out_of_the_mlp_fusion(monkeypatch):
+  """On CPU each block's residual after attention is a `fusion_boundary`: YNNPACK fused the output
+  projection into the MLP's chain of dots (one fusion of four dots ran at half the speed of its
+  parts on a toy sweep). A prefill into a cache compiles with at most the MLP's three dots per
+  fusion, and its hidden states, a training step's log-probs and its gradients are those of the
+  plain residual bit for bit."""
+  from memagent_jax.models import decoder
+  from memagent_jax.models.kv_cache import KVCache
+  cfg = ModelConfig(arch="llama", vocab_size=64, hidden_size=128, intermediate_size=512, num_layers=2,
+                    num_heads=4, num_kv_heads=4, head_dim=32, max_position_embeddings=512)
+  b, t = 64, 88  # the sizes at which XLA:CPU forms that fusion (a toy sweep's prefill is 200 x 88)
+  rng = np.random.default_rng(5)
+  tokens = jnp.asarray(rng.integers(0, 64, size=(b, t)), jnp.int32)
+  valid = np.ones((b, t), bool)
+  valid[::3, :7] = False
+  valid = jnp.asarray(valid)
+  graphdef, params = nnx.split(Decoder(cfg, attention="xla", rngs=nnx.Rngs(1)))
+
+  def prefill(params, tokens, valid):
+    model = nnx.merge(graphdef, params)
+    cache = KVCache.init(cfg, b, t + 8, model.dtype)
+    return model(tokens, positions_from_mask(valid), valid, cache, attend_slots=t)[0]
+
+  def loss(params, tokens, valid):
+    logp, _ = response_logprobs(nnx.merge(graphdef, params), tokens, valid, prompt_width=t - 8, remat=False,
+                                temperature=1.0)
+    return jnp.sum(jnp.where(valid[:, t - 8:], logp, 0.0)), logp
+
+  def run():  # fresh functions: jit would reuse the first trace for the same one
+    step = jax.jit(lambda *a: prefill(*a))
+    compiled = step.lower(params, tokens, valid).compile().as_text()
+    fusions = re.findall(r"\n(%fused_computation[^\n]*\{.*?\n\})", compiled, re.S)
+    most_dots = max([f.count(" dot(") for f in fusions] or [0])
+    return most_dots, "__ynn_fusion" in compiled, step(params, tokens, valid), \
+        jax.jit(jax.value_and_grad(loss, has_aux=True))(params, tokens, valid)
+
+  dots, _, hidden, ((_, logp), grads) = run()
+  monkeypatch.setattr(decoder, "fusion_boundary", lambda pred, fn, *operands: fn(*operands))
+  plain_dots, ynn, plain_hidden, ((_, plain_logp), plain_grads) = run()
+  assert dots <= 3, dots
+  if ynn:  # where XLA:CPU fuses dots through YNNPACK, the plain residual gives the four-dot fusion
+    assert plain_dots == 4, plain_dots
+  np.testing.assert_array_equal(np.asarray(hidden), np.asarray(plain_hidden))
+  np.testing.assert_array_equal(np.asarray(logp), np.asarray(plain_logp))
+  for a, c in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(plain_grads)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))

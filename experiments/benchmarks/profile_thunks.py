@@ -1,10 +1,12 @@
 """Where a compiled program's wall time goes, per XLA thunk: one toy sweep batch (`--target=sweep`) or
-one SmolLM2 prefill (`--target=prefill`), traced with `jax.profiler` and grouped by thunk kind and
+one SmolLM2 prefill (`--target=prefill`) or one greedy SmolLM2 generation (`--target=decode`, make bench's
+prompts and batch), traced with `jax.profiler` and grouped by thunk kind and
 output shape (from the optimized HLO XLA dumps). Each moment of wall time is split equally among the
 thunks running then, so two cores' overlap is not counted twice and the rows add up to the traced time.
 
   python -m experiments.benchmarks.profile_thunks --target=sweep --multiple=8
   python -m experiments.benchmarks.profile_thunks --target=prefill --tokens=4096
+  python -m experiments.benchmarks.profile_thunks --target=decode --batch=8
 
 XLA_FLAGS is set here (HLO dump) before JAX starts, so run it in a fresh process.
 """
@@ -21,7 +23,7 @@ import sys
 import tempfile
 import time
 
-_WORK = tempfile.mkdtemp(prefix="profile_thunks_") if __name__ == "__main__" else None
+_WORK = os.environ.get("PROFILE_THUNKS_DIR") or tempfile.mkdtemp(prefix="profile_thunks_") if __name__ == "__main__" else None
 if _WORK and "jax" not in sys.modules:  # the dump names each thunk's output shape
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={_WORK}/hlo --xla_dump_hlo_as_text").strip()
 
@@ -30,10 +32,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-_TARGET = flags.DEFINE_enum("target", "sweep", ["sweep", "prefill"], "the program to trace")
+_TARGET = flags.DEFINE_enum("target", "sweep", ["sweep", "prefill", "decode"], "the program to trace")
 _MULTIPLE = flags.DEFINE_integer("multiple", 8, "sweep: document length / training length (128 tokens)")
 _N = flags.DEFINE_integer("n", 200, "sweep: documents in the batch")
 _TOKENS = flags.DEFINE_integer("tokens", 4096, "prefill: prompt tokens (B=1, as make bench)")
+_BATCH = flags.DEFINE_integer("batch", 8, "decode: rows (as make bench)")
+_NEW = flags.DEFINE_integer("new_tokens", 128, "decode: new tokens per row (as make bench)")
 _ROWS = flags.DEFINE_integer("rows", 25, "table rows to print")
 _WRAPPERS = re.compile(r"(while|conditional|cond|call)(\.\d+)?$")  # control flow: its body's thunks are counted
 _NUMBERED = re.compile(r"\.\d+$")  # ynn_fusion.117 -> ynn_fusion
@@ -82,9 +86,18 @@ def _prefill_call():
   return "jit__prefill", lambda: _prefill(policy.graphdef, policy.state, ids, t + 128).block_until_ready()
 
 
+def _decode_call():
+  import memagent_jax as mj
+  from memagent_jax.policy.decode_spec import GREEDY
+  policy = mj.load_policy("smollm2-135m-instruct", dtype="float32")
+  prompts = [policy.tokenizer.apply_chat_template(f"Tell me story number {i} about a fox.")  # make bench's
+             for i in range(_BATCH.value)]
+  return "jit_generate_tokens", lambda: policy.sample(prompts, _NEW.value, params=GREEDY, stop_tokens=[])
+
+
 def main(argv):
   del argv
-  program, call = (_sweep_call if _TARGET.value == "sweep" else _prefill_call)()
+  program, call = dict(sweep=_sweep_call, prefill=_prefill_call, decode=_decode_call)[_TARGET.value]()
   call(), call()  # compile, warm up
   start = time.perf_counter()
   call()

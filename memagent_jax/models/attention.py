@@ -117,33 +117,37 @@ class AttentionSpec:
 
 
 def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpec()):
-  """Causal attention over slots. q [B, T, H, D]; k, v [B, K, S, D] (H = G * K); key_valid [B, S]
+  """Causal attention over slots. q [B, T, H, D]; k, v [B, K, S', D] (H = G * K); key_valid [B, S]
+  with S <= S': the keys are the first S slots (the rest of a decode-sized cache is not read)
   -> [B, T, H, D]. Query t sits at slot q_offset + t and sees the valid keys at slots <= its own.
 
   T == S (a whole row, q_offset 0: training, prefill) runs on the spec's backend; T < S (decoding or
   a prefill against a cache) always runs on xla, whose mask is then only [B, T, S], on CPU a few rows
-  per loop step (`cpu_cache_attention`).
+  per loop step (`cpu_cache_attention`, which slices the S slots step by step, not all at once).
   Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
   b, t, h, d = q.shape
-  s = k.shape[2]
+  s = key_valid.shape[-1]
   if k.shape[0] != b or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
     raise ValueError(f"attend: q {q.shape} needs k, v [B={b}, K, S, D={d}] with H={h} a multiple of K; "
                      f"got k {k.shape}, v {v.shape}")
-  if key_valid.shape != (b, s):
-    raise ValueError(f"attend: key_valid {key_valid.shape} must be [B, S] = {(b, s)}")
+  if key_valid.shape != (b, s) or s > k.shape[2]:
+    raise ValueError(f"attend: key_valid {key_valid.shape} must be [B={b}, S] with S at most the "
+                     f"{k.shape[2]} slots of k, v")
   if t > s:
     raise ValueError(f"attend: {t} queries but only {s} key slots; queries must be slots of the keys")
   if t == s and isinstance(q_offset, int) and q_offset:
     raise ValueError(f"attend: T == S == {t} means the queries are slots 0..{t - 1}; got q_offset={q_offset}")
   kind = spec.resolve(q.dtype)
+  cpu_rows = kind == "xla" and spec.platform == "cpu" and spec.cpu_block and t <= spec.query_block
+  if cpu_rows and t < s:
+    return cpu_cache_attention(q, k, v, key_valid, q_offset=q_offset)
+  k, v = k[:, :, :s], v[:, :, :s]
   if t == s and kind == "cudnn":
     return cudnn_attention(q, k, v, key_valid, implementation="xla" if spec.emulate_kernels else "cudnn")
   if t == s and kind == "splash":
     return _per_shard(functools.partial(splash_attention, interpret=spec.emulate_kernels), q, k, v, key_valid)
-  if kind == "xla" and spec.platform == "cpu" and spec.cpu_block and t <= spec.query_block:
-    if t == s:
-      return cpu_attention(q, k, v, key_valid, block=spec.cpu_block)
-    return cpu_cache_attention(q, k, v, key_valid, q_offset=q_offset)
+  if cpu_rows:
+    return cpu_attention(q, k, v, key_valid, block=spec.cpu_block)
   return xla_attention(q, k, v, key_valid, q_offset=q_offset, query_block=spec.query_block,
                        scan_from=spec.scan_from)
 
@@ -213,10 +217,13 @@ def cpu_cache_attention(q, k, v, key_valid, *, q_offset, step_bytes: int = _CPU_
   """Queries against a longer cache on CPU (T < S: a prefill after a shared prefix, training rows
   after their template opening) in row steps (`_in_row_steps`), so a step's [c, H, T, S] scores stay
   in cache instead of streaming a [B, H, T, S] tensor through memory five times (scores, max, exp,
-  sum, PV); when all rows fit one step (decoding: T = 1) it is one `dense_attention` pass."""
+  sum, PV); when all rows fit one step (decoding: T = 1) it is one `dense_attention` pass. k, v may
+  hold S' > S slots (key_valid [B, S]): each step slices its rows' first S, so the [B, K, S, D] keys
+  a prefill into a decode-sized cache attends are never copied out whole."""
   b, t, h, _ = q.shape
-  rows = lambda qi, ki, vi, kvi: dense_attention(qi, ki, vi, slot_mask(kvi, q_offset, t))
-  return _in_row_steps(rows, _row_steps(b, h * t * k.shape[2] * 4, step_bytes), q, k, v, key_valid)
+  s = key_valid.shape[-1]  # k, v may hold more slots (a decode-sized cache): each step slices S
+  rows = lambda qi, ki, vi, kvi: dense_attention(qi, ki[:, :, :s], vi[:, :, :s], slot_mask(kvi, q_offset, t))
+  return _in_row_steps(rows, _row_steps(b, h * t * s * 4, step_bytes), q, k, v, key_valid)
 
 
 def _mapped_blocks(q, k, v, key_valid, q_offset, query_block: int):

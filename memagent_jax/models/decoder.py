@@ -80,14 +80,19 @@ def rope_tables(positions, head_dim: int, theta: float, dtype):
   return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
 
 
+def fusion_boundary(pred, fn, *operands):
+  """fn(*operands) as a computation of its own: XLA does not fuse through a conditional, and both
+  branches are fn, so the result is fn's bit for bit and `pred` (a traced bool; a constant one is
+  folded away with the boundary) is moot. For XLA:CPU fusions that cost more than they save."""
+  return jax.lax.cond(pred, fn, fn, *operands)
+
+
 def rope_tables_once(positions, head_dim: int, theta: float, dtype):
-  """`rope_tables` in a computation of its own, for XLA:CPU, which fuses cos and sin into every
+  """`rope_tables` behind a `fusion_boundary`, for XLA:CPU, which fuses cos and sin into every
   rotation that reads them and evaluates them there again: per head, layer and q or k (SmolLM2-135M:
-  360 times a forward). A conditional is a boundary XLA does not fuse through; both branches are the
-  same function, so the result is the fused one bit for bit and the predicate is moot (with constant
-  positions XLA folds the conditional away, as it would fold the tables)."""
+  360 times a forward)."""
   tables = functools.partial(rope_tables, head_dim=head_dim, theta=theta, dtype=dtype)
-  return jax.lax.cond(positions.reshape(-1)[0] >= 0, tables, tables, positions)
+  return fusion_boundary(positions.reshape(-1)[0] >= 0, tables, positions)
 
 
 def apply_rope(x, cos, sin):  # x [B, T, H, D]; cos, sin [B, T, D]
@@ -131,8 +136,7 @@ class Attention(nnx.Module):
       idx = (0, 0, write_index, 0)
       cache = cache._replace(k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
                              v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
-      s = key_valid.shape[-1]
-      k, v = cache.k[:, :, :s].astype(x.dtype), cache.v[:, :, :s].astype(x.dtype)
+      k, v = cache.k.astype(x.dtype), cache.v.astype(x.dtype)  # attend reads the first key_valid slots
     if cache is None and b < k.shape[2]:  # no query sees a key after its own slot
       k, v, key_valid = k[:, :, :b], v[:, :, :b], key_valid[:, :b]
     out = attend(q, k, v, key_valid, q_offset=write_index + a, spec=spec)
@@ -163,10 +167,14 @@ class Block(nnx.Module):
     self.mlp = MLP(cfg, dtype, rngs)
 
   def __call__(self, x, cos, sin, key_valid, cache, write_index, spec: AttentionSpec,
-               out_slots: tuple[int, int] | None = None):
-    """x [B, T, E] -> [B, T, E], or [B, b - a, E] at slots a..b-1 of out_slots (a, b)."""
+               out_slots: tuple[int, int] | None = None, boundary=None):
+    """x [B, T, E] -> [B, T, E], or [B, b - a, E] at slots a..b-1 of out_slots (a, b). boundary: a
+    traced bool (XLA:CPU) or None; with it the residual after attention is a `fusion_boundary`, so
+    YNNPACK does not fuse the output projection into the MLP's chain of dots, a fusion that ran at
+    half the speed of its parts (docs/results/toy_rl_step_speed.md)."""
     h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, spec, out_slots)
-    x = (x if out_slots is None else x[:, out_slots[0]:out_slots[1]]) + h
+    x = x if out_slots is None else x[:, out_slots[0]:out_slots[1]]
+    x = x + h if boundary is None else fusion_boundary(boundary, jnp.add, x, h)
     return x + self.mlp(self.mlp_norm(x)), cache
 
 
@@ -258,9 +266,10 @@ class Decoder(nnx.Module):
     if self.token_shift is not None:
       shifted, history = self._shifted_embeddings(tokens, key_valid, cache, write_index)
       x = x + shifted
-    # CPU only: elsewhere the fusion was not measured and a conditional is not free
+    # CPU only: elsewhere these fusions were not measured and a conditional is not free
     tables = rope_tables_once if self.platform == "cpu" and positions.size else rope_tables
     cos, sin = tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)  # [B, T, D]
+    boundary = positions.reshape(-1)[0] >= 0 if self.platform == "cpu" and positions.size else None
     layers = []
     last = len(self.layers) - 1
     # fused backends take whole rows only: their last block runs every slot, sliced after
@@ -269,10 +278,10 @@ class Decoder(nnx.Module):
       layer_cache = None if cache is None else cache.layer(i)
       slots = cut if i == last else None
       if policy is not None:
-        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, seen, c, write_index, spec, slots),
+        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, seen, c, write_index, spec, slots, boundary),
                                    policy=policy)(layer, x, layer_cache)
       else:
-        x, layer_cache = layer(x, cos, sin, seen, layer_cache, write_index, spec, slots)
+        x, layer_cache = layer(x, cos, sin, seen, layer_cache, write_index, spec, slots, boundary)
       layers.append(layer_cache)
     if out_slots is not None and cut is None:
       x = x[:, out_slots[0]:out_slots[1]]
