@@ -16,9 +16,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-from configs import toy_memagent
-from memagent_jax.data import tasks
-from memagent_jax.experiment.assembly import load_reader
+from experiments.benchmarks.sweep_batch import sweep_batch
 from memagent_jax.models import attention
 
 _PATH = flags.DEFINE_enum("path", "rows", ["rows", "dense"], "attention against a cache: row steps or one dense pass")
@@ -30,16 +28,11 @@ _SOURCE = flags.DEFINE_string("source", "experiments/data/toy_base_lookup", "the
 
 def main(argv):
   del argv
-  if _PATH.value == "dense":
+  if _PATH.value == "dense":  # keys: the first S slots of the cache (key_valid [B, S])
     attention.cpu_cache_attention = lambda q, k, v, kv, *, q_offset, **_: attention.dense_attention(
-        q, k, v, attention.slot_mask(kv, q_offset, q.shape[1]))
-  cfg = toy_memagent.get_config("rl,full,lookup")
-  reader = load_reader(cfg, _SOURCE.value, training=False)
+        q, k[:, :, :kv.shape[1]], v[:, :, :kv.shape[1]], attention.slot_mask(kv, q_offset, q.shape[1]))
   length = 128 * _MULTIPLE.value
-  samples = tasks.make_samples(cfg.data.task, length, _N.value, 1000 + length, reader.tokenizer,
-                               chunk_tokens=cfg.agent.chunk_tokens)
-  questions, docs = [s["question"] for s in samples], [s["context"] for s in samples]
-  run = lambda: reader.answer_batch(questions, docs, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, seed=1000)
+  run = sweep_batch(_MULTIPLE.value, _N.value, _SOURCE.value)
   results = run()  # compiles
   best = float("inf")
   for _ in range(_REPEATS.value):

@@ -23,7 +23,8 @@ import sys
 import tempfile
 import time
 
-_WORK = os.environ.get("PROFILE_THUNKS_DIR") or tempfile.mkdtemp(prefix="profile_thunks_") if __name__ == "__main__" else None
+# the HLO dump and the trace (PROFILE_THUNKS_DIR keeps them for a second look; default a fresh temp dir)
+_WORK = (os.environ.get("PROFILE_THUNKS_DIR") or tempfile.mkdtemp(prefix="profile_thunks_")) if __name__ == "__main__" else None
 if _WORK and "jax" not in sys.modules:  # the dump names each thunk's output shape
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={_WORK}/hlo --xla_dump_hlo_as_text").strip()
 
@@ -34,7 +35,7 @@ from absl import app, flags  # noqa: E402
 
 _TARGET = flags.DEFINE_enum("target", "sweep", ["sweep", "prefill", "decode"], "the program to trace")
 _MULTIPLE = flags.DEFINE_integer("multiple", 8, "sweep: document length / training length (128 tokens)")
-_N = flags.DEFINE_integer("n", 200, "sweep: documents in the batch")
+_N = flags.DEFINE_integer("n", 200, "sweep: documents in the batch (bench_sweep_batch's)")
 _TOKENS = flags.DEFINE_integer("tokens", 4096, "prefill: prompt tokens (B=1, as make bench)")
 _BATCH = flags.DEFINE_integer("batch", 8, "decode: rows (as make bench)")
 _NEW = flags.DEFINE_integer("new_tokens", 128, "decode: new tokens per row (as make bench)")
@@ -44,8 +45,13 @@ _NUMBERED = re.compile(r"\.\d+$")  # ynn_fusion.117 -> ynn_fusion
 
 
 def wall_share(trace_dir: str, hlo_text: str) -> tuple[collections.Counter, collections.Counter, float]:
-  """(seconds, calls) per "thunk kind output-shape", and the traced seconds the thunks cover."""
-  shapes = dict(re.findall(r"^\s*(?:ROOT )?%(\S+) = (\S+\[[^\]]*\])", hlo_text, re.M)[::-1])
+  """(seconds, calls) per "thunk kind, output shape and the jax op it comes from" (the last part of its
+  op_name: a YNNPACK fusion led by a norm's reduce_sum is told from a matmul's), and the traced seconds
+  the thunks cover."""
+  shapes = {}
+  for name, shape, rest in re.findall(r"^\s*(?:ROOT )?%(\S+) = (\S+\[[^\]]*\])([^\n]*)", hlo_text, re.M)[::-1]:
+    op = re.search(r'op_name="[^"]*?([^/"]+)"', rest)
+    shapes[name] = shape + (f" {op.group(1)}" if op else "")
   events = json.load(gzip.open(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)[0]))
   events = events["traceEvents"] if isinstance(events, dict) else events
   skip = ("Pjit", "ThunkExecutor", "$", "Common", "Slinky", "end:")
@@ -64,17 +70,8 @@ def wall_share(trace_dir: str, hlo_text: str) -> tuple[collections.Counter, coll
 
 
 def _sweep_call():
-  from configs import toy_memagent
-  from memagent_jax.data import tasks
-  from memagent_jax.experiment.assembly import load_reader
-  cfg = toy_memagent.get_config("rl,full,lookup")
-  reader = load_reader(cfg, "experiments/data/toy_base_lookup", training=False)
-  length = 128 * _MULTIPLE.value  # the documents and seeds of bench_sweep_batch
-  samples = tasks.make_samples(cfg.data.task, length, _N.value, 1000 + length, reader.tokenizer,
-                               chunk_tokens=cfg.agent.chunk_tokens)
-  questions, docs = [s["question"] for s in samples], [s["context"] for s in samples]
-  return "jit_memory_block", lambda: reader.answer_batch(questions, docs, temperature=cfg.eval.temperature,
-                                                         top_p=cfg.eval.top_p, seed=1000)
+  from experiments.benchmarks.sweep_batch import sweep_batch
+  return "jit_memory_block", sweep_batch(_MULTIPLE.value, _N.value, "experiments/data/toy_base_lookup")
 
 
 def _prefill_call():
