@@ -382,7 +382,8 @@ def test_rope_tables_computed_once_on_cpu_equal_the_fused_ones_bit_for_bit(monke
     return cosines, step(*args)
 
   once_cosines, ((_, once_logp), once_grads) = run()
-  monkeypatch.setattr(decoder, "rope_tables_once", decoder.rope_tables)  # tables fused into each rotation
+  monkeypatch.setattr(decoder, "rope_tables_once",  # tables fused into each rotation
+                      lambda positions, *args, pred=None: decoder.rope_tables(positions, *args))
   fused_cosines, ((_, fused_logp), fused_grads) = run()
   assert once_cosines <= 2 < fused_cosines, (once_cosines, fused_cosines)  # the branches: 2 at most
   np.testing.assert_array_equal(np.asarray(once_logp), np.asarray(fused_logp))
@@ -412,6 +413,8 @@ def test_attend_reads_the_first_key_slots_of_a_longer_cache_as_the_sliced_keys(t
   sliced = np.asarray(jax.jit(run)(q, k[:, :, :s], v[:, :, :s]))
   np.testing.assert_array_equal(full, sliced)
   _close_on_valid(full, _reference(q, k[:, :, :s], v[:, :, :s], valid, s - t), np.ones((b, t), bool))
+  with pytest.raises(ValueError, match="at most the"):  # more key slots than k, v hold
+    attention.attend(q, k[:, :, :s - 1], v[:, :, :s - 1], kv, q_offset=s - t, spec=spec)
   if backend == "cpu" and t > 1:
     whole = [e for e in jax.make_jaxpr(run)(q, k, v).jaxpr.eqns
              if e.primitive.name == "slice" and e.outvars[0].aval.shape == (b, 2, s, 8)]
@@ -448,11 +451,11 @@ def test_block_residual_boundary_keeps_the_output_projection_out_of_the_mlp_fusi
     return jnp.sum(jnp.where(valid[:, t - 8:], logp, 0.0)), logp
 
   def run():  # fresh functions: jit would reuse the first trace for the same one
-    step = jax.jit(lambda *a: prefill(*a))
-    compiled = step.lower(params, tokens, valid).compile().as_text()
-    fusions = re.findall(r"\n(%fused_computation[^\n]*\{.*?\n\})", compiled, re.S)
+    compiled = jax.jit(lambda *a: prefill(*a)).lower(params, tokens, valid).compile()
+    text = compiled.as_text()
+    fusions = re.findall(r"\n(%fused_computation[^\n]*\{.*?\n\})", text, re.S)
     most_dots = max([f.count(" dot(") for f in fusions] or [0])
-    return most_dots, "__ynn_fusion" in compiled, step(params, tokens, valid), \
+    return most_dots, "__ynn_fusion" in text, compiled(params, tokens, valid), \
         jax.jit(jax.value_and_grad(loss, has_aux=True))(params, tokens, valid)
 
   dots, _, hidden, ((_, logp), grads) = run()

@@ -23,8 +23,9 @@ import sys
 import tempfile
 import time
 
-# the HLO dump and the trace (PROFILE_THUNKS_DIR keeps them for a second look; default a fresh temp dir)
-_WORK = (os.environ.get("PROFILE_THUNKS_DIR") or tempfile.mkdtemp(prefix="profile_thunks_")) if __name__ == "__main__" else None
+# the HLO dump and the trace: a fresh directory, under PROFILE_THUNKS_DIR when set (kept for a second look)
+_WORK = (tempfile.mkdtemp(prefix="profile_thunks_", dir=os.environ.get("PROFILE_THUNKS_DIR"))
+         if __name__ == "__main__" else None)
 if _WORK and "jax" not in sys.modules:  # the dump names each thunk's output shape
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={_WORK}/hlo --xla_dump_hlo_as_text").strip()
 
@@ -33,13 +34,21 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-_TARGET = flags.DEFINE_enum("target", "sweep", ["sweep", "prefill", "decode"], "the program to trace")
-_MULTIPLE = flags.DEFINE_integer("multiple", 8, "sweep: document length / training length (128 tokens)")
-_N = flags.DEFINE_integer("n", 200, "sweep: documents in the batch (bench_sweep_batch's)")
-_TOKENS = flags.DEFINE_integer("tokens", 4096, "prefill: prompt tokens (B=1, as make bench)")
-_BATCH = flags.DEFINE_integer("batch", 8, "decode: rows (as make bench)")
-_NEW = flags.DEFINE_integer("new_tokens", 128, "decode: new tokens per row (as make bench)")
-_ROWS = flags.DEFINE_integer("rows", 25, "table rows to print")
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The command line's flags, defined when run as a script only: tests import `wall_share` beside
+  other scripts' flags of the same names (--n, --out)."""
+  flags.DEFINE_enum("target", "sweep", ["sweep", "prefill", "decode"], "the program to trace")
+  flags.DEFINE_integer("multiple", 8, "sweep: document length / training length (128 tokens)")
+  flags.DEFINE_integer("n", 200, "sweep: documents in the batch (bench_sweep_batch's)")
+  flags.DEFINE_integer("tokens", 4096, "prefill: prompt tokens (B=1, as make bench)")
+  flags.DEFINE_integer("batch", 8, "decode: rows (as make bench)")
+  flags.DEFINE_integer("new_tokens", 128, "decode: new tokens per row (as make bench)")
+  flags.DEFINE_integer("rows", 25, "table rows to print")
+
+
 _WRAPPERS = re.compile(r"(while|conditional|cond|call)(\.\d+)?$")  # control flow: its body's thunks are counted
 _NUMBERED = re.compile(r"\.\d+$")  # ynn_fusion.117 -> ynn_fusion
 
@@ -71,14 +80,14 @@ def wall_share(trace_dir: str, hlo_text: str) -> tuple[collections.Counter, coll
 
 def _sweep_call():
   from experiments.benchmarks.sweep_batch import sweep_batch
-  return "jit_memory_block", sweep_batch(_MULTIPLE.value, _N.value, "experiments/data/toy_base_lookup")
+  return "jit_memory_block", sweep_batch(FLAGS.multiple, FLAGS.n, "experiments/data/toy_base_lookup")
 
 
 def _prefill_call():
   import memagent_jax as mj
   from experiments.benchmarks.bench_sampler import _prefill
   policy = mj.load_policy("smollm2-135m-instruct", dtype="float32")
-  t = _TOKENS.value
+  t = FLAGS.tokens
   ids = jnp.asarray(np.random.default_rng(0).integers(0, policy.config.vocab_size, size=(1, t)), jnp.int32)
   return "jit__prefill", lambda: _prefill(policy.graphdef, policy.state, ids, t + 128).block_until_ready()
 
@@ -88,13 +97,13 @@ def _decode_call():
   from memagent_jax.policy.decode_spec import GREEDY
   policy = mj.load_policy("smollm2-135m-instruct", dtype="float32")
   prompts = [policy.tokenizer.apply_chat_template(f"Tell me story number {i} about a fox.")  # make bench's
-             for i in range(_BATCH.value)]
-  return "jit_generate_tokens", lambda: policy.sample(prompts, _NEW.value, params=GREEDY, stop_tokens=[])
+             for i in range(FLAGS.batch)]
+  return "jit_generate_tokens", lambda: policy.sample(prompts, FLAGS.new_tokens, params=GREEDY, stop_tokens=[])
 
 
 def main(argv):
   del argv
-  program, call = dict(sweep=_sweep_call, prefill=_prefill_call, decode=_decode_call)[_TARGET.value]()
+  program, call = dict(sweep=_sweep_call, prefill=_prefill_call, decode=_decode_call)[FLAGS.target]()
   call(), call()  # compile, warm up
   start = time.perf_counter()
   call()
@@ -105,12 +114,13 @@ def main(argv):
     traced = time.perf_counter() - start
   hlo = sorted(glob.glob(f"{_WORK}/hlo/*{program}.cpu_after_optimizations.txt"))[-1]
   share, calls, covered = wall_share(f"{_WORK}/trace", open(hlo).read())
-  print(f"{_TARGET.value}: {untraced:.3f} s untraced, {traced:.3f} s traced, thunks cover {covered:.3f} s "
+  print(f"{FLAGS.target}: {untraced:.3f} s untraced, {traced:.3f} s traced, thunks cover {covered:.3f} s "
         f"(wall split among the thunks running at once)\n")
-  print("| thunk kind and output shape | calls | s |\n|---|---|---|")
-  for name, seconds in share.most_common(_ROWS.value):
+  print("| thunk kind, output shape and jax op | calls | s |\n|---|---|---|")
+  for name, seconds in share.most_common(FLAGS.rows):
     print(f"| {name} | {calls[name]} | {seconds:.3f} |")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -126,10 +126,10 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   per loop step (`cpu_cache_attention`, which slices the S slots step by step, not all at once).
   Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
   b, t, h, d = q.shape
-  s = key_valid.shape[-1]
   if k.shape[0] != b or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
-    raise ValueError(f"attend: q {q.shape} needs k, v [B={b}, K, S, D={d}] with H={h} a multiple of K; "
+    raise ValueError(f"attend: q {q.shape} needs k, v [B={b}, K, S', D={d}] with H={h} a multiple of K; "
                      f"got k {k.shape}, v {v.shape}")
+  s = key_valid.shape[-1] if key_valid.ndim == 2 else -1
   if key_valid.shape != (b, s) or s > k.shape[2]:
     raise ValueError(f"attend: key_valid {key_valid.shape} must be [B={b}, S] with S at most the "
                      f"{k.shape[2]} slots of k, v")
@@ -222,6 +222,8 @@ def cpu_cache_attention(q, k, v, key_valid, *, q_offset, step_bytes: int = _CPU_
   a prefill into a decode-sized cache attends are never copied out whole."""
   b, t, h, _ = q.shape
   s = key_valid.shape[-1]  # k, v may hold more slots (a decode-sized cache): each step slices S
+  if k.shape[2] > s and jax.device_count() > 1:  # strided steps transpose k, v: only S slots
+    k, v = k[:, :, :s], v[:, :, :s]
   rows = lambda qi, ki, vi, kvi: dense_attention(qi, ki[:, :, :s], vi[:, :, :s], slot_mask(kvi, q_offset, t))
   return _in_row_steps(rows, _row_steps(b, h * t * s * 4, step_bytes), q, k, v, key_valid)
 

@@ -82,17 +82,23 @@ def rope_tables(positions, head_dim: int, theta: float, dtype):
 
 def fusion_boundary(pred, fn, *operands):
   """fn(*operands) as a computation of its own: XLA does not fuse through a conditional, and both
-  branches are fn, so the result is fn's bit for bit and `pred` (a traced bool; a constant one is
-  folded away with the boundary) is moot. For XLA:CPU fusions that cost more than they save."""
+  branches are fn, so the result is fn's bit for bit and `pred` (a traced bool) is moot. For XLA:CPU
+  fusions that cost more than they save. No boundary is left where the conditional goes: a constant
+  `pred` is folded away with it, and under `vmap` with a batched `pred` it becomes a select."""
   return jax.lax.cond(pred, fn, fn, *operands)
 
 
-def rope_tables_once(positions, head_dim: int, theta: float, dtype):
-  """`rope_tables` behind a `fusion_boundary`, for XLA:CPU, which fuses cos and sin into every
-  rotation that reads them and evaluates them there again: per head, layer and q or k (SmolLM2-135M:
-  360 times a forward)."""
+def boundary_predicate(positions):
+  """A traced bool for `fusion_boundary` from a forward's positions [B, T] (never constant-folded)."""
+  return positions.reshape(-1)[0] >= 0
+
+
+def rope_tables_once(positions, head_dim: int, theta: float, dtype, pred=None):
+  """`rope_tables` behind a `fusion_boundary` (pred: `boundary_predicate(positions)` by default), for
+  XLA:CPU, which fuses cos and sin into every rotation that reads them and evaluates them there again:
+  per head, layer and q or k (SmolLM2-135M: 360 times a forward)."""
   tables = functools.partial(rope_tables, head_dim=head_dim, theta=theta, dtype=dtype)
-  return fusion_boundary(positions.reshape(-1)[0] >= 0, tables, positions)
+  return fusion_boundary(boundary_predicate(positions) if pred is None else pred, tables, positions)
 
 
 def apply_rope(x, cos, sin):  # x [B, T, H, D]; cos, sin [B, T, D]
@@ -136,7 +142,10 @@ class Attention(nnx.Module):
       idx = (0, 0, write_index, 0)
       cache = cache._replace(k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
                              v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
-      k, v = cache.k.astype(x.dtype), cache.v.astype(x.dtype)  # attend reads the first key_valid slots
+      k, v = cache.k, cache.v  # [B, K, S', D]: attend reads the first S = key_valid.shape[-1] slots
+      if k.dtype != x.dtype:  # a cast copies anyway: only the attended slots
+        s = key_valid.shape[-1]
+        k, v = k[:, :, :s].astype(x.dtype), v[:, :, :s].astype(x.dtype)
     if cache is None and b < k.shape[2]:  # no query sees a key after its own slot
       k, v, key_valid = k[:, :, :b], v[:, :, :b], key_valid[:, :b]
     out = attend(q, k, v, key_valid, q_offset=write_index + a, spec=spec)
@@ -267,9 +276,10 @@ class Decoder(nnx.Module):
       shifted, history = self._shifted_embeddings(tokens, key_valid, cache, write_index)
       x = x + shifted
     # CPU only: elsewhere these fusions were not measured and a conditional is not free
-    tables = rope_tables_once if self.platform == "cpu" and positions.size else rope_tables
-    cos, sin = tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)  # [B, T, D]
-    boundary = positions.reshape(-1)[0] >= 0 if self.platform == "cpu" and positions.size else None
+    boundary = boundary_predicate(positions) if self.platform == "cpu" and positions.size else None
+    rope = (rope_tables if boundary is None else
+            functools.partial(rope_tables_once, pred=boundary))
+    cos, sin = rope(positions, self.config.head_dim, self.config.rope_theta, self.dtype)  # [B, T, D]
     layers = []
     last = len(self.layers) - 1
     # fused backends take whole rows only: their last block runs every slot, sliced after
