@@ -26,3 +26,14 @@ def test_wall_share_splits_overlapping_thunks_and_names_their_shapes(tmp_path):
   assert abs(share["ynn_fusion f32[8,16] dot_general"] - 4e-6) < 1e-12  # 2 alone + 1 shared + 1 (the second call)
   assert abs(share["dot f32[4,4]"] - 3e-6) < 1e-12  # 1 shared + 2 alone
   assert abs(covered - 7e-6) < 1e-12  # the wall the thunks cover: 0-6 and 10-11
+
+
+def test_its_flags_beside_the_scripts_it_imports_as_a_script():
+  """Run as a script it defines its flags, then imports bench_sampler (prefill) and sweep_batch (sweep):
+  no flag name may be defined twice (checked in a fresh interpreter: flags are process-global)."""
+  import subprocess
+  import sys
+  code = ("from experiments.benchmarks import profile_thunks; profile_thunks.define_flags(); "
+          "import experiments.benchmarks.bench_sampler, experiments.benchmarks.sweep_batch")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]

@@ -45,7 +45,7 @@ def define_flags():
   flags.DEFINE_integer("n", 200, "sweep: documents in the batch (bench_sweep_batch's)")
   flags.DEFINE_integer("tokens", 4096, "prefill: prompt tokens (B=1, as make bench)")
   flags.DEFINE_integer("batch", 8, "decode: rows (as make bench)")
-  flags.DEFINE_integer("new_tokens", 128, "decode: new tokens per row (as make bench)")
+  flags.DEFINE_integer("decode_tokens", 128, "decode: new tokens per row (as make bench)")
   flags.DEFINE_integer("rows", 25, "table rows to print")
 
 
@@ -98,7 +98,7 @@ def _decode_call():
   policy = mj.load_policy("smollm2-135m-instruct", dtype="float32")
   prompts = [policy.tokenizer.apply_chat_template(f"Tell me story number {i} about a fox.")  # make bench's
              for i in range(FLAGS.batch)]
-  return "jit_generate_tokens", lambda: policy.sample(prompts, FLAGS.new_tokens, params=GREEDY, stop_tokens=[])
+  return "jit_generate_tokens", lambda: policy.sample(prompts, FLAGS.decode_tokens, params=GREEDY, stop_tokens=[])
 
 
 def main(argv):
