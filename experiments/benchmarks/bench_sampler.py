@@ -59,6 +59,11 @@ def prefill_flops(cfg, t: int) -> float:
   return per_token * t + attention + 2 * e * cfg.vocab_size
 
 
+def decode_prompts(policy, b: int) -> list[list[int]]:
+  """The decode rows' chat prompts (token ids), one story request per row."""
+  return [policy.tokenizer.apply_chat_template(f"Tell me story number {i} about a fox.") for i in range(b)]
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "cache_size"))
 def _prefill(graphdef, state, ids, cache_size):
   """The sampler's own prefill (cache writes included), jitted alone so it can be timed."""
@@ -92,7 +97,7 @@ def main(argv):
   rng = np.random.default_rng(0)
   n = args.new_tokens
   for b in [int(x) for x in args.batches.split(",")]:
-    prompts = [policy.tokenizer.apply_chat_template(f"Tell me story number {i} about a fox.") for i in range(b)]
+    prompts = decode_prompts(policy, b)
     width = max(len(p) for p in prompts)
     ids = np.array([[policy.tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts])

@@ -94,10 +94,10 @@ def _prefill_call():
 
 def _decode_call():
   import memagent_jax as mj
+  from experiments.benchmarks.bench_sampler import decode_prompts
   from memagent_jax.policy.decode_spec import GREEDY
   policy = mj.load_policy("smollm2-135m-instruct", dtype="float32")
-  prompts = [policy.tokenizer.apply_chat_template(f"Tell me story number {i} about a fox.")  # make bench's
-             for i in range(FLAGS.batch)]
+  prompts = decode_prompts(policy, FLAGS.batch)  # make bench's
   return "jit_generate_tokens", lambda: policy.sample(prompts, FLAGS.decode_tokens, params=GREEDY, stop_tokens=[])
 
 
