@@ -29,11 +29,13 @@ def test_wall_share_splits_overlapping_thunks_and_names_their_shapes(tmp_path):
 
 
 def test_its_flags_beside_the_scripts_it_imports_as_a_script():
-  """Run as a script it defines its flags, then imports bench_sampler (prefill) and sweep_batch (sweep):
+  """Run as a script it defines its flags, then imports bench_sampler (prefill), sweep_batch (sweep) and
+  bench_train (update):
   no flag name may be defined twice (checked in a fresh interpreter: flags are process-global)."""
   import subprocess
   import sys
   code = ("from experiments.benchmarks import profile_thunks; profile_thunks.define_flags(); "
-          "import experiments.benchmarks.bench_sampler, experiments.benchmarks.sweep_batch")
+          "import experiments.benchmarks.bench_sampler, experiments.benchmarks.sweep_batch, "
+          "experiments.benchmarks.bench_train")
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-2000:]

@@ -121,20 +121,26 @@ def bench_torch(preset: str, rows: int, length: int, prompt_width: int):
   return step
 
 
-flags.DEFINE_string("presets", "toy-tiny,toy-1m,tiny-smollm2", "model presets, comma separated")
-flags.DEFINE_integer("rows", 64, "rows per update")
-flags.DEFINE_integer("length", 256, "row width in tokens")
-flags.DEFINE_integer("prompt_width", 224, "prompt slots of a row (the rest is response)")
-flags.DEFINE_integer("micro_batches", 1, "gradient accumulation steps")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype")
-flags.DEFINE_bool("remat", False, "rematerialise each layer in the backward pass")
-flags.DEFINE_integer("repeats", 3, "timed updates")
-flags.DEFINE_string("out", None, "write the markdown table here too")
-flags.DEFINE_bool("no_torch", False, "skip the PyTorch + transformers reference")
-flags.DEFINE_bool("torch_stock", True, "also time PyTorch in a child process with glibc's default allocator "
-                  "(MEMAGENT_JAX_CPU_HOST=0): what a plain PyTorch program sees; this process's settings "
-                  "(runtime/cpu_host.py) speed PyTorch up too")
-flags.DEFINE_bool("torch_only", False, "internal: time only the PyTorch step and print its seconds as JSON")
+ROWS, LENGTH, PROMPT_WIDTH = 64, 256, 224  # the table's update: 64 rows of 224 prompt + 32 response slots
+
+
+def define_flags():
+  """Defined when run as a script only: profile_thunks --target=update imports this module beside its
+  own flags (its --rows is how many table rows it prints)."""
+  flags.DEFINE_string("presets", "toy-tiny,toy-1m,tiny-smollm2", "model presets, comma separated")
+  flags.DEFINE_integer("rows", ROWS, "rows per update")
+  flags.DEFINE_integer("length", LENGTH, "row width in tokens")
+  flags.DEFINE_integer("prompt_width", PROMPT_WIDTH, "prompt slots of a row (the rest is response)")
+  flags.DEFINE_integer("micro_batches", 1, "gradient accumulation steps")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype")
+  flags.DEFINE_bool("remat", False, "rematerialise each layer in the backward pass")
+  flags.DEFINE_integer("repeats", 3, "timed updates")
+  flags.DEFINE_string("out", None, "write the markdown table here too")
+  flags.DEFINE_bool("no_torch", False, "skip the PyTorch + transformers reference")
+  flags.DEFINE_bool("torch_stock", True, "also time PyTorch in a child process with glibc's default allocator "
+                    "(MEMAGENT_JAX_CPU_HOST=0): what a plain PyTorch program sees; this process's settings "
+                    "(runtime/cpu_host.py) speed PyTorch up too")
+  flags.DEFINE_bool("torch_only", False, "internal: time only the PyTorch step and print its seconds as JSON")
 
 
 def torch_stock_seconds(preset: str, args) -> float:
@@ -192,4 +198,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

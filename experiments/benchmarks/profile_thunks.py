@@ -1,12 +1,13 @@
 """Where a compiled program's wall time goes, per XLA thunk: one toy sweep batch (`--target=sweep`) or
 one SmolLM2 prefill (`--target=prefill`) or one greedy SmolLM2 generation (`--target=decode`, make bench's
-prompts and batch), traced with `jax.profiler` and grouped by thunk kind and
+prompts and batch) or one RL update of bench_train's table (`--target=update`, forward, backward and AdamW), traced with `jax.profiler` and grouped by thunk kind and
 output shape (from the optimized HLO XLA dumps). Each moment of wall time is split equally among the
 thunks running then, so two cores' overlap is not counted twice and the rows add up to the traced time.
 
   python -m experiments.benchmarks.profile_thunks --target=sweep --multiple=8
   python -m experiments.benchmarks.profile_thunks --target=prefill --tokens=4096
   python -m experiments.benchmarks.profile_thunks --target=decode --batch=8
+  python -m experiments.benchmarks.profile_thunks --target=update --preset=tiny-smollm2
 
 XLA_FLAGS is set here (HLO dump) before JAX starts, so run it in a fresh process.
 """
@@ -40,12 +41,13 @@ FLAGS = flags.FLAGS
 def define_flags():
   """The command line's flags, defined when run as a script only: tests import `wall_share` beside
   other scripts' flags of the same names (--n, --out)."""
-  flags.DEFINE_enum("target", "sweep", ["sweep", "prefill", "decode"], "the program to trace")
+  flags.DEFINE_enum("target", "sweep", ["sweep", "prefill", "decode", "update"], "the program to trace")
   flags.DEFINE_integer("multiple", 8, "sweep: document length / training length (128 tokens)")
   flags.DEFINE_integer("n", 200, "sweep: documents in the batch (bench_sweep_batch's)")
   flags.DEFINE_integer("tokens", 4096, "prefill: prompt tokens (B=1, as make bench)")
   flags.DEFINE_integer("batch", 8, "decode: rows (as make bench)")
   flags.DEFINE_integer("decode_tokens", 128, "decode: new tokens per row (as make bench)")
+  flags.DEFINE_string("preset", "tiny-smollm2", "update: the model preset (bench_train's rows, length, float32)")
   flags.DEFINE_integer("rows", 25, "table rows to print")
 
 
@@ -101,9 +103,16 @@ def _decode_call():
   return "jit_generate_tokens", lambda: policy.sample(prompts, FLAGS.decode_tokens, params=GREEDY, stop_tokens=[])
 
 
+def _update_call():
+  from experiments.benchmarks import bench_train as bt
+  step, _ = bt.bench_update(FLAGS.preset, bt.ROWS, bt.LENGTH, bt.PROMPT_WIDTH, jnp.float32, micro=1, remat=False)
+  return "jit_update_step", lambda: jax.block_until_ready(step())
+
+
 def main(argv):
   del argv
-  program, call = dict(sweep=_sweep_call, prefill=_prefill_call, decode=_decode_call)[FLAGS.target]()
+  program, call = dict(sweep=_sweep_call, prefill=_prefill_call, decode=_decode_call,
+                       update=_update_call)[FLAGS.target]()
   call(), call()  # compile, warm up
   start = time.perf_counter()
   call()

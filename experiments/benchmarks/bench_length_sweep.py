@@ -1,0 +1,91 @@
+"""A whole MemAgent length sweep, timed as make reproduce's RL sweep runs it: 200 documents per length
+from 1x to --max_multiple x the training length, one batch of 200, one warm-up on the shortest
+length (`evaluation.length_sweep.sweep_lengths`), with the shipped toy base reader. Prints seconds per
+length and where the whole sweep's wall time went (reading, making the documents, compiling).
+
+  python -m experiments.benchmarks.bench_length_sweep --max_multiple=256
+
+It imports only `configs` and `memagent_jax` (APIs unchanged since the speed issue began), so an older
+tree is timed by running this file from that tree's root:
+  cd ../old && PYTHONPATH=. python ../main/experiments/benchmarks/bench_length_sweep.py
+"""
+
+from __future__ import annotations
+
+import time
+
+from absl import app, flags
+
+_START = time.perf_counter()
+
+from configs import toy_memagent  # noqa: E402
+from memagent_jax.data import tasks  # noqa: E402
+from memagent_jax.evaluation import length_sweep  # noqa: E402
+from memagent_jax.experiment.assembly import load_reader  # noqa: E402
+
+FLAGS = flags.FLAGS
+TRAIN_TOKENS = 128  # the toy world's training length (make reproduce sweeps its multiples)
+
+
+def define_flags():
+  """Defined when run as a script only (a test imports this module beside other scripts' flags)."""
+  flags.DEFINE_integer("max_multiple", 256, "longest document / training length (a power of 2)")
+  flags.DEFINE_integer("n", 200, "documents per length, read in one batch (make reproduce's)")
+  flags.DEFINE_string("source", "experiments/data/toy_base_lookup", "the reader's weights")
+
+
+def lengths_to(max_multiple: int) -> list[int]:
+  """1x, 2x, 4x .. max_multiple x the training length, in tokens."""
+  if max_multiple < 1 or max_multiple & (max_multiple - 1):
+    raise ValueError(f"max_multiple={max_multiple} must be a power of 2 (the sweep doubles the length)")
+  return [TRAIN_TOKENS * 2 ** i for i in range(max_multiple.bit_length())]
+
+
+def timed_sweep(source: str, lengths: list[int], n: int) -> tuple[list[dict], dict]:
+  """(sweep rows, seconds by part) of one RL-style sweep of the reader at `source`."""
+  cfg = toy_memagent.get_config("rl,full,lookup")
+  reader = load_reader(cfg, source, training=False)
+  making = [0.0]
+  make_samples = tasks.make_samples
+
+  def timed_make_samples(*args, **kwargs):  # the documents, counted apart from the reading
+    start = time.perf_counter()
+    try:
+      return make_samples(*args, **kwargs)
+    finally:
+      making[0] += time.perf_counter() - start
+
+  tasks.make_samples = timed_make_samples
+  try:
+    start = time.perf_counter()
+    rows = length_sweep.sweep_lengths(reader, "rl", cfg.data.task, lengths, n=n, seed=1000, batch_size=n,
+                                      temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
+                                      chunk_tokens=cfg.agent.chunk_tokens, warmup_each_length=False,
+                                      progress=False)
+    whole = time.perf_counter() - start
+  finally:
+    tasks.make_samples = make_samples
+  reading = sum(r["seconds_per_doc"] * r["n"] for r in rows)
+  return rows, dict(whole=whole, reading=reading, documents=making[0], other=whole - reading - making[0])
+
+
+def table(rows: list[dict], parts: dict, process: float) -> str:
+  lines = ["| length | documents | reading, s | s / document | accuracy |", "|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['length'] // TRAIN_TOKENS}x ({r['length']} tokens) | {r['n']} | "
+                 f"{r['seconds_per_doc'] * r['n']:.2f} | {r['seconds_per_doc']:.4f} | {100 * r['accuracy']:.1f}% |")
+  lines.append(f"\nwhole sweep {parts['whole']:.1f} s: reading {parts['reading']:.1f} s, making the documents "
+               f"{parts['documents']:.1f} s, warm-up (compiling) and the rest {parts['other']:.1f} s; "
+               f"the process {process:.1f} s from its first import")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  rows, parts = timed_sweep(FLAGS.source, lengths_to(FLAGS.max_multiple), FLAGS.n)
+  print(table(rows, parts, time.perf_counter() - _START))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
