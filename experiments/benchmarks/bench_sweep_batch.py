@@ -23,7 +23,9 @@ _PATH = flags.DEFINE_enum("path", "rows", ["rows", "dense"], "attention against 
 _MULTIPLE = flags.DEFINE_integer("multiple", 8, "document length / training length (128 tokens)")
 _N = flags.DEFINE_integer("n", 200, "documents in the batch (make reproduce's sweep batch)")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "timed batches after the compiling one (best is printed)")
-_SOURCE = flags.DEFINE_string("source", "experiments/data/toy_base_lookup", "the reader's weights")
+_SOURCE = flags.DEFINE_string("source", "experiments/data/toy_base_lookup", "the reader's weights (the base writes "
+                              "short memories; a trained one, e.g. experiments/data/toy_warm_start_lookup_demo, "
+                              "decodes longer)")
 
 
 def main(argv):

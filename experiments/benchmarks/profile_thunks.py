@@ -44,6 +44,8 @@ def define_flags():
   flags.DEFINE_enum("target", "sweep", ["sweep", "prefill", "decode", "update"], "the program to trace")
   flags.DEFINE_integer("multiple", 8, "sweep: document length / training length (128 tokens)")
   flags.DEFINE_integer("n", 200, "sweep: documents in the batch (bench_sweep_batch's)")
+  flags.DEFINE_string("source", "experiments/data/toy_base_lookup", "sweep: the reader's weights (a trained "
+                      "reader writes longer memories than the base: more decoding)")
   flags.DEFINE_integer("tokens", 4096, "prefill: prompt tokens (B=1, as make bench)")
   flags.DEFINE_integer("batch", 8, "decode: rows (as make bench)")
   flags.DEFINE_integer("decode_tokens", 128, "decode: new tokens per row (as make bench)")
@@ -82,7 +84,7 @@ def wall_share(trace_dir: str, hlo_text: str) -> tuple[collections.Counter, coll
 
 def _sweep_call():
   from experiments.benchmarks.sweep_batch import sweep_batch
-  return "jit_memory_block", sweep_batch(FLAGS.multiple, FLAGS.n, "experiments/data/toy_base_lookup")
+  return "jit_memory_block", sweep_batch(FLAGS.multiple, FLAGS.n, FLAGS.source)
 
 
 def _prefill_call():
