@@ -1,8 +1,9 @@
 """Where a compiled program's wall time goes, per XLA thunk: one toy sweep batch (`--target=sweep`) or
 one SmolLM2 prefill (`--target=prefill`) or one greedy SmolLM2 generation (`--target=decode`, make bench's
-prompts and batch) or one RL update of bench_train's table (`--target=update`, forward, backward and AdamW), traced with `jax.profiler` and grouped by thunk kind and
-output shape (from the optimized HLO XLA dumps). Each moment of wall time is split equally among the
-thunks running then, so two cores' overlap is not counted twice and the rows add up to the traced time.
+prompts and batch) or one RL update of bench_train's table (`--target=update`: forward, backward, AdamW),
+traced with `jax.profiler` and grouped by thunk kind, output shape and jax op (from the optimized HLO
+XLA dumps). Each moment of wall time is split equally among the thunks running then, so two cores'
+overlap is not counted twice and the rows add up to the traced time.
 
   python -m experiments.benchmarks.profile_thunks --target=sweep --multiple=8
   python -m experiments.benchmarks.profile_thunks --target=prefill --tokens=4096
