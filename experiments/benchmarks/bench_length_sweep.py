@@ -1,7 +1,8 @@
 """A whole MemAgent length sweep, timed as make reproduce's RL sweep runs it: 200 documents per length
 from 1x to --max_multiple x the training length, one batch of 200, one warm-up on the shortest
-length (`evaluation.length_sweep.sweep_lengths`), with the shipped toy base reader. Prints seconds per
-length and where the whole sweep's wall time went (reading, making the documents, compiling).
+length (`evaluation.length_sweep.sweep_lengths`), by the shipped toy base reader or `--source` (a trained
+reader writes longer memories, so decodes more). Prints seconds per length and where the whole sweep's
+wall time went (reading, making the documents, compiling).
 
   python -m experiments.benchmarks.bench_length_sweep --max_multiple=256
 
@@ -19,12 +20,12 @@ from absl import app, flags
 _START = time.perf_counter()
 
 from configs import toy_memagent  # noqa: E402
-from memagent_jax.data import tasks  # noqa: E402
+from memagent_jax.data import tasks, toy  # noqa: E402
 from memagent_jax.evaluation import length_sweep  # noqa: E402
 from memagent_jax.experiment.assembly import load_reader  # noqa: E402
 
 FLAGS = flags.FLAGS
-TRAIN_TOKENS = 128  # the toy world's training length (make reproduce sweeps its multiples)
+EVAL_SEED = 1000  # make reproduce's --eval_seed: the documents of length L come from seed 1000 + L
 
 
 def define_flags():
@@ -35,10 +36,12 @@ def define_flags():
 
 
 def lengths_to(max_multiple: int) -> list[int]:
-  """1x, 2x, 4x .. max_multiple x the training length, in tokens."""
+  """1x, 2x, 4x .. max_multiple x the training length, in tokens (toy_reproduction.eval_lengths, which
+  cannot be imported beside these flags: its module defines --n and --max_multiple too; this one refuses
+  a multiple the doubling would not reach)."""
   if max_multiple < 1 or max_multiple & (max_multiple - 1):
     raise ValueError(f"max_multiple={max_multiple} must be a power of 2 (the sweep doubles the length)")
-  return [TRAIN_TOKENS * 2 ** i for i in range(max_multiple.bit_length())]
+  return [toy.TRAIN_TOKENS * 2 ** i for i in range(max_multiple.bit_length())]
 
 
 def timed_sweep(source: str, lengths: list[int], n: int) -> tuple[list[dict], dict]:
@@ -58,7 +61,7 @@ def timed_sweep(source: str, lengths: list[int], n: int) -> tuple[list[dict], di
   tasks.make_samples = timed_make_samples
   try:
     start = time.perf_counter()
-    rows = length_sweep.sweep_lengths(reader, "rl", cfg.data.task, lengths, n=n, seed=1000, batch_size=n,
+    rows = length_sweep.sweep_lengths(reader, "rl", cfg.data.task, lengths, n=n, seed=EVAL_SEED, batch_size=n,
                                       temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
                                       chunk_tokens=cfg.agent.chunk_tokens, warmup_each_length=False,
                                       progress=False)
@@ -72,7 +75,7 @@ def timed_sweep(source: str, lengths: list[int], n: int) -> tuple[list[dict], di
 def table(rows: list[dict], parts: dict, process: float) -> str:
   lines = ["| length | documents | reading, s | s / document | accuracy |", "|---|---|---|---|---|"]
   for r in rows:
-    lines.append(f"| {r['length'] // TRAIN_TOKENS}x ({r['length']} tokens) | {r['n']} | "
+    lines.append(f"| {r['length'] // toy.TRAIN_TOKENS}x ({r['length']} tokens) | {r['n']} | "
                  f"{r['seconds_per_doc'] * r['n']:.2f} | {r['seconds_per_doc']:.4f} | {100 * r['accuracy']:.1f}% |")
   lines.append(f"\nwhole sweep {parts['whole']:.1f} s: reading {parts['reading']:.1f} s, making the documents "
                f"{parts['documents']:.1f} s, warm-up (compiling) and the rest {parts['other']:.1f} s; "
