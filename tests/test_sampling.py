@@ -253,3 +253,95 @@ def test_sort_descending_gives_the_values_of_the_float_sort_and_process_logits_i
     assert spec.use_top_p
     np.testing.assert_array_equal(np.asarray(jax.jit(sampling.process_logits, static_argnums=1)(logits, spec)),
                                   np.asarray(jax.jit(reference, static_argnums=1)(logits, spec)))
+
+
+def test_group_size_keeps_small_batches_and_big_models_whole_and_splits_the_rest_evenly(monkeypatch):
+  from memagent_jax.policy import sampling
+  monkeypatch.setattr(sampling, "ROW_GROUP_CACHE_BYTES", 1000)
+  monkeypatch.setattr(sampling, "ROW_GROUP_MAX_WEIGHT_BYTES", 10_000)
+  size = lambda b, row=100, weights=5_000: sampling.group_size(b, cache_bytes_per_row=row, weight_bytes=weights)
+  assert size(10) == 10  # the whole cache fits: one group
+  assert size(200, weights=20_000) == 200  # weights past the limit: read once per step, never per group
+  assert size(200) == 10 and size(60) == 10 and size(36) == 9  # equal groups, no padding
+  assert size(202) == 10  # 202 = 2 x 101: 21 groups of 10, the last padded with 8 rows
+  assert size(7, row=5_000) == 1  # a row's cache alone exceeds the budget: one row at a time
+
+
+def _equations(jaxpr):
+  """Every equation of a jaxpr and of the jaxprs inside its equations (loops, conditionals, calls)."""
+  for e in jaxpr.eqns:
+    yield e
+    for value in e.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          yield from _equations(sub)
+
+
+def _grouped_and_whole(policy, monkeypatch, rows, spec, *, n, prefix=None, budget_rows=2):
+  """sample_from_prompts on all rows at once and in groups of `budget_rows` rows' caches."""
+  from flax import nnx
+  from memagent_jax.policy import sampling
+  p = rows.tokens.shape[1]
+
+  def program():  # a new function each time: jax caches traces by function, and the budget is read in one
+    def run(state):
+      model = nnx.merge(policy.graphdef, state)
+      return sampling.sample_from_prompts(model, rows, spec, max_new_tokens=n, pad_id=0, prefix=prefix)
+    return run
+
+  whole = jax.jit(program())(policy.state)
+  model = nnx.merge(policy.graphdef, policy.state)
+  cfg = model.config
+  per_row = 2 * cfg.num_layers * cfg.num_kv_heads * (p + n) * cfg.head_dim * 4
+  monkeypatch.setattr(sampling, "ROW_GROUP_CACHE_BYTES", budget_rows * per_row)
+  c = sampling.row_group(model, rows.tokens.shape[0], p + n)
+  loops = [e for e in _equations(jax.make_jaxpr(program())(policy.state).jaxpr) if e.primitive.name == "scan"]
+  grouped = jax.jit(program())(policy.state)
+  return whole, grouped, c, loops
+
+
+@pytest.mark.parametrize("spec", [GREEDY, DecodeSpec(temperature=1.0, top_p=0.9)])
+def test_row_groups_sample_every_row_as_all_rows_at_once(tiny, monkeypatch, spec):
+  """5 rows in groups of 2 (the last group padded with an inactive row), one row inactive: each row's
+  tokens, stop, lengths and log-probs are those of the 5 rows at once; steps is the longest group's."""
+  import jax.numpy as jnp
+  from memagent_jax.policy import sampling
+  tokens, valid = sampling.left_pad(_ragged(6, [9, 4, 14, 7, 11], 256), 0)
+  keys = sampling.row_keys(jax.random.PRNGKey(2)[0:2], np.arange(5))
+  stops = jnp.asarray([[17], [-1], [5], [200], [33]], jnp.int32)
+  rows = sampling.PromptRows(tokens=jnp.asarray(tokens), valid=jnp.asarray(valid), keys=keys, stop_tokens=stops,
+                             inactive=jnp.asarray([False, False, True, False, False]))
+  whole, grouped, c, loops = _grouped_and_whole(tiny, monkeypatch, rows, spec, n=12)
+  assert c == 2 and [e.params["length"] for e in loops] == [3]  # 3 groups of 2 rows in one loop
+  np.testing.assert_array_equal(np.asarray(grouped.tokens), np.asarray(whole.tokens))
+  np.testing.assert_array_equal(np.asarray(grouped.lengths), np.asarray(whole.lengths))
+  np.testing.assert_array_equal(np.asarray(grouped.stopped), np.asarray(whole.stopped))
+  assert int(grouped.steps) == int(whole.steps)
+  np.testing.assert_allclose(np.asarray(grouped.logprobs), np.asarray(whole.logprobs), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(grouped.sample_logprobs), np.asarray(whole.sample_logprobs), atol=1e-5)
+  assert int(whole.lengths[2]) == 0 and not bool(whole.stopped[2])  # the inactive row ran nothing
+
+
+def test_row_groups_split_a_per_row_prefix_and_share_a_one_row_prefix(tiny, monkeypatch):
+  """With the agent's per-row opening (`row_prefix`, [B, K, L, D]) each group gets its rows' share;
+  with one shared prefix row ([1, K, L, D]) every group reads it: the same tokens as all rows at once."""
+  import jax.numpy as jnp
+  from flax import nnx
+  from memagent_jax.policy import sampling
+  model = nnx.merge(tiny.graphdef, tiny.state)
+  shared_ids = _ragged(7, [6], 256)[0]
+  tails = _ragged(8, [3, 9, 5, 1, 7, 4], 256)
+  prompts = [shared_ids + t for t in tails]
+  tokens, valid = (jnp.asarray(x) for x in sampling.left_pad(prompts, 0))
+  shared = sampling.prefix_cache(model, jnp.asarray(shared_ids))
+  opening, opening_valid = (jnp.asarray(x) for x in sampling.left_pad([shared_ids + t[:1] for t in tails], 0))
+  per_row = sampling.row_prefix(model, shared, opening, opening_valid)
+  rows = sampling.PromptRows(tokens=tokens, valid=valid, keys=sampling.row_keys(jax.random.PRNGKey(3)[0:2], np.arange(6)),
+                             stop_tokens=jnp.full((6, 1), -1, jnp.int32), inactive=jnp.zeros((6,), bool))
+  for prefix in (shared, per_row):
+    whole, grouped, c, loops = _grouped_and_whole(tiny, monkeypatch, rows, GREEDY, n=8, prefix=prefix, budget_rows=3)
+    assert c == 3 and [e.params["length"] for e in loops] == [2]
+    np.testing.assert_array_equal(np.asarray(grouped.tokens), np.asarray(whole.tokens))
+    np.testing.assert_allclose(np.asarray(grouped.logprobs), np.asarray(whole.logprobs), atol=1e-5)
+    monkeypatch.undo()

@@ -274,22 +274,27 @@ ROW_GROUP_MAX_WEIGHT_BYTES = 16 << 20
 
 
 def row_group(model, b: int, cache_size: int) -> int:
-  """c, the rows that sample together. All B, except for a small model (weights up to
-  ROW_GROUP_MAX_WEIGHT_BYTES) on one CPU device whose B rows' KV cache exceeds ROW_GROUP_CACHE_BYTES: then
-  the rows run in groups of about that size, one after the other, so each group's prefill and decode
-  steps read their keys, values and weights from the processor's cache instead of memory (a toy sweep
-  batch of 200 rows: 20% faster). Other floats than all rows at once: XLA:CPU's products round
-  differently with the number of rows."""
+  """c, the rows that sample together: `group_size` for this model and process (CPU, one device)."""
   cfg = model.config
   per_row = 2 * cfg.num_layers * cfg.num_kv_heads * cache_size * cfg.head_dim * model.dtype.itemsize
   weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  most = max(1, ROW_GROUP_CACHE_BYTES // per_row)
-  if model.platform != "cpu" or jax.device_count() > 1 or weights > ROW_GROUP_MAX_WEIGHT_BYTES or b <= most:
+  if model.platform != "cpu" or jax.device_count() > 1:  # accelerators, and rows split over devices
+    return b
+  return group_size(b, cache_bytes_per_row=per_row, weight_bytes=weights)
+
+
+def group_size(b: int, *, cache_bytes_per_row: int, weight_bytes: int) -> int:
+  """All B rows, unless the model is small (weights up to ROW_GROUP_MAX_WEIGHT_BYTES) and the B rows'
+  KV cache exceeds ROW_GROUP_CACHE_BYTES: then groups of at most that cache, run one after the other,
+  so a group's prefill and decode steps find their keys, values and weights in the processor's cache,
+  not memory (a toy sweep batch of 200 rows: about 20% faster). A divisor of B when one is at least
+  half the largest group, else the fewest groups of equal size, the last padded with inactive rows.
+  Groups give other floats than all rows at once: XLA:CPU's products round by their row count."""
+  most = max(1, ROW_GROUP_CACHE_BYTES // cache_bytes_per_row)
+  if weight_bytes > ROW_GROUP_MAX_WEIGHT_BYTES or b <= most:
     return b
   divisor = max(n for n in range(1, most + 1) if b % n == 0)
-  if 2 * divisor > most:  # groups of equal size, no padding
-    return divisor
-  return -(-b // -(-b // most))  # the fewest groups of at most `most` rows; the last is padded
+  return divisor if 2 * divisor > most else -(-b // -(-b // most))
 
 
 def _pad_rows(x, rows: int, value):
