@@ -255,16 +255,25 @@ def test_sort_descending_gives_the_values_of_the_float_sort_and_process_logits_i
                                   np.asarray(jax.jit(reference, static_argnums=1)(logits, spec)))
 
 
-def test_group_size_keeps_small_batches_and_big_models_whole_and_splits_the_rest_evenly(monkeypatch):
+def test_group_size_keeps_small_batches_and_big_models_whole_and_splits_the_rest_evenly(tiny):
+  import dataclasses
+  from flax import nnx
+  from memagent_jax.models.attention import AttentionSpec
   from memagent_jax.policy import sampling
-  monkeypatch.setattr(sampling, "ROW_GROUP_CACHE_BYTES", 1000)
-  monkeypatch.setattr(sampling, "ROW_GROUP_MAX_WEIGHT_BYTES", 10_000)
-  size = lambda b, row=100, weights=5_000: sampling.group_size(b, cache_bytes_per_row=row, weight_bytes=weights)
+  size = lambda b, row=100, weights=500: sampling.group_size(b, cache_bytes_per_row=row, weight_bytes=weights,
+                                                            budget=1000)
   assert size(10) == 10  # the whole cache fits: one group
-  assert size(200, weights=20_000) == 200  # weights past the limit: read once per step, never per group
+  assert size(200, weights=2000) == 200  # weights past the budget: read once per step, never per group
   assert size(200) == 10 and size(60) == 10 and size(36) == 9  # equal groups, no padding
   assert size(202) == 10  # 202 = 2 x 101: 21 groups of 10, the last padded with 8 rows
-  assert size(7, row=5_000) == 1  # a row's cache alone exceeds the budget: one row at a time
+  assert size(7, row=5000) == 1  # a row's cache alone exceeds the budget: one row at a time
+  model = nnx.merge(tiny.graphdef, tiny.state)  # 362 KB of weights; a row's 512-slot cache: 262 KB
+  model.set_attention(dataclasses.replace(model.attention, cpu_sample_group_bytes=1 << 20))
+  assert sampling.row_group(model, 8, 512) == 4
+  model.set_attention(AttentionSpec(backend="xla", platform="tpu", cpu_sample_group_bytes=1 << 20))
+  assert sampling.row_group(model, 8, 512) == 8  # accelerators sample all rows at once
+  with pytest.raises(ValueError, match="cpu_sample_group_bytes=-1 >= 0"):
+    AttentionSpec(cpu_sample_group_bytes=-1)
 
 
 def _equations(jaxpr):
@@ -278,31 +287,36 @@ def _equations(jaxpr):
           yield from _equations(sub)
 
 
-def _grouped_and_whole(policy, monkeypatch, rows, spec, *, n, prefix=None, budget_rows=2):
-  """sample_from_prompts on all rows at once and in groups of `budget_rows` rows' caches."""
+def _grouped_and_whole(policy, rows, spec, *, n, prefix=None, group_rows=2, cache_size=512):
+  """sample_from_prompts on all rows at once (cpu_sample_group_bytes 0) and in groups of `group_rows`
+  rows' caches -> (whole, grouped, the rows of a group, the grouped program's loops). A long cache
+  (cache_size slots) makes a row's cache large beside the tiny model's weights, as a toy sweep's is."""
+  import dataclasses
   from flax import nnx
   from memagent_jax.policy import sampling
-  p = rows.tokens.shape[1]
-
-  def program():  # a new function each time: jax caches traces by function, and the budget is read in one
-    def run(state):
-      model = nnx.merge(policy.graphdef, state)
-      return sampling.sample_from_prompts(model, rows, spec, max_new_tokens=n, pad_id=0, prefix=prefix)
-    return run
-
-  whole = jax.jit(program())(policy.state)
   model = nnx.merge(policy.graphdef, policy.state)
   cfg = model.config
-  per_row = 2 * cfg.num_layers * cfg.num_kv_heads * (p + n) * cfg.head_dim * 4
-  monkeypatch.setattr(sampling, "ROW_GROUP_CACHE_BYTES", budget_rows * per_row)
-  c = sampling.row_group(model, rows.tokens.shape[0], p + n)
-  loops = [e for e in _equations(jax.make_jaxpr(program())(policy.state).jaxpr) if e.primitive.name == "scan"]
-  grouped = jax.jit(program())(policy.state)
-  return whole, grouped, c, loops
+  per_row = 2 * cfg.num_layers * cfg.num_kv_heads * cache_size * cfg.head_dim * 4
+  budget = group_rows * per_row + per_row // 2
+  assert budget >= sum(x.size * 4 for x in jax.tree.leaves(policy.state))  # else nothing is grouped
+
+  def program(group_bytes):
+    model.set_attention(dataclasses.replace(model.attention, cpu_sample_group_bytes=group_bytes))
+    graphdef, state = nnx.split(model)
+    run = lambda st: sampling.sample_from_prompts(nnx.merge(graphdef, st), rows, spec, max_new_tokens=n, pad_id=0,
+                                                 cache_size=cache_size, prefix=prefix)
+    return run, state, sampling.row_group(nnx.merge(graphdef, state), rows.tokens.shape[0], cache_size)
+
+  run, state, whole_rows = program(0)
+  assert whole_rows == rows.tokens.shape[0]
+  whole = jax.jit(run)(state)
+  run, state, c = program(budget)
+  loops = [e for e in _equations(jax.make_jaxpr(run)(state).jaxpr) if e.primitive.name == "scan"]
+  return whole, jax.jit(run)(state), c, loops
 
 
 @pytest.mark.parametrize("spec", [GREEDY, DecodeSpec(temperature=1.0, top_p=0.9)])
-def test_row_groups_sample_every_row_as_all_rows_at_once(tiny, monkeypatch, spec):
+def test_row_groups_sample_every_row_as_all_rows_at_once(tiny, spec):
   """5 rows in groups of 2 (the last group padded with an inactive row), one row inactive: each row's
   tokens, stop, lengths and log-probs are those of the 5 rows at once; steps is the longest group's."""
   import jax.numpy as jnp
@@ -312,7 +326,7 @@ def test_row_groups_sample_every_row_as_all_rows_at_once(tiny, monkeypatch, spec
   stops = jnp.asarray([[17], [-1], [5], [200], [33]], jnp.int32)
   rows = sampling.PromptRows(tokens=jnp.asarray(tokens), valid=jnp.asarray(valid), keys=keys, stop_tokens=stops,
                              inactive=jnp.asarray([False, False, True, False, False]))
-  whole, grouped, c, loops = _grouped_and_whole(tiny, monkeypatch, rows, spec, n=12)
+  whole, grouped, c, loops = _grouped_and_whole(tiny, rows, spec, n=12)
   assert c == 2 and [e.params["length"] for e in loops] == [3]  # 3 groups of 2 rows in one loop
   np.testing.assert_array_equal(np.asarray(grouped.tokens), np.asarray(whole.tokens))
   np.testing.assert_array_equal(np.asarray(grouped.lengths), np.asarray(whole.lengths))
@@ -323,7 +337,7 @@ def test_row_groups_sample_every_row_as_all_rows_at_once(tiny, monkeypatch, spec
   assert int(whole.lengths[2]) == 0 and not bool(whole.stopped[2])  # the inactive row ran nothing
 
 
-def test_row_groups_split_a_per_row_prefix_and_share_a_one_row_prefix(tiny, monkeypatch):
+def test_row_groups_split_a_per_row_prefix_and_share_a_one_row_prefix(tiny):
   """With the agent's per-row opening (`row_prefix`, [B, K, L, D]) each group gets its rows' share;
   with one shared prefix row ([1, K, L, D]) every group reads it: the same tokens as all rows at once."""
   import jax.numpy as jnp
@@ -340,8 +354,7 @@ def test_row_groups_split_a_per_row_prefix_and_share_a_one_row_prefix(tiny, monk
   rows = sampling.PromptRows(tokens=tokens, valid=valid, keys=sampling.row_keys(jax.random.PRNGKey(3)[0:2], np.arange(6)),
                              stop_tokens=jnp.full((6, 1), -1, jnp.int32), inactive=jnp.zeros((6,), bool))
   for prefix in (shared, per_row):
-    whole, grouped, c, loops = _grouped_and_whole(tiny, monkeypatch, rows, GREEDY, n=8, prefix=prefix, budget_rows=3)
+    whole, grouped, c, loops = _grouped_and_whole(tiny, rows, GREEDY, n=8, prefix=prefix, group_rows=3)
     assert c == 3 and [e.params["length"] for e in loops] == [2]
     np.testing.assert_array_equal(np.asarray(grouped.tokens), np.asarray(whole.tokens))
     np.testing.assert_allclose(np.asarray(grouped.logprobs), np.asarray(whole.logprobs), atol=1e-5)
-    monkeypatch.undo()

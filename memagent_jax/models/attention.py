@@ -87,14 +87,19 @@ class AttentionSpec:
   # each step rematerialised in the backward pass, in causal query blocks of this many tokens, so a
   # step's scores stay in cache (`cpu_attention`); 0: one dense pass over all rows.
   cpu_block: int = 64
+  # CPU, one device: the sampler (policy/sampling.py) runs a small model's rows in groups, one after the
+  # other, whose KV cache and whose weights are each at most this many bytes, so a group's prefill and
+  # decode steps read them from the processor's cache, not memory; 0: all rows at once.
+  cpu_sample_group_bytes: int = 6 << 20
   emulate_kernels: bool = False
 
   def __post_init__(self):
     if self.backend not in BACKENDS:
       check_backend(self.backend)  # raises, naming the backends
-    if self.query_block < 1 or self.scan_from < 1 or self.cpu_block < 0:
+    if self.query_block < 1 or self.scan_from < 1 or self.cpu_block < 0 or self.cpu_sample_group_bytes < 0:
       raise ValueError(f"AttentionSpec: query_block={self.query_block} and scan_from={self.scan_from} "
-                       f"must be >= 1, cpu_block={self.cpu_block} >= 0")
+                       f"must be >= 1, cpu_block={self.cpu_block} and cpu_sample_group_bytes="
+                       f"{self.cpu_sample_group_bytes} >= 0")
 
   def check(self) -> "AttentionSpec":
     """Raises when the platform lacks the chosen backend (unless emulated); returns self."""

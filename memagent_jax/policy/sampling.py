@@ -25,7 +25,7 @@ class Generation(NamedTuple):
   sample_logprobs: jax.Array  # [B, N] log p(token) under the sampled distribution (0 if greedy)
   lengths: jax.Array  # [B] generated tokens per row, stop token included
   stopped: jax.Array  # [B] True if the row emitted a stop token (False: hit max_new_tokens)
-  steps: jax.Array  # [] decode iterations run (< N when every row stopped early)
+  steps: jax.Array  # [] decode iterations run (< N when every row stopped early; rows in groups: the most)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -204,7 +204,7 @@ def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_to
 
   cache_size: slots of the KV cache (default P + max_new_tokens, the least that fits); prefix: the
   KV of a prefix every prompt starts with (see `prefill`). On one CPU device a large batch of a small
-  model runs in row groups (`row_group`)."""
+  model runs in row groups (`row_group`, the model's `cpu_sample_group_bytes`)."""
   b, p = rows.tokens.shape
   sample = functools.partial(_sample_rows, model, spec=spec, max_new_tokens=max_new_tokens, pad_id=pad_id,
                              cache_size=cache_size or p + max_new_tokens)
@@ -267,31 +267,27 @@ def check_budget(*, prompt_len: int, max_new_tokens: int, cache_size: int, conte
                      f"model's context window of {context} tokens")
 
 
-# A row group's decode-sized KV cache (all layers) and the largest weights for which rows are grouped:
-# measured on a 2-core AMD EPYC with a 32 MiB L3 (docs/results/toy_rl_step_speed.md, fourteenth session).
-ROW_GROUP_CACHE_BYTES = 6 << 20
-ROW_GROUP_MAX_WEIGHT_BYTES = 16 << 20
-
-
 def row_group(model, b: int, cache_size: int) -> int:
-  """c, the rows that sample together: `group_size` for this model and process (CPU, one device)."""
+  """c, the rows that sample together: `group_size` under the model's `cpu_sample_group_bytes` on one CPU
+  device, else all B (accelerators; rows split over several devices)."""
+  budget = model.attention.cpu_sample_group_bytes
+  if model.platform != "cpu" or jax.device_count() > 1 or not budget:
+    return b
   cfg = model.config
   per_row = 2 * cfg.num_layers * cfg.num_kv_heads * cache_size * cfg.head_dim * model.dtype.itemsize
   weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  if model.platform != "cpu" or jax.device_count() > 1:  # accelerators, and rows split over devices
-    return b
-  return group_size(b, cache_bytes_per_row=per_row, weight_bytes=weights)
+  return group_size(b, cache_bytes_per_row=per_row, weight_bytes=weights, budget=budget)
 
 
-def group_size(b: int, *, cache_bytes_per_row: int, weight_bytes: int) -> int:
-  """All B rows, unless the model is small (weights up to ROW_GROUP_MAX_WEIGHT_BYTES) and the B rows'
-  KV cache exceeds ROW_GROUP_CACHE_BYTES: then groups of at most that cache, run one after the other,
-  so a group's prefill and decode steps find their keys, values and weights in the processor's cache,
-  not memory (a toy sweep batch of 200 rows: about 20% faster). A divisor of B when one is at least
-  half the largest group, else the fewest groups of equal size, the last padded with inactive rows.
-  Groups give other floats than all rows at once: XLA:CPU's products round by their row count."""
-  most = max(1, ROW_GROUP_CACHE_BYTES // cache_bytes_per_row)
-  if weight_bytes > ROW_GROUP_MAX_WEIGHT_BYTES or b <= most:
+def group_size(b: int, *, cache_bytes_per_row: int, weight_bytes: int, budget: int) -> int:
+  """All B rows, unless the weights fit the budget (bytes) and the B rows' KV cache does not: then
+  groups whose cache does, run one after the other, so each group's prefill and decode steps find keys,
+  values and weights in the processor's cache (a toy sweep batch of 200 rows: about 20% faster). A
+  divisor of B when one is at least half the largest group, else the fewest groups of equal size, the
+  last padded with inactive rows. Groups give other floats than all rows at once (XLA:CPU's products
+  round by their row count)."""
+  most = max(1, budget // cache_bytes_per_row)
+  if weight_bytes > budget or b <= most:
     return b
   divisor = max(n for n in range(1, most + 1) if b % n == 0)
   return divisor if 2 * divisor > most else -(-b // -(-b // most))
