@@ -295,8 +295,7 @@ def _grouped_and_whole(policy, rows, spec, *, n, prefix=None, group_rows=2, cach
   from flax import nnx
   from memagent_jax.policy import sampling
   model = nnx.merge(policy.graphdef, policy.state)
-  cfg = model.config
-  per_row = 2 * cfg.num_layers * cfg.num_kv_heads * cache_size * cfg.head_dim * 4
+  per_row = sampling.cache_bytes_per_row(model.config, cache_size, model.dtype)
   budget = group_rows * per_row + per_row // 2
   assert budget >= sum(x.size * 4 for x in jax.tree.leaves(policy.state))  # else nothing is grouped
 

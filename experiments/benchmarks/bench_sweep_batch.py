@@ -10,13 +10,11 @@ Run the two paths in separate processes, alternating (the jitted recurrence is c
 
 from __future__ import annotations
 
-import hashlib
 import time
 
-import numpy as np
 from absl import app, flags
 
-from experiments.benchmarks.sweep_batch import sweep_batch
+from experiments.benchmarks.sweep_batch import digests, sweep_batch
 from memagent_jax.models import attention
 
 _PATH = flags.DEFINE_enum("path", "rows", ["rows", "dense"], "attention against a cache: row steps or one dense pass")
@@ -26,6 +24,8 @@ _REPEATS = flags.DEFINE_integer("repeats", 2, "timed batches after the compiling
 _SOURCE = flags.DEFINE_string("source", "experiments/data/toy_base_lookup", "the reader's weights (the base writes "
                               "short memories; a trained one, e.g. experiments/data/toy_warm_start_lookup_demo, "
                               "decodes longer)")
+_GROUP_BYTES = flags.DEFINE_integer("sample_group_bytes", -1, "the reader's AttentionSpec.cpu_sample_group_bytes "
+                                    "(-1: its default; 0: all rows at once; see bench_row_groups)")
 
 
 def main(argv):
@@ -34,16 +34,15 @@ def main(argv):
     attention.cpu_cache_attention = lambda q, k, v, kv, *, q_offset, **_: attention.dense_attention(
         q, k[:, :, :kv.shape[1]], v[:, :, :kv.shape[1]], attention.slot_mask(kv, q_offset, q.shape[1]))
   length = 128 * _MULTIPLE.value
-  run = sweep_batch(_MULTIPLE.value, _N.value, _SOURCE.value)
+  run = sweep_batch(_MULTIPLE.value, _N.value, _SOURCE.value,
+                    None if _GROUP_BYTES.value < 0 else _GROUP_BYTES.value)
   results = run()  # compiles
   best = float("inf")
   for _ in range(_REPEATS.value):
     start = time.perf_counter()
     results = run()
     best = min(best, time.perf_counter() - start)
-  digest = hashlib.sha256(repr([(r.answer, r.memories) for r in results]).encode()).hexdigest()[:12]
-  logprobs = np.concatenate([c.response_logprobs for r in results for c in r.conversations]).astype(np.float32)
-  lp_digest = hashlib.sha256(logprobs.tobytes()).hexdigest()[:12]  # every float the sampler computed for them
+  digest, lp_digest = digests(results)
   print(f"path={_PATH.value} {_N.value} documents of {length} tokens: best {best:.3f} s, answers+memories {digest}, "
         f"log-probs {lp_digest}")
 

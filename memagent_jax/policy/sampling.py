@@ -273,10 +273,14 @@ def row_group(model, b: int, cache_size: int) -> int:
   budget = model.attention.cpu_sample_group_bytes
   if model.platform != "cpu" or jax.device_count() > 1 or not budget:
     return b
-  cfg = model.config
-  per_row = 2 * cfg.num_layers * cfg.num_kv_heads * cache_size * cfg.head_dim * model.dtype.itemsize
   weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  return group_size(b, cache_bytes_per_row=per_row, weight_bytes=weights, budget=budget)
+  return group_size(b, cache_bytes_per_row=cache_bytes_per_row(model.config, cache_size, model.dtype),
+                    weight_bytes=weights, budget=budget)
+
+
+def cache_bytes_per_row(cfg, cache_size: int, dtype) -> int:
+  """Bytes of one row's KV cache of `cache_size` slots: every layer's keys and values."""
+  return 2 * cfg.num_layers * cfg.num_kv_heads * cache_size * cfg.head_dim * jnp.dtype(dtype).itemsize
 
 
 def group_size(b: int, *, cache_bytes_per_row: int, weight_bytes: int, budget: int) -> int:
