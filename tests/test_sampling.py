@@ -321,7 +321,7 @@ def test_row_groups_sample_every_row_as_all_rows_at_once(tiny, spec):
   import jax.numpy as jnp
   from memagent_jax.policy import sampling
   tokens, valid = sampling.left_pad(_ragged(6, [9, 4, 14, 7, 11], 256), 0)
-  keys = sampling.row_keys(jax.random.PRNGKey(2)[0:2], np.arange(5))
+  keys = sampling.row_keys(jax.random.PRNGKey(2), np.arange(5))
   stops = jnp.asarray([[17], [-1], [5], [200], [33]], jnp.int32)
   rows = sampling.PromptRows(tokens=jnp.asarray(tokens), valid=jnp.asarray(valid), keys=keys, stop_tokens=stops,
                              inactive=jnp.asarray([False, False, True, False, False]))
@@ -350,7 +350,7 @@ def test_row_groups_split_a_per_row_prefix_and_share_a_one_row_prefix(tiny):
   shared = sampling.prefix_cache(model, jnp.asarray(shared_ids))
   opening, opening_valid = (jnp.asarray(x) for x in sampling.left_pad([shared_ids + t[:1] for t in tails], 0))
   per_row = sampling.row_prefix(model, shared, opening, opening_valid)
-  rows = sampling.PromptRows(tokens=tokens, valid=valid, keys=sampling.row_keys(jax.random.PRNGKey(3)[0:2], np.arange(6)),
+  rows = sampling.PromptRows(tokens=tokens, valid=valid, keys=sampling.row_keys(jax.random.PRNGKey(3), np.arange(6)),
                              stop_tokens=jnp.full((6, 1), -1, jnp.int32), inactive=jnp.zeros((6,), bool))
   for prefix in (shared, per_row):
     whole, grouped, c, loops = _grouped_and_whole(tiny, rows, GREEDY, n=8, prefix=prefix, group_rows=3)

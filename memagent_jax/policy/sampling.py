@@ -206,9 +206,10 @@ def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_to
   KV of a prefix every prompt starts with (see `prefill`). On one CPU device a large batch of a small
   model runs in row groups (`row_group`, the model's `cpu_sample_group_bytes`)."""
   b, p = rows.tokens.shape
+  cache_size = cache_size or p + max_new_tokens
   sample = functools.partial(_sample_rows, model, spec=spec, max_new_tokens=max_new_tokens, pad_id=pad_id,
-                             cache_size=cache_size or p + max_new_tokens)
-  c = row_group(model, b, cache_size or p + max_new_tokens)
+                             cache_size=cache_size)
+  c = row_group(model, b, cache_size)
   return sample(rows, prefix) if c == b else _in_row_groups(sample, c, rows, prefix)
 
 
@@ -320,10 +321,8 @@ def _in_row_groups(sample, c: int, rows: PromptRows, prefix: KVCache | None) -> 
   def group(args):
     group_rows, group_prefix = args
     group_prefix = group_prefix.replace(cursor=prefix.cursor) if per_row else prefix
-    gen = sample(group_rows, group_prefix)
-    return gen._replace(steps=jnp.broadcast_to(gen.steps, (c,)))  # one per row, so it splits as they do
+    return sample(group_rows, group_prefix)
 
-  out = jax.lax.map(group, (jax.tree.map(split, padded), rows_prefix))
-  steps = jnp.max(out.steps)  # the most decode iterations any group ran
-  out = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[:b], out)
-  return out._replace(steps=steps)
+  out = jax.lax.map(group, (jax.tree.map(split, padded), rows_prefix))  # [groups, c, ...]; steps [groups]
+  rows_out = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[:b], out._replace(steps=None))
+  return rows_out._replace(steps=jnp.max(out.steps))  # the most decode iterations any group ran
