@@ -357,3 +357,91 @@ def test_row_groups_split_a_per_row_prefix_and_share_a_one_row_prefix(tiny):
     assert c == 3 and [e.params["length"] for e in loops] == [2]
     np.testing.assert_array_equal(np.asarray(grouped.tokens), np.asarray(whole.tokens))
     np.testing.assert_allclose(np.asarray(grouped.logprobs), np.asarray(whole.logprobs), atol=1e-5)
+
+
+_ON_TWO_DEVICES = r"""
+import dataclasses, json
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+import memagent_jax as mj
+from memagent_jax.policy import sampling
+from memagent_jax.policy.decode_spec import GREEDY, DecodeSpec
+from memagent_jax.runtime import parallel
+
+policy = mj.load_policy("random:tiny-llama", seed=3)
+model = nnx.merge(policy.graphdef, policy.state)
+mesh = parallel.make_mesh()  # data = 2
+rng = np.random.default_rng(6)
+shared_ids = rng.integers(0, 256, size=6).tolist()
+tails = [rng.integers(0, 256, size=n).tolist() for n in [9, 4, 14, 7, 11, 3, 8, 12, 5, 10]]
+tokens, valid = (jnp.asarray(x) for x in sampling.left_pad([shared_ids + t for t in tails], 0))
+opening, opening_valid = (jnp.asarray(x) for x in sampling.left_pad([shared_ids + t[:1] for t in tails], 0))
+shared = sampling.prefix_cache(model, jnp.asarray(shared_ids))
+per_row = sampling.row_prefix(model, shared, opening, opening_valid)
+inactive = jnp.zeros((10,), bool).at[7].set(True)
+rows = sampling.PromptRows(tokens=tokens, valid=valid, keys=sampling.row_keys(jax.random.PRNGKey(2), np.arange(10)),
+                           stop_tokens=jnp.asarray([[17], [-1], [5], [200], [33]] * 2, jnp.int32), inactive=inactive)
+split = lambda x: jax.device_put(x, NamedSharding(mesh, P("data", *[None] * (x.ndim - 1))))
+rows = jax.tree.map(split, rows)
+per_row = jax.tree.map(lambda x: split(x) if x.ndim else x, per_row)
+cache_size = 512
+row_bytes = sampling.cache_bytes_per_row(model.config, cache_size, model.dtype)
+
+def program(group_bytes, spec, prefix):  # a new function per setting: jit caches traces by function
+  model.set_attention(dataclasses.replace(model.attention, cpu_sample_group_bytes=group_bytes))
+  graphdef, state = nnx.split(model)
+  run = lambda st, rows, prefix: sampling.sample_from_prompts(nnx.merge(graphdef, st), rows, spec, max_new_tokens=12,
+                                                              pad_id=0, cache_size=cache_size, prefix=prefix)
+  with parallel.trace_mesh(mesh):
+    jaxpr = jax.make_jaxpr(run)(state, rows, prefix)
+    return jax.jit(run)(state, rows, prefix), jaxpr, len(jax.tree.leaves(state))
+
+def equations(jaxpr):
+  for e in jaxpr.eqns:
+    yield e
+    for value in e.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          yield from equations(sub)
+
+out = {}
+for name, spec, prefix in (("greedy, a row's prefix each", GREEDY, per_row),
+                           ("sampled, one shared prefix", DecodeSpec(temperature=1.0, top_p=0.9), shared),
+                           ("sampled, no prefix", DecodeSpec(temperature=1.0, top_p=0.9), None)):
+  whole, whole_jaxpr, _ = program(0, spec, prefix)
+  grouped, jaxpr, weights = program(2 * row_bytes + row_bytes // 2, spec, prefix)
+  maps = [e for e in equations(jaxpr.jaxpr) if e.primitive.name == "shard_map"]
+  loops = [e for e in equations(maps[0].params["jaxpr"]) if e.primitive.name == "scan"] if maps else []
+  out[name] = dict(
+      tokens=np.array_equal(np.asarray(grouped.tokens), np.asarray(whole.tokens)),
+      lengths=np.array_equal(np.asarray(grouped.lengths), np.asarray(whole.lengths)),
+      stopped=np.array_equal(np.asarray(grouped.stopped), np.asarray(whole.stopped)),
+      steps=[int(grouped.steps), int(whole.steps)],
+      logprobs=float(np.max(np.abs(np.asarray(grouped.logprobs) - np.asarray(whole.logprobs)))),
+      sample_logprobs=float(np.max(np.abs(np.asarray(grouped.sample_logprobs) - np.asarray(whole.sample_logprobs)))),
+      whole_maps=sum(e.primitive.name == "shard_map" for e in equations(whole_jaxpr.jaxpr)),
+      maps=len(maps), device_tokens=list(maps[0].params["jaxpr"].invars[weights].aval.shape) if maps else None,
+      loops=[[e.params["length"], *e.params["jaxpr"].jaxpr.invars[-1].aval.shape] for e in loops],
+      token_shards=[list(s.data.shape) for s in grouped.tokens.addressable_shards],
+      lengths_of=np.asarray(whole.lengths).tolist())
+print(json.dumps(out))
+"""
+
+
+def test_row_groups_on_two_cpu_devices_run_each_devices_own_rows():
+  """10 rows split over a data = 2 mesh: each device samples its own 5 rows in groups of 2 (padded to 3
+  groups; `jax.shard_map`), with a per-row, a shared or no prefix: every row's tokens, stop, length and
+  log-probs are those of all 10 rows at once on the same mesh, and the outputs stay split."""
+  from test_parallel import run_on_emulated_devices
+  out = run_on_emulated_devices(_ON_TWO_DEVICES, n=2, timeout=600)
+  for name, case in out.items():
+    assert case["tokens"] and case["lengths"] and case["stopped"], name
+    assert case["steps"][0] == case["steps"][1], name
+    assert case["logprobs"] < 1e-5 and case["sample_logprobs"] < 1e-5, (name, case)
+    assert case["whole_maps"] == 0 and case["maps"] == 1, name
+    assert case["device_tokens"] == [5, 20], name  # the map's rows.tokens: this device's 5 prompts of 20
+    assert [loop[:2] for loop in case["loops"]] == [[3, 2]], (name, case["loops"])  # 3 groups of 2 rows
+    assert case["token_shards"] == [[5, 12], [5, 12]], name
+    assert case["lengths_of"][7] == 0, name  # the inactive row ran nothing

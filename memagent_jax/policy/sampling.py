@@ -7,6 +7,7 @@ as each prompt would alone. The loop exits as soon as every row has emitted a st
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple, Sequence
 
 import jax
@@ -17,6 +18,7 @@ from flax import nnx, struct
 from memagent_jax.models.decoder import positions_from_mask
 from memagent_jax.models.kv_cache import KVCache
 from memagent_jax.policy.decode_spec import DecodeSpec
+from memagent_jax.runtime.parallel import BATCH_AXES
 
 
 class Generation(NamedTuple):
@@ -203,14 +205,22 @@ def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_to
   to max_new_tokens new tokens per active row, picked as `spec` says.
 
   cache_size: slots of the KV cache (default P + max_new_tokens, the least that fits); prefix: the
-  KV of a prefix every prompt starts with (see `prefill`). On one CPU device a large batch of a small
-  model runs in row groups (`row_group`, the model's `cpu_sample_group_bytes`)."""
+  KV of a prefix every prompt starts with (see `prefill`). On CPU devices a large batch of a small
+  model runs in row groups (`row_group`, the model's `cpu_sample_group_bytes`), each device its own rows'."""
   b, p = rows.tokens.shape
   cache_size = cache_size or p + max_new_tokens
-  sample = functools.partial(_sample_rows, model, spec=spec, max_new_tokens=max_new_tokens, pad_id=pad_id,
-                             cache_size=cache_size)
-  c = row_group(model, b, cache_size)
-  return sample(rows, prefix) if c == b else _in_row_groups(sample, c, rows, prefix)
+  shards = row_shards(b)
+  c = row_group(model, b // shards, cache_size, shards=shards)
+  if c == b // shards:
+    return _sample_rows(model, rows, prefix, spec=spec, max_new_tokens=max_new_tokens, pad_id=pad_id,
+                        cache_size=cache_size)
+
+  def grouped(model, rows, prefix):  # this device's rows [B / shards, ...] in groups of c
+    sample = functools.partial(_sample_rows, model, spec=spec, max_new_tokens=max_new_tokens, pad_id=pad_id,
+                               cache_size=cache_size)
+    return _in_row_groups(sample, c, rows, prefix)
+
+  return grouped(model, rows, prefix) if shards == 1 else _on_each_row_shard(grouped, model, rows, prefix)
 
 
 def _sample_rows(model, rows: PromptRows, prefix: KVCache | None, *, spec: DecodeSpec, max_new_tokens: int,
@@ -268,11 +278,22 @@ def check_budget(*, prompt_len: int, max_new_tokens: int, cache_size: int, conte
                      f"model's context window of {context} tokens")
 
 
-def row_group(model, b: int, cache_size: int) -> int:
-  """c, the rows that sample together: `group_size` under the model's `cpu_sample_group_bytes` on one CPU
-  device, else all B (accelerators; rows split over several devices)."""
+def row_shards(b: int) -> int:
+  """Ways the B rows are split over the mesh in context (`parallel.trace_mesh`) when its row axes
+  (data x fsdp) are its only split and divide B; else 1 (no mesh, or weights or heads split too)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return 1
+  ways = math.prod(mesh.shape.get(a, 1) for a in BATCH_AXES)
+  return ways if ways == mesh.size and b % ways == 0 else 1
+
+
+def row_group(model, b: int, cache_size: int, *, shards: int = 1) -> int:
+  """c, the rows that sample together on each of `shards` devices holding b rows each: `group_size`
+  under the model's `cpu_sample_group_bytes` when every device is a CPU device with its own rows,
+  else all b (accelerators; devices that are not each a row shard)."""
   budget = model.attention.cpu_sample_group_bytes
-  if model.platform != "cpu" or jax.device_count() > 1 or not budget:
+  if model.platform != "cpu" or jax.device_count() != shards or not budget:
     return b
   weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   return group_size(b, cache_bytes_per_row=cache_bytes_per_row(model.config, cache_size, model.dtype),
@@ -326,3 +347,22 @@ def _in_row_groups(sample, c: int, rows: PromptRows, prefix: KVCache | None) -> 
   out = jax.lax.map(group, (jax.tree.map(split, padded), rows_prefix))  # [groups, c, ...]; steps [groups]
   rows_out = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[:b], out._replace(steps=None))
   return rows_out._replace(steps=jnp.max(out.steps))  # the most decode iterations any group ran
+
+
+def _on_each_row_shard(run, model, rows: PromptRows, prefix: KVCache | None) -> Generation:
+  """run(model, rows, prefix) on each device's own rows (`jax.shard_map` over the row axes of the mesh in
+  context), the weights replicated; steps: the most any device ran."""
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = tuple(a for a in BATCH_AXES if mesh.shape.get(a, 1) > 1)
+  P = jax.sharding.PartitionSpec
+  split = lambda tree: jax.tree.map(lambda x: P(axes) if x.ndim else P(), tree)  # [B, ...] split, [] kept
+  per_row = prefix is not None and prefix.valid.shape[0] == rows.tokens.shape[0]
+  graphdef, state = nnx.split(model)
+
+  def on_device(state, rows, prefix):
+    out = run(nnx.merge(graphdef, state), rows, prefix)
+    return out._replace(steps=jax.lax.pmax(out.steps, axes))
+
+  out_specs = Generation(*(P(axes),) * 5, P())
+  return jax.shard_map(on_device, mesh=mesh, in_specs=(P(), split(rows), split(prefix) if per_row else P()),
+                       out_specs=out_specs, check_vma=False)(state, rows, prefix)
