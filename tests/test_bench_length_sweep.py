@@ -26,3 +26,14 @@ def test_a_tiny_sweep_times_each_length_and_splits_the_whole_into_parts():
   assert parts["whole"] == pytest.approx(parts["reading"] + parts["documents"] + parts["other"])
   text = bench_length_sweep.table(rows, parts, process=parts["whole"] + 1)
   assert "| 2x (256 tokens) | 2 |" in text and "whole sweep" in text
+
+
+def test_cpu_devices_default_to_the_cores_that_divide_the_batch_and_refuse_others():
+  assert bench_length_sweep.cpu_devices(0, rows=200, cores=2) == 2
+  assert bench_length_sweep.cpu_devices(0, rows=7, cores=2) == 1  # 7 rows do not split over 2 devices
+  assert bench_length_sweep.cpu_devices(0, rows=200, cores=3) == 2
+  assert bench_length_sweep.cpu_devices(1, rows=200, cores=2) == 1
+  with pytest.raises(ValueError, match="cpu_devices=3 does not divide the batch of 200"):
+    bench_length_sweep.cpu_devices(3, rows=200, cores=8)
+  with pytest.raises(ValueError, match="cpu_devices=-1 must be >= 0"):
+    bench_length_sweep.cpu_devices(-1, rows=200, cores=2)

@@ -360,7 +360,7 @@ def test_row_groups_split_a_per_row_prefix_and_share_a_one_row_prefix(tiny):
 
 
 _ON_TWO_DEVICES = r"""
-import dataclasses, json
+import dataclasses, json, sys
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -368,6 +368,8 @@ import memagent_jax as mj
 from memagent_jax.policy import sampling
 from memagent_jax.policy.decode_spec import GREEDY, DecodeSpec
 from memagent_jax.runtime import parallel
+sys.path.insert(0, "tests")
+from test_sampling import _equations as equations
 
 policy = mj.load_policy("random:tiny-llama", seed=3)
 model = nnx.merge(policy.graphdef, policy.state)
@@ -396,15 +398,6 @@ def program(group_bytes, spec, prefix):  # a new function per setting: jit cache
   with parallel.trace_mesh(mesh):
     jaxpr = jax.make_jaxpr(run)(state, rows, prefix)
     return jax.jit(run)(state, rows, prefix), jaxpr, len(jax.tree.leaves(state))
-
-def equations(jaxpr):
-  for e in jaxpr.eqns:
-    yield e
-    for value in e.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        sub = getattr(sub, "jaxpr", sub)
-        if hasattr(sub, "eqns"):
-          yield from equations(sub)
 
 out = {}
 for name, spec, prefix in (("greedy, a row's prefix each", GREEDY, per_row),

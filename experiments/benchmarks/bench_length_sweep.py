@@ -6,15 +6,20 @@ wall time went (reading, making the documents, compiling).
 
   python -m experiments.benchmarks.bench_length_sweep --max_multiple=256
 
-It imports only `configs` and `memagent_jax` (APIs unchanged since the speed issue began), so an older
-tree is timed by running this file from that tree's root:
+By default the process splits its CPU into one JAX device per core it may use (`--cpu_devices`; the rows
+of each batch split over a `data` mesh of them, each device sampling its own rows), as a single sweep on
+a CPU host should; --cpu_devices=1 is one device, as before. It imports only `configs` and `memagent_jax`
+(APIs unchanged since the speed issue began), so an older tree is timed by running this file from that
+tree's root:
   cd ../old && PYTHONPATH=. python ../main/experiments/benchmarks/bench_length_sweep.py
 """
 
 from __future__ import annotations
 
+import os
 import time
 
+import jax
 from absl import app, flags
 
 _START = time.perf_counter()
@@ -23,6 +28,7 @@ from configs import toy_memagent  # noqa: E402
 from memagent_jax.data import tasks, toy  # noqa: E402
 from memagent_jax.evaluation import length_sweep  # noqa: E402
 from memagent_jax.experiment.assembly import load_reader  # noqa: E402
+from memagent_jax.runtime import parallel  # noqa: E402
 
 FLAGS = flags.FLAGS
 EVAL_SEED = 1000  # make reproduce's --eval_seed: the documents of length L come from seed 1000 + L
@@ -33,6 +39,32 @@ def define_flags():
   flags.DEFINE_integer("max_multiple", 256, "longest document / training length (a power of 2)")
   flags.DEFINE_integer("n", 200, "documents per length, read in one batch (make reproduce's)")
   flags.DEFINE_string("source", "experiments/data/toy_base_lookup", "the reader's weights")
+  flags.DEFINE_integer("cpu_devices", 0, "JAX CPU devices the rows split over (0: the most cores this process "
+                       "may use that divide --n; 1: one device)")
+
+
+def usable_cores() -> int:
+  """Cores this process may run on (its affinity where the OS tells it)."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cpu_devices(requested: int, rows: int, cores: int) -> int:
+  """Devices for batches of `rows` rows: `requested`, or with 0 the most of `cores` that divide `rows`
+  (a batch's rows split evenly over the devices)."""
+  if requested < 0:
+    raise ValueError(f"cpu_devices={requested} must be >= 0 (0: one per core)")
+  devices = requested or max(d for d in range(1, max(1, cores) + 1) if rows % d == 0)
+  if rows % devices:
+    raise ValueError(f"cpu_devices={devices} does not divide the batch of {rows} documents (--n)")
+  return devices
+
+
+def split_cpu(devices: int):
+  """JAX starts with `devices` CPU devices (before anything touches a backend)."""
+  jax.config.update("jax_num_cpu_devices", devices)
+  if jax.device_count() != devices:
+    raise RuntimeError(f"asked for {devices} CPU devices, JAX has {jax.device_count()} ({jax.default_backend()}; "
+                       "XLA_FLAGS or JAX_PLATFORMS may fix another count)")
 
 
 def lengths_to(max_multiple: int) -> list[int]:
@@ -45,9 +77,11 @@ def lengths_to(max_multiple: int) -> list[int]:
 
 
 def timed_sweep(source: str, lengths: list[int], n: int) -> tuple[list[dict], dict]:
-  """(sweep rows, seconds by part) of one RL-style sweep of the reader at `source`."""
+  """(sweep rows, seconds by part) of one RL-style sweep of the reader at `source`; the rows split over a
+  `data` mesh of every device when there are several."""
   cfg = toy_memagent.get_config("rl,full,lookup")
-  reader = load_reader(cfg, source, training=False)
+  mesh = parallel.make_mesh() if jax.device_count() > 1 else None
+  reader = load_reader(cfg, source, training=False, mesh=mesh)
   making = [0.0]
   make_samples = tasks.make_samples
 
@@ -85,6 +119,8 @@ def table(rows: list[dict], parts: dict, process: float) -> str:
 
 def main(argv):
   del argv
+  split_cpu(cpu_devices(FLAGS.cpu_devices, FLAGS.n, usable_cores()))
+  print(f"{jax.device_count()} {jax.default_backend()} device(s)", flush=True)
   rows, parts = timed_sweep(FLAGS.source, lengths_to(FLAGS.max_multiple), FLAGS.n)
   print(table(rows, parts, time.perf_counter() - _START))
 

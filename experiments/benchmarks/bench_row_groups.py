@@ -4,6 +4,8 @@ answer, memory and log-prob. All budgets run in one process, in turn, round afte
 drift hits them alike. Prints a table; --out writes it as markdown with a PNG beside it.
 
   python -m experiments.benchmarks.bench_row_groups --source=experiments/data/toy_warm_start_lookup_demo
+
+--cpu_devices=2 splits the rows over two CPU devices (a `data` mesh): each device groups its own rows.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ import os
 import statistics
 import time
 
+import jax
 from absl import app, flags
 
+from experiments.benchmarks.bench_length_sweep import cpu_devices, split_cpu, usable_cores
 from experiments.benchmarks.sweep_batch import digests, set_sample_group_bytes, sweep_reader
 from memagent_jax.agent.memagent import question_bucket
 from memagent_jax.policy import sampling
+from memagent_jax.runtime import parallel
 
 FLAGS = flags.FLAGS
 MIB = 1 << 20
@@ -32,6 +37,7 @@ def define_flags():
                     "(0: all rows at once)")
   flags.DEFINE_integer("rounds", 3, "timed rounds over every budget, after one compiling round")
   flags.DEFINE_string("out", "", "markdown file for the table (a PNG is written beside it)")
+  flags.DEFINE_integer("cpu_devices", 1, "JAX CPU devices the rows split over (0: the most cores that divide --n)")
 
 
 def memory_update_slots(reader, questions) -> int:
@@ -86,18 +92,22 @@ def plot(rows: dict[int, dict], group_rows: dict[int, int], path: str):
 
 def main(argv):
   del argv
-  cfg, reader, questions, docs = sweep_reader(FLAGS.multiple, FLAGS.n, FLAGS.source)
+  devices = cpu_devices(FLAGS.cpu_devices, FLAGS.n, usable_cores())
+  split_cpu(devices)
+  mesh = parallel.make_mesh() if devices > 1 else None
+  cfg, reader, questions, docs = sweep_reader(FLAGS.multiple, FLAGS.n, FLAGS.source, mesh=mesh)
   budgets = [int(float(m) * MIB) for m in FLAGS.budgets_mib]
   slots = memory_update_slots(reader, questions)
   group_rows = {}
-  for b in budgets:
+  for b in budgets:  # on each device, of its n / devices rows
     set_sample_group_bytes(reader, b)
-    group_rows[b] = sampling.row_group(reader.policy.model, FLAGS.n, slots)
+    group_rows[b] = sampling.row_group(reader.policy.model, FLAGS.n // devices, slots, shards=devices)
   per_row = sampling.cache_bytes_per_row(reader.policy.config, slots, reader.policy.dtype)
   call = lambda: reader.answer_batch(questions, docs, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
                                      seed=1000)
   rows = time_budgets(reader, call, budgets, FLAGS.rounds)
-  text = (f"{FLAGS.n} documents of {128 * FLAGS.multiple} tokens, reader {FLAGS.source}; a row's memory-update "
+  text = (f"{FLAGS.n} documents of {128 * FLAGS.multiple} tokens on {devices} {jax.default_backend()} device(s) "
+          f"({FLAGS.n // devices} rows each), reader {FLAGS.source}; a row's memory-update "
           f"KV cache {per_row / MIB:.2f} MiB; {FLAGS.rounds} rounds after a compiling one\n\n"
           + table(rows, group_rows))
   print(text)

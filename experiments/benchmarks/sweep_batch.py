@@ -21,11 +21,11 @@ def set_sample_group_bytes(reader, group_bytes: int):
   policy.graphdef, policy.state = nnx.split(policy.model)
 
 
-def sweep_reader(multiple: int, n: int, source: str):
+def sweep_reader(multiple: int, n: int, source: str, mesh=None):
   """(config, the reader at `source`, questions, documents): make reproduce's sweep documents of
-  `multiple` x 128 tokens, n of them, documents seed 1000 + length."""
+  `multiple` x 128 tokens, n of them, documents seed 1000 + length; mesh: the devices its rows split over."""
   cfg = toy_memagent.get_config("rl,full,lookup")
-  reader = load_reader(cfg, source, training=False)
+  reader = load_reader(cfg, source, training=False, mesh=mesh)
   length = 128 * multiple
   samples = tasks.make_samples(cfg.data.task, length, n, 1000 + length, reader.tokenizer,
                                chunk_tokens=cfg.agent.chunk_tokens)
