@@ -6,11 +6,11 @@ wall time went (reading, making the documents, compiling).
 
   python -m experiments.benchmarks.bench_length_sweep --max_multiple=256
 
-By default the process splits its CPU into one JAX device per core it may use (`--cpu_devices`; the rows
-of each batch split over a `data` mesh of them, each device sampling its own rows), as a single sweep on
-a CPU host should; --cpu_devices=1 is one device, as before. It imports only `configs` and `memagent_jax`
-(APIs unchanged since the speed issue began), so an older tree is timed by running this file from that
-tree's root:
+By default a CPU process splits into one JAX device per logical CPU it may use (`--cpu_devices`; the
+rows of each batch split over a `data` mesh of them, each device sampling its own rows), as a single
+sweep on a CPU host should; --cpu_devices=1 is one device, as before (an accelerator host sweeps on one
+accelerator, as before). Besides jax it imports only `configs` and `memagent_jax` (APIs unchanged since
+the speed issue began), so an older tree is timed by running this file from that tree's root:
   cd ../old && PYTHONPATH=. python ../main/experiments/benchmarks/bench_length_sweep.py
 """
 
@@ -19,10 +19,11 @@ from __future__ import annotations
 import os
 import time
 
-import jax
 from absl import app, flags
 
 _START = time.perf_counter()
+
+import jax  # noqa: E402
 
 from configs import toy_memagent  # noqa: E402
 from memagent_jax.data import tasks, toy  # noqa: E402
@@ -44,7 +45,7 @@ def define_flags():
 
 
 def usable_cores() -> int:
-  """Cores this process may run on (its affinity where the OS tells it)."""
+  """Logical CPUs this process may run on (its affinity where the OS tells it)."""
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -60,11 +61,12 @@ def cpu_devices(requested: int, rows: int, cores: int) -> int:
 
 
 def split_cpu(devices: int):
-  """JAX starts with `devices` CPU devices (before anything touches a backend)."""
+  """JAX starts with `devices` CPU devices (before anything touches a backend); an accelerator host keeps
+  its accelerators as the default devices."""
   jax.config.update("jax_num_cpu_devices", devices)
-  if jax.device_count() != devices:
-    raise RuntimeError(f"asked for {devices} CPU devices, JAX has {jax.device_count()} ({jax.default_backend()}; "
-                       "XLA_FLAGS or JAX_PLATFORMS may fix another count)")
+  if len(jax.devices("cpu")) != devices:
+    raise RuntimeError(f"asked for {devices} CPU devices, JAX has {len(jax.devices('cpu'))} (XLA_FLAGS may fix "
+                       "another count)")
 
 
 def lengths_to(max_multiple: int) -> list[int]:
@@ -80,7 +82,7 @@ def timed_sweep(source: str, lengths: list[int], n: int) -> tuple[list[dict], di
   """(sweep rows, seconds by part) of one RL-style sweep of the reader at `source`; the rows split over a
   `data` mesh of every device when there are several."""
   cfg = toy_memagent.get_config("rl,full,lookup")
-  mesh = parallel.make_mesh() if jax.device_count() > 1 else None
+  mesh = parallel.make_mesh() if jax.default_backend() == "cpu" and jax.device_count() > 1 else None
   reader = load_reader(cfg, source, training=False, mesh=mesh)
   making = [0.0]
   make_samples = tasks.make_samples

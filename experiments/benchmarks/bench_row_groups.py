@@ -94,7 +94,7 @@ def main(argv):
   del argv
   devices = cpu_devices(FLAGS.cpu_devices, FLAGS.n, usable_cores())
   split_cpu(devices)
-  mesh = parallel.make_mesh() if devices > 1 else None
+  mesh = parallel.make_mesh() if jax.default_backend() == "cpu" and devices > 1 else None
   cfg, reader, questions, docs = sweep_reader(FLAGS.multiple, FLAGS.n, FLAGS.source, mesh=mesh)
   budgets = [int(float(m) * MIB) for m in FLAGS.budgets_mib]
   slots = memory_update_slots(reader, questions)

@@ -87,9 +87,10 @@ class AttentionSpec:
   # each step rematerialised in the backward pass, in causal query blocks of this many tokens, so a
   # step's scores stay in cache (`cpu_attention`); 0: one dense pass over all rows.
   cpu_block: int = 64
-  # CPU, one device: the sampler (policy/sampling.py) runs a small model's rows in groups, one after the
-  # other, whose KV cache and whose weights are each at most this many bytes, so a group's prefill and
-  # decode steps read them from the processor's cache, not memory; 0: all rows at once.
+  # CPU: the sampler (policy/sampling.py) runs a small model's rows in groups, one after the other, whose
+  # KV cache and whose weights are each at most this many bytes, so a group's prefill and decode steps
+  # read them from the processor's cache, not memory; on one device, or on each device of a mesh in
+  # context that splits only rows (each its own rows); 0: all rows at once.
   cpu_sample_group_bytes: int = 6 << 20
   emulate_kernels: bool = False
 
@@ -303,7 +304,7 @@ def _per_shard(kernel, q, k, v, key_valid):
   `jax.set_mesh`): XLA cannot partition a Mosaic call, and would otherwise gather every row to every
   device. Rows split over ("data", "fsdp"), heads over "tensor" where the sizes divide."""
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1:
+  if mesh.empty or mesh.size == 1 or mesh.are_all_axes_manual:  # manual: already one device's rows
     return kernel(q, k, v, key_valid)
   P = jax.sharding.PartitionSpec
   rows = tuple(a for a in ("data", "fsdp") if mesh.shape.get(a, 1) > 1)

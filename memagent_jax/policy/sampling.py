@@ -205,8 +205,9 @@ def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_to
   to max_new_tokens new tokens per active row, picked as `spec` says.
 
   cache_size: slots of the KV cache (default P + max_new_tokens, the least that fits); prefix: the
-  KV of a prefix every prompt starts with (see `prefill`). On CPU devices a large batch of a small
-  model runs in row groups (`row_group`, the model's `cpu_sample_group_bytes`), each device its own rows'."""
+  KV of a prefix every prompt starts with (see `prefill`). On one CPU device, or on each device of a
+  mesh in context that splits only rows (`row_shards`; the agent traces under its mesh), a large batch of
+  a small model runs in row groups (`row_group`, the model's `cpu_sample_group_bytes`)."""
   b, p = rows.tokens.shape
   cache_size = cache_size or p + max_new_tokens
   shards = row_shards(b)
