@@ -18,16 +18,29 @@ EVAL_SCRIPT = textwrap.dedent("""
     from configs import toy_cpu
     from memagent_jax.experiment.assembly import Evaluator, build_experiment
     cfg = toy_cpu.get_config("tiny")
-    cfg.eval.update(every=1, size=8, batch_size=4, temperature=1.0, top_p=0.9)
+    batch = int(os.environ.get("BATCH", "4"))
+    cfg.eval.update(every=1, size=8, batch_size=batch, temperature=1.0, top_p=0.9)
     cfg.mesh.update(data=int(os.environ["DATA"]), fsdp=1, tensor=1)
     cfg.distributed.update(num_processes=int(os.environ["NPROC"]), process_id=int(os.environ["PID"]),
                            coordinator_address=os.environ["COORD"])
     exp = build_experiment(cfg, workdir=os.path.join(os.environ["OUT"], os.environ["TAG"]))
     reader, calls = exp.evaluator.reader, []
+    groups = None
+    if os.environ.get("GROUPED"):  # a row-group budget of exactly the weights: each device groups its rows
+      import dataclasses
+      from flax import nnx
+      from memagent_jax.policy import sampling
+      policy = reader.policy
+      weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(policy.model, nnx.Param)))
+      policy.model.set_attention(dataclasses.replace(policy.model.attention, cpu_sample_group_bytes=weights))
+      policy.graphdef, policy.state = nnx.split(policy.model)
+      slots = reader.prompt_tokens(8)["memory update"] + reader.memory_tokens
+      shards = jax.device_count()
+      groups = sampling.row_group(policy.model, batch // shards, slots, shards=shards)
     answer_batch = reader.answer_batch
     def recording(questions, documents, **kw):  # what this process read, and what it sampled
       results = answer_batch(questions, documents, **kw)
-      calls.append([r.answer for r in results])
+      calls.append([[r.answer, r.memories] for r in results])
       return results
     reader.answer_batch = recording
     summary = exp.trainer.evaluate()
@@ -38,16 +51,16 @@ EVAL_SCRIPT = textwrap.dedent("""
       refused = str(e)
     summary.pop("seconds")
     print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(), "calls": calls,
-                      "summary": summary, "refused": refused}))
+                      "summary": summary, "refused": refused, "groups": groups}))
 """)
 
 
-def _run(tag, out, nproc, data):
+def _run(tag, out, nproc, data, **env):
   coord = f"localhost:{_free_port()}" if nproc > 1 else ""
   procs = [subprocess.Popen(
       [sys.executable, "-c", EVAL_SCRIPT], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=1", OUT=str(out), TAG=tag,
-                     NPROC=str(nproc), PID=str(i), COORD=coord, DATA=str(data)))
+                     NPROC=str(nproc), PID=str(i), COORD=coord, DATA=str(data), **env))
            for i in range(nproc)]
   return _collect(procs, timeout=600)
 
@@ -61,9 +74,25 @@ def test_two_processes_split_the_held_out_set_and_score_as_one(tmp_path):
   assert [len(c) for c in one["calls"]] == [4, 4]
   assert [len(c) for c in first["calls"]] == [len(c) for c in second["calls"]] == [2, 2]
   # the first half of each batch on process 0, the second on process 1, each row sampled as in one process
+  # (its answer and its memories)
   assert [a + b for a, b in zip(first["calls"], second["calls"])] == one["calls"]
-  assert len({a for c in one["calls"] for a in c}) > 1  # sampled text, not one constant answer
+  assert len({a for c in one["calls"] for a, _ in c}) > 1  # sampled text, not one constant answer
   assert first["summary"] == second["summary"] == one["summary"]
   assert first["summary"]["mean_document_tokens"] > 0
   assert one["refused"] == ""  # one process takes any size
   assert "eval.size=5 and eval.batch_size=4 must be multiples of the 2 processes" in first["refused"]
+
+
+@pytest.mark.slow
+def test_two_processes_sample_their_rows_in_row_groups_as_one_process(tmp_path):
+  """With a row-group budget that groups the memory updates (2 rows a group), one process groups its 8 rows
+  and each of two processes its own 4 (`sampling._on_each_row_shard` over the processes' devices): the same
+  sampled answers row for row, and the same scores."""
+  [one] = _run("one", tmp_path, nproc=1, data=1, BATCH="8", GROUPED="1")
+  first, second = _run("two", tmp_path, nproc=2, data=2, BATCH="8", GROUPED="1")
+  assert one["groups"] == first["groups"] == second["groups"] == 2  # of 8 rows on one device, of 4 on each of two
+  assert [len(c) for c in one["calls"]] == [8] and [len(c) for c in first["calls"]] == [4]
+  assert [a + b for a, b in zip(first["calls"], second["calls"])] == one["calls"]  # answers and memories
+  assert len({a for c in one["calls"] for a, _ in c}) > 1
+  assert len({str(m) for c in one["calls"] for _, m in c}) > 1  # memories that differ between rows
+  assert first["summary"] == second["summary"] == one["summary"]

@@ -373,7 +373,8 @@ from test_sampling import _equations as equations
 
 policy = mj.load_policy("random:tiny-llama", seed=3)
 model = nnx.merge(policy.graphdef, policy.state)
-mesh = parallel.make_mesh()  # data = 2
+FSDP = False  # the test runs this again with True: rows and weights split over fsdp = 2
+mesh = parallel.make_mesh(parallel.MeshSpec(data=1, fsdp=2) if FSDP else None)  # else data = 2
 rng = np.random.default_rng(6)
 shared_ids = rng.integers(0, 256, size=6).tolist()
 tails = [rng.integers(0, 256, size=n).tolist() for n in [9, 4, 14, 7, 11, 3, 8, 12, 5, 10]]
@@ -384,7 +385,7 @@ per_row = sampling.row_prefix(model, shared, opening, opening_valid)
 inactive = jnp.zeros((10,), bool).at[7].set(True)
 rows = sampling.PromptRows(tokens=tokens, valid=valid, keys=sampling.row_keys(jax.random.PRNGKey(2), np.arange(10)),
                            stop_tokens=jnp.asarray([[17], [-1], [5], [200], [33]] * 2, jnp.int32), inactive=inactive)
-split = lambda x: jax.device_put(x, NamedSharding(mesh, P("data", *[None] * (x.ndim - 1))))
+split = lambda x: jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp"), *[None] * (x.ndim - 1))))
 rows = jax.tree.map(split, rows)
 per_row = jax.tree.map(lambda x: split(x) if x.ndim else x, per_row)
 cache_size = 512
@@ -393,6 +394,7 @@ row_bytes = sampling.cache_bytes_per_row(model.config, cache_size, model.dtype)
 def program(group_bytes, spec, prefix):  # a new function per setting: jit caches traces by function
   model.set_attention(dataclasses.replace(model.attention, cpu_sample_group_bytes=group_bytes))
   graphdef, state = nnx.split(model)
+  state = parallel.shard_params(state, mesh)  # over fsdp on the fsdp mesh: gathered on entering the map
   run = lambda st, rows, prefix: sampling.sample_from_prompts(nnx.merge(graphdef, st), rows, spec, max_new_tokens=12,
                                                               pad_id=0, cache_size=cache_size, prefix=prefix)
   with parallel.trace_mesh(mesh):
@@ -400,9 +402,12 @@ def program(group_bytes, spec, prefix):  # a new function per setting: jit cache
     return jax.jit(run)(state, rows, prefix), jaxpr, len(jax.tree.leaves(state))
 
 out = {}
-for name, spec, prefix in (("greedy, a row's prefix each", GREEDY, per_row),
-                           ("sampled, one shared prefix", DecodeSpec(temperature=1.0, top_p=0.9), shared),
-                           ("sampled, no prefix", DecodeSpec(temperature=1.0, top_p=0.9), None)):
+cases = [("greedy, a row's prefix each", GREEDY, per_row),
+         ("sampled, one shared prefix", DecodeSpec(temperature=1.0, top_p=0.9), shared),
+         ("sampled, no prefix", DecodeSpec(temperature=1.0, top_p=0.9), None)]
+if FSDP:
+  cases = [("fsdp: greedy, a row's prefix each", GREEDY, per_row)]
+for name, spec, prefix in cases:
   whole, whole_jaxpr, _ = program(0, spec, prefix)
   grouped, jaxpr, weights = program(2 * row_bytes + row_bytes // 2, spec, prefix)
   maps = [e for e in equations(jaxpr.jaxpr) if e.primitive.name == "shard_map"]
@@ -418,6 +423,7 @@ for name, spec, prefix in (("greedy, a row's prefix each", GREEDY, per_row),
       maps=len(maps), device_tokens=list(maps[0].params["jaxpr"].invars[weights].aval.shape) if maps else None,
       loops=[[e.params["length"], *e.params["jaxpr"].jaxpr.invars[-1].aval.shape] for e in loops],
       token_shards=[list(s.data.shape) for s in grouped.tokens.addressable_shards],
+      weight_shards=sorted({str(x.sharding.spec) for x in jax.tree.leaves(parallel.shard_params(nnx.state(model), mesh))}),
       lengths_of=np.asarray(whole.lengths).tolist())
 print(json.dumps(out))
 """
@@ -426,9 +432,14 @@ print(json.dumps(out))
 def test_row_groups_on_two_cpu_devices_run_each_devices_own_rows():
   """10 rows split over a data = 2 mesh: each device samples its own 5 rows in groups of 2 (padded to 3
   groups; `jax.shard_map`), with a per-row, a shared or no prefix: every row's tokens, stop, length and
-  log-probs are those of all 10 rows at once on the same mesh, and the outputs stay split."""
+  log-probs are those of all 10 rows at once on the same mesh, and the outputs stay split. The same on an
+  fsdp = 2 mesh, whose weights are split too."""
   from test_parallel import run_on_emulated_devices
   out = run_on_emulated_devices(_ON_TWO_DEVICES, n=2, timeout=600)
+  fsdp = run_on_emulated_devices(_ON_TWO_DEVICES.replace("FSDP = False", "FSDP = True"), n=2, timeout=600)
+  assert list(fsdp) == ["fsdp: greedy, a row's prefix each"]
+  assert any("fsdp" in spec for spec in fsdp[next(iter(fsdp))]["weight_shards"])  # weights split too
+  out.update(fsdp)
   for name, case in out.items():
     assert case["tokens"] and case["lengths"] and case["stopped"], name
     assert case["steps"][0] == case["steps"][1], name
