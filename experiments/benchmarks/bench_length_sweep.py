@@ -40,8 +40,8 @@ def define_flags():
   flags.DEFINE_integer("max_multiple", 256, "longest document / training length (a power of 2)")
   flags.DEFINE_integer("n", 200, "documents per length, read in one batch (make reproduce's)")
   flags.DEFINE_string("source", "experiments/data/toy_base_lookup", "the reader's weights")
-  flags.DEFINE_integer("cpu_devices", 0, "JAX CPU devices the rows split over (0: the most cores this process "
-                       "may use that divide --n; 1: one device)")
+  flags.DEFINE_integer("cpu_devices", 0, "JAX CPU devices the rows split over (0: the most logical CPUs this "
+                       "process may use that divide --n; 1: one device)")
 
 
 def usable_cores() -> int:
@@ -53,7 +53,7 @@ def cpu_devices(requested: int, rows: int, cores: int) -> int:
   """Devices for batches of `rows` rows: `requested`, or with 0 the most of `cores` that divide `rows`
   (a batch's rows split evenly over the devices)."""
   if requested < 0:
-    raise ValueError(f"cpu_devices={requested} must be >= 0 (0: one per core)")
+    raise ValueError(f"cpu_devices={requested} must be >= 0 (0: one per logical CPU)")
   devices = requested or max(d for d in range(1, max(1, cores) + 1) if rows % d == 0)
   if rows % devices:
     raise ValueError(f"cpu_devices={devices} does not divide the batch of {rows} documents (--n)")

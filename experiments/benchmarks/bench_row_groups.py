@@ -37,7 +37,7 @@ def define_flags():
                     "(0: all rows at once)")
   flags.DEFINE_integer("rounds", 3, "timed rounds over every budget, after one compiling round")
   flags.DEFINE_string("out", "", "markdown file for the table (a PNG is written beside it)")
-  flags.DEFINE_integer("cpu_devices", 1, "JAX CPU devices the rows split over (0: the most cores that divide --n)")
+  flags.DEFINE_integer("cpu_devices", 1, "JAX CPU devices the rows split over (0: the most logical CPUs that divide --n)")
 
 
 def memory_update_slots(reader, questions) -> int:
