@@ -162,3 +162,48 @@ def test_question_with_control_character_is_an_error():
   from memagent_jax.agent.memagent import encode_question
   with pytest.raises(ControlCharacterError, match=r"question 3 contains the control character U\+0000"):
     encode_question(None, "what\x00 is it?", index=3, budget=16)
+
+
+def test_a_batch_of_documents_is_tokenised_together_with_the_same_ids(tok, text, monkeypatch):
+  """documents_chunks tokenises the next piece of every document in one encode_batch call (the agent's
+  documents advance together, block by block) and gives each document's own ids and chunks."""
+  docs = [text * 3, "A short document.", (text[:5000] + "\n") * 20]  # several pieces, one, several
+  pieces = [list(chunking.split_text(d, tok)) for d in docs]
+  assert [len(p) > 1 for p in pieces] == [True, False, True]
+  batches, real = [], tok.encode_batch
+  monkeypatch.setattr(tok, "encode_batch", lambda texts: batches.append(len(texts)) or real(texts))
+  streams = chunking.documents_chunks(tok, docs, chunk_tokens=300, names=["a", "b", "c"])
+  chunks = [[] for _ in docs]
+  while any(s is not None for s in streams):  # round robin, as the agent reads a block of each row
+    for i, s in enumerate(streams):
+      if s is not None and (c := next(s, None)) is not None:
+        chunks[i].append(c)
+      elif s is not None:
+        streams[i] = None
+  assert batches[0] == 3 and sum(batches) == sum(len(p) for p in pieces) and len(batches) < sum(batches)
+  for doc, got in zip(docs, chunks):
+    assert all(len(c) == 300 for c in got[:-1]) and 0 < len(got[-1]) <= 300
+    assert np.concatenate(got).tolist() == tok.encode(doc)
+
+
+def test_a_batch_names_its_empty_or_binary_document(tok):
+  streams = chunking.documents_chunks(tok, ["Some text.", " \n ", "More text."], chunk_tokens=8,
+                                      names=["doc 0", "doc 1", "doc 2"])
+  assert np.concatenate(list(streams[0])).tolist() == tok.encode("Some text.")
+  with pytest.raises(chunking.EmptyDocumentError, match="doc 1 is empty"):
+    list(streams[1])
+  assert np.concatenate(list(streams[2])).tolist() == tok.encode("More text.")
+  with pytest.raises(chunking.ControlCharacterError, match=r"doc 2 contains the control character U\+0000"):
+    chunking.documents_chunks(tok, ["fine", "fine", "bad\x00"], chunk_tokens=8, names=["doc 0", "doc 1", "doc 2"])
+
+
+def test_encode_batch_equals_encode_text_by_text(tok, text):
+  from memagent_jax.data import toy
+  from memagent_jax.data.toy_tokenizer import UnknownWordError, toy_tokenizer
+  toy_tok = toy_tokenizer()
+  toy_texts = [s["context"] for s in toy.generate(3, num_tokens=300, seed=0)]
+  for t, texts in ((tok, [text[:3000], "", "Caf\u00e9 \u2014 x", text[5000:9000]]), (toy_tok, toy_texts)):
+    assert t.encode_batch(texts) == [t.encode(x) for x in texts]
+    assert t.encode_batch([]) == []
+  with pytest.raises(UnknownWordError, match="zebraxylophone"):
+    toy_tok.encode_batch([toy_texts[0], "zebraxylophone " + toy_texts[0]])

@@ -47,9 +47,9 @@ def test_import_keeps_cpu_temporaries_resident_and_the_switch_turns_it_off():
   """[4096, 4096] fp32 temporaries (64 MB) are faulted in anew on every call by default glibc;
   with the settings a call after the first faults almost nothing."""
   on, off = _probe(None), _probe("0")
-  assert on["settings"] == {"keep_freed_memory": True, "synchronous_dispatch": True}
+  assert on["settings"] == {"keep_freed_memory": True, "synchronous_dispatch": True, "unrolled_threefry": True}
   assert on["async_dispatch"] is False
-  assert off["settings"] == {"keep_freed_memory": False, "synchronous_dispatch": False}
+  assert off["settings"] == {"keep_freed_memory": False, "synchronous_dispatch": False, "unrolled_threefry": False}
   assert off["async_dispatch"] is True
   pages_of_temporary = 4096 * 4096 * 4 / 4096
   assert off["faults"] > 0.5 * pages_of_temporary, off  # the mechanism this module exists for

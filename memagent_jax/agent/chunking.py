@@ -123,16 +123,62 @@ def read_text_pieces(path: str, tokenizer, *, piece_chars: int = PIECE_CHARS,
 def token_stream(tokenizer, pieces: Iterable[str], name: str = "document") -> Iterator[np.ndarray]:
   """Token ids [n] int32 per text piece; raises EmptyDocumentError if there is no text at all and
   ControlCharacterError (before tokenising) at the first NUL or other control character."""
-  seen_text, offset, line = False, 0, 1
-  for piece in pieces:
-    check_text(piece, name, offset=offset, line=line)
-    offset, line = offset + len(piece), line + piece.count("\n")
-    seen_text = seen_text or bool(piece.strip())
-    ids = tokenizer.encode(piece)
-    if ids:
-      yield np.asarray(ids, np.int32)
-  if not seen_text:
-    raise EmptyDocumentError(f"{name} is empty: there is no text to read")
+  return token_streams(tokenizer, [pieces], [name])[0]
+
+
+class _PieceRounds:
+  """Each document's next text piece and its ids, tokenised a round at a time: one `encode_batch` of the
+  next piece of every document that has none waiting (a batch's documents advance together, block by
+  block), so the tokenizer's threads split the work and at most about one piece per document is held."""
+
+  def __init__(self, tokenizer, pieces: Sequence[Iterable[str]], names: Sequence[str]):
+    self.tokenizer, self.names = tokenizer, list(names)
+    self.sources = [iter(p) for p in pieces]
+    self.waiting: list[tuple[str, list[int]] | None] = [None] * len(self.sources)
+    self.ended = [False] * len(self.sources)
+    self.where = [(0, 1)] * len(self.sources)  # (character offset, line) of each document's next piece
+
+  def next_piece(self, i: int) -> tuple[str, list[int]] | None:
+    """Document i's next (piece, ids), or None when it has no more."""
+    if self.waiting[i] is None and not self.ended[i]:
+      self._round()
+    item, self.waiting[i] = self.waiting[i], None
+    return item
+
+  def _round(self):
+    texts, owners = [], []
+    for j, source in enumerate(self.sources):
+      if self.waiting[j] is not None or self.ended[j]:
+        continue
+      piece = next(source, None)
+      if piece is None:
+        self.ended[j] = True
+        continue
+      offset, line = self.where[j]
+      check_text(piece, self.names[j], offset=offset, line=line)  # before any tokenising
+      self.where[j] = (offset + len(piece), line + piece.count("\n"))
+      texts.append(piece)
+      owners.append(j)
+    for j, piece, ids in zip(owners, texts, self.tokenizer.encode_batch(texts) if texts else []):
+      self.waiting[j] = (piece, ids)
+
+
+def token_streams(tokenizer, pieces: Sequence[Iterable[str]], names: Sequence[str]) -> list[Iterator[np.ndarray]]:
+  """`token_stream` of several documents (their text pieces and names), tokenised together in rounds
+  (`_PieceRounds`): the same ids as one document at a time."""
+  rounds = _PieceRounds(tokenizer, pieces, names)
+
+  def stream(i: int) -> Iterator[np.ndarray]:
+    seen_text = False
+    while (item := rounds.next_piece(i)) is not None:
+      piece, ids = item
+      seen_text = seen_text or bool(piece.strip())
+      if ids:
+        yield np.asarray(ids, np.int32)
+    if not seen_text:
+      raise EmptyDocumentError(f"{rounds.names[i]} is empty: there is no text to read")
+
+  return [stream(i) for i in range(len(rounds.sources))]
 
 
 def chunk_stream(token_arrays: Iterable[np.ndarray], chunk_tokens: int) -> Iterator[np.ndarray]:
@@ -162,8 +208,17 @@ def text_pieces(tokenizer, document: str, *, name: str = "document", from_file: 
 def document_chunks(tokenizer, document: str, *, chunk_tokens: int, name: str = "document",
                     from_file: bool = False, read_bytes: int = READ_BYTES) -> Iterator[np.ndarray]:
   """Chunks of a document given as text, or as a file path ('-' = stdin) when `from_file`."""
-  pieces = text_pieces(tokenizer, document, name=name, from_file=from_file, read_bytes=read_bytes)
-  return chunk_stream(token_stream(tokenizer, pieces, name), chunk_tokens)
+  return documents_chunks(tokenizer, [document], chunk_tokens=chunk_tokens, names=[name], from_files=from_file,
+                          read_bytes=read_bytes)[0]
+
+
+def documents_chunks(tokenizer, documents: Sequence[str], *, chunk_tokens: int, names: Sequence[str],
+                     from_files: bool = False, read_bytes: int = READ_BYTES) -> list[Iterator[np.ndarray]]:
+  """`document_chunks` of a batch of documents, tokenised together (`token_streams`); a text is checked
+  for control characters here, at once, a file as it is read."""
+  pieces = [text_pieces(tokenizer, d, name=n, from_file=from_files, read_bytes=read_bytes)
+            for d, n in zip(documents, names)]
+  return [chunk_stream(ids, chunk_tokens) for ids in token_streams(tokenizer, pieces, names)]
 
 
 def centre_truncate(ids: np.ndarray, max_tokens: int) -> np.ndarray:

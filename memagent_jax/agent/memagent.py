@@ -155,12 +155,16 @@ class MemAgent:
       q[i, :len(qi)] = qi
     return q, np.asarray([len(x) for x in ids], np.int32)
 
-  def _chunks(self, document: str, index: int, from_file: bool):
-    name = document if from_file else f"document {index}"
-    stream = chunking.document_chunks(self.tokenizer, document, chunk_tokens=self.chunk_tokens, name=name,
-                                      from_file=from_file)
+  def _chunk_streams(self, documents: Sequence[str], from_files: bool) -> list:
+    """Each document's chunk stream, the batch tokenised together (`chunking.documents_chunks`)."""
+    names = [d if from_files else f"document {i}" for i, d in enumerate(documents)]
+    streams = chunking.documents_chunks(self.tokenizer, documents, chunk_tokens=self.chunk_tokens, names=names,
+                                        from_files=from_files)
     if self.max_chunks is None:
-      return stream
+      return streams
+    return [self._centre_truncated(s) for s in streams]
+
+  def _centre_truncated(self, stream):
     ids = np.concatenate(list(stream))  # training only: centre-truncate to max_chunks chunks
     ids = chunking.centre_truncate(ids, self.max_chunks * self.chunk_tokens)
     return iter([ids[i:i + self.chunk_tokens] for i in range(0, len(ids), self.chunk_tokens)])
@@ -188,7 +192,7 @@ class MemAgent:
     spec = self._spec(keep_prompts)
     place = RowPlacement(self.mesh, b)
     question, q_len = self._question_ids(questions, place)
-    streams = [self._chunks(d, i, from_files) for i, d in enumerate(documents)]
+    streams = self._chunk_streams(documents, from_files)
     memory = np.full((b, self.memory_width), self.pad_id, np.int32)
     memory[:, :len(self.initial_memory)] = self.initial_memory
     rows = MemoryRows(question=place.put(question), q_len=place.put(q_len), memory=place.put(memory),

@@ -105,6 +105,13 @@ class WordTokenizer(Tokenizer):
       self._raise_unknown(text)
     return ids
 
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    batch = super().encode_batch(texts)
+    for text, ids in zip(texts, batch):
+      if self.unk_token_id in ids:
+        self._raise_unknown(text)
+    return batch
+
   def _raise_unknown(self, text: str):
     enc = self.hf.backend_tokenizer.encode(text, add_special_tokens=False)
     for i, (start, end) in zip(enc.ids, enc.offsets):

@@ -1,4 +1,5 @@
-"""XLA:CPU's per-call buffers kept in the process instead of handed back to the kernel.
+"""XLA:CPU's per-call buffers kept in the process instead of handed back to the kernel (and JAX's PRNG
+hash unrolled on CPU: `runtime/cpu_threefry.py`).
 
 Every call of a compiled CPU program allocates its temporaries (one block, often 50-600 MB for an
 update) and frees them on return. glibc serves blocks above its mmap threshold (32 MB at most) by
@@ -11,7 +12,8 @@ it: on tiny-smollm2's update that was 550 MB and 0.27 s of system time per 0.65 
   synchronous_dispatch()  the CPU client runs programs on the calling thread, whose allocations go
                           to glibc's main heap (other threads' heaps cap at 64 MB and mmap above it).
 
-`tune_cpu_host` applies both once at import of memagent_jax. MEMAGENT_JAX_CPU_HOST=0 in the
+`tune_cpu_host` applies both once at import of memagent_jax, with `cpu_threefry.unroll_threefry_on_cpu`
+(the same random numbers from fewer, fused kernels). MEMAGENT_JAX_CPU_HOST=0 in the
 environment leaves the process as it was. The cost: memory the process freed stays resident (up
 to its peak), and CPU programs no longer overlap the Python that dispatched them; accelerator
 programs are not affected (the setting is the CPU client's only).
@@ -25,6 +27,8 @@ import logging
 import os
 
 import jax
+
+from memagent_jax.runtime import cpu_threefry
 
 ENV_VAR = "MEMAGENT_JAX_CPU_HOST"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
@@ -70,10 +74,11 @@ def synchronous_dispatch() -> bool:
 
 
 def tune_cpu_host() -> dict[str, bool]:
-  """Both settings, once per process, unless MEMAGENT_JAX_CPU_HOST=0; returns what is in force."""
+  """The settings, once per process, unless MEMAGENT_JAX_CPU_HOST=0; returns what is in force."""
   if not _applied:
     if os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
-      _applied.update(keep_freed_memory=False, synchronous_dispatch=False)
+      _applied.update(keep_freed_memory=False, synchronous_dispatch=False, unrolled_threefry=False)
     else:
-      _applied.update(keep_freed_memory=keep_freed_memory(), synchronous_dispatch=synchronous_dispatch())
+      _applied.update(keep_freed_memory=keep_freed_memory(), synchronous_dispatch=synchronous_dispatch(),
+                      unrolled_threefry=cpu_threefry.unroll_threefry_on_cpu())
   return dict(_applied)
