@@ -2,6 +2,7 @@
 GB/s of weights per library (one process each, since XLA_FLAGS is read once), beside a plain read.
 
   python -m experiments.benchmarks.bench_small_matmul            # rows 1, 8, 16; 30 [576, 1536] weights
+  python -m experiments.benchmarks.bench_small_matmul --dtypes   # float32 and bfloat16, ours beside torch
 
 Each timing: 30 independent [B, 576] x [576, 1536] products (SmolLM2-135M's MLP shape, 106 MB of weights),
 best of 20 after a warm-up.
@@ -17,6 +18,8 @@ import sys
 from absl import app, flags
 
 _ROWS = flags.DEFINE_string("rows", "1,8,16", "rows per product, comma separated")
+_DTYPES = flags.DEFINE_bool("dtypes", False, "instead: milliseconds of the 30 products with float32 and with "
+                            "bfloat16 weights and activations, XLA's default library beside torch's F.linear")
 LIBRARIES = {  # column name -> XLA_FLAGS
     "YNNPACK (default)": "",
     "oneDNN (`--xla_cpu_use_onednn`)": "--xla_cpu_use_onednn=true",
@@ -51,9 +54,50 @@ def measure(rows: list[int]) -> dict:
   return out
 
 
+def _best_seconds(run) -> float:
+  import time
+  run()
+  times = []
+  for _ in range(20):
+    start = time.perf_counter()
+    run()
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def dtype_table(rows: list[int]) -> str:
+  """Would bfloat16 weights lift decode's ratio to transformers? Both sides in each dtype, same shapes:
+  jax with float32 accumulation (`preferred_element_type`), torch with its default CPU kernels."""
+  import jax
+  import jax.numpy as jnp
+  import torch
+  import memagent_jax  # noqa: F401  (its CPU host settings)
+  torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+  lines = ["| rows | jax float32 | jax bfloat16 | torch float32 | torch bfloat16 | speed-up over torch, float32 | "
+           "speed-up over torch, bfloat16 |", "|---|---|---|---|---|---|---|"]
+  for b in rows:
+    ms = {}
+    for name, jdt, tdt in (("float32", jnp.float32, torch.float32), ("bfloat16", jnp.bfloat16, torch.bfloat16)):
+      ws = [jax.random.normal(jax.random.PRNGKey(i), (576, 1536), jnp.float32).astype(jdt) for i in range(30)]
+      x = jnp.ones((b, 576), jdt)
+      f = jax.jit(lambda ws, x: [jnp.dot(x, w, preferred_element_type=jnp.float32) for w in ws])
+      ms["jax " + name] = 1e3 * _best_seconds(lambda: jax.block_until_ready(f(ws, x)))
+      tw = [torch.randn(1536, 576).to(tdt) for _ in range(30)]  # F.linear's [out, in] layout
+      tx = torch.ones(b, 576, dtype=tdt)
+      with torch.no_grad():
+        ms["torch " + name] = 1e3 * _best_seconds(lambda: [torch.nn.functional.linear(tx, w) for w in tw])
+    lines.append(f"| {b} | " + " | ".join(f"{ms[k]:.2f} ms" for k in ("jax float32", "jax bfloat16", "torch float32",
+                                                                       "torch bfloat16"))
+                 + f" | {ms['torch float32'] / ms['jax float32']:.2f}x | {ms['torch bfloat16'] / ms['jax bfloat16']:.2f}x |")
+  return "\n".join(lines)
+
+
 def main(argv):
   del argv
   rows = [int(r) for r in _ROWS.value.split(",")]
+  if _DTYPES.value:
+    print(dtype_table(rows))
+    return
   results = {}
   for name, xla_flags in LIBRARIES.items():
     env = dict(os.environ, XLA_FLAGS=xla_flags, JAX_PLATFORMS="cpu")
