@@ -207,3 +207,33 @@ def test_encode_batch_equals_encode_text_by_text(tok, text):
     assert t.encode_batch([]) == []
   with pytest.raises(UnknownWordError, match="zebraxylophone"):
     toy_tok.encode_batch([toy_texts[0], "zebraxylophone " + toy_texts[0]])
+
+
+def test_a_batch_of_files_keeps_each_documents_error_in_its_own_stream(tok, text, tmp_path):
+  """A control character in a later piece of one file is raised by that file's stream (its name, offset
+  and line across reads), while the other files, read round robin beside it, give all their ids."""
+  bad = text * 3 + "bad\x00byte " + text[:5000]  # the NUL after the first 64K-character piece
+  docs = [text[:30000], bad, text * 2]
+  paths = []
+  for i, d in enumerate(docs):
+    paths.append(tmp_path / f"doc{i}.txt")
+    paths[-1].write_bytes(d.encode())
+  streams = chunking.documents_chunks(tok, [str(p) for p in paths], chunk_tokens=200, names=[str(p) for p in paths],
+                                      from_files=True, read_bytes=4096)
+  chunks, errors = [[] for _ in docs], {}
+  while any(s is not None for s in streams):
+    for i, s in enumerate(streams):
+      if s is None:
+        continue
+      try:
+        chunks[i].append(next(s))
+      except StopIteration:
+        streams[i] = None
+      except chunking.ControlCharacterError as e:
+        errors[i], streams[i] = str(e), None
+  at = bad.index("\x00")
+  assert list(errors) == [1] and errors[1].startswith(f"{paths[1]} contains the control character U+0000 at "
+                                                      f"character offset {at} (line {bad[:at].count(chr(10)) + 1})")
+  assert len(chunks[1]) > 5  # its earlier pieces were read before the error
+  for i in (0, 2):
+    assert np.concatenate(chunks[i]).tolist() == tok.encode(docs[i])

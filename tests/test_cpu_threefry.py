@@ -9,6 +9,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.extend.random import threefry_2x32
 
 import memagent_jax  # noqa: F401  (registers the lowering at import)
@@ -36,6 +37,9 @@ def draws(seed):
 fn = jax.jit(draws)
 hlo = fn.lower(0).compile().as_text()
 out = {k: np.asarray(v).tolist() for k, v in fn(1234).items()}
+jax.config.update("jax_threefry_partitionable", False)  # the other counter layout: odd sizes are padded
+odd = jax.jit(lambda k: (jax.random.bits(k, (5,)), jax.random.bits(k, (3, 7)), jax.random.split(k, 3)))
+out["original_layout"] = [np.asarray(v).tolist() for v in odd(jax.random.PRNGKey(99))]
 """
 
 
@@ -46,6 +50,8 @@ def test_rounds_give_the_reference_known_answers():
     assert [int(np.asarray(g)[0]) for g in got] == list(want), (key, count)
 
 
+@pytest.mark.skipif(os.environ.get(cpu_host.ENV_VAR, "1").strip().lower() in ("0", "false", "no", "off"),
+                    reason="the CPU host settings are switched off in this process")
 def test_import_registers_it_and_jax_random_runs_without_a_loop():
   assert cpu_host.tune_cpu_host()["unrolled_threefry"] is True
   key, count, want = KNOWN_ANSWERS[2]
@@ -56,8 +62,9 @@ def test_import_registers_it_and_jax_random_runs_without_a_loop():
 
 
 def test_random_numbers_equal_jax_stock_lowering_bit_for_bit():
-  """Keys, bits (odd sizes too), uniform, Gumbel and categorical draws of the samplers' kind, against a
-  process with the settings off (JAX's own five-step loop on CPU)."""
+  """Keys, bits, uniform, Gumbel and categorical draws of the samplers' kind, and bits and keys in JAX's
+  other counter layout (odd sizes padded), against a process with the settings off (JAX's own five-step
+  loop on CPU)."""
   code = _DRAWS + "print(json.dumps(dict(out=out, has_loop='while' in hlo)))"
   runs = {}
   for setting in ("1", "0"):

@@ -127,22 +127,29 @@ def token_stream(tokenizer, pieces: Iterable[str], name: str = "document") -> It
 
 
 class _PieceRounds:
-  """Each document's next text piece and its ids, tokenised a round at a time: one `encode_batch` of the
-  next piece of every document that has none waiting (a batch's documents advance together, block by
-  block), so the tokenizer's threads split the work and at most about one piece per document is held."""
+  """Each document's next text piece as ids, tokenised a round at a time: one `encode_batch` of the next
+  piece of every document that has none waiting (a batch's documents advance together, block by block),
+  so the tokenizer's threads split the work. At most one piece's ids per document are held (int32), as
+  when each document streamed alone; a document's error (a missing file, a control character, a word the
+  tokenizer refuses) is raised by its own stream, and the other documents' pieces are kept."""
 
   def __init__(self, tokenizer, pieces: Sequence[Iterable[str]], names: Sequence[str]):
     self.tokenizer, self.names = tokenizer, list(names)
     self.sources = [iter(p) for p in pieces]
-    self.waiting: list[tuple[str, list[int]] | None] = [None] * len(self.sources)
+    if len(self.names) != len(self.sources):
+      raise ValueError(f"{len(self.sources)} documents but {len(self.names)} names")
+    # per document: (has text, ids [n] int32) of its next piece, or the error its stream raises next
+    self.waiting: list[tuple[bool, np.ndarray] | Exception | None] = [None] * len(self.sources)
     self.ended = [False] * len(self.sources)
     self.where = [(0, 1)] * len(self.sources)  # (character offset, line) of each document's next piece
 
-  def next_piece(self, i: int) -> tuple[str, list[int]] | None:
-    """Document i's next (piece, ids), or None when it has no more."""
+  def next_piece(self, i: int) -> tuple[bool, np.ndarray] | None:
+    """Document i's next (has text, ids), or None when it has no more; raises document i's error."""
     if self.waiting[i] is None and not self.ended[i]:
       self._round()
     item, self.waiting[i] = self.waiting[i], None
+    if isinstance(item, Exception):
+      raise item
     return item
 
   def _round(self):
@@ -150,17 +157,41 @@ class _PieceRounds:
     for j, source in enumerate(self.sources):
       if self.waiting[j] is not None or self.ended[j]:
         continue
-      piece = next(source, None)
+      try:
+        piece = next(source, None)
+        if piece is not None:
+          offset, line = self.where[j]
+          check_text(piece, self.names[j], offset=offset, line=line)  # before any tokenising
+          self.where[j] = (offset + len(piece), line + piece.count("\n"))
+      except Exception as e:  # noqa: BLE001  (document j's own error, raised by its own stream)
+        self.waiting[j], self.ended[j] = e, True
+        continue
       if piece is None:
         self.ended[j] = True
         continue
-      offset, line = self.where[j]
-      check_text(piece, self.names[j], offset=offset, line=line)  # before any tokenising
-      self.where[j] = (offset + len(piece), line + piece.count("\n"))
       texts.append(piece)
       owners.append(j)
-    for j, piece, ids in zip(owners, texts, self.tokenizer.encode_batch(texts) if texts else []):
-      self.waiting[j] = (piece, ids)
+    for j, text, ids in zip(owners, texts, self._encode(texts), strict=True):
+      self.waiting[j] = ids if isinstance(ids, Exception) else (bool(text.strip()), np.asarray(ids, np.int32))
+
+  def _encode(self, texts: list[str]) -> list:
+    """Ids of each text, in one call where the tokenizer has `encode_batch`; when the batch fails, text by
+    text, so each error stays with its document."""
+    if not texts:
+      return []
+    batch = getattr(self.tokenizer, "encode_batch", None)
+    if batch is not None:
+      try:
+        return batch(texts)
+      except Exception:  # noqa: BLE001  (found again below, for the document it belongs to)
+        pass
+    out = []
+    for text in texts:
+      try:
+        out.append(self.tokenizer.encode(text))
+      except Exception as e:  # noqa: BLE001
+        out.append(e)
+    return out
 
 
 def token_streams(tokenizer, pieces: Sequence[Iterable[str]], names: Sequence[str]) -> list[Iterator[np.ndarray]]:
@@ -171,10 +202,10 @@ def token_streams(tokenizer, pieces: Sequence[Iterable[str]], names: Sequence[st
   def stream(i: int) -> Iterator[np.ndarray]:
     seen_text = False
     while (item := rounds.next_piece(i)) is not None:
-      piece, ids = item
-      seen_text = seen_text or bool(piece.strip())
-      if ids:
-        yield np.asarray(ids, np.int32)
+      has_text, ids = item
+      seen_text = seen_text or has_text
+      if len(ids):
+        yield ids
     if not seen_text:
       raise EmptyDocumentError(f"{rounds.names[i]} is empty: there is no text to read")
 
@@ -217,7 +248,7 @@ def documents_chunks(tokenizer, documents: Sequence[str], *, chunk_tokens: int, 
   """`document_chunks` of a batch of documents, tokenised together (`token_streams`); a text is checked
   for control characters here, at once, a file as it is read."""
   pieces = [text_pieces(tokenizer, d, name=n, from_file=from_files, read_bytes=read_bytes)
-            for d, n in zip(documents, names)]
+            for d, n in zip(documents, names, strict=True)]
   return [chunk_stream(ids, chunk_tokens) for ids in token_streams(tokenizer, pieces, names)]
 
 

@@ -11,9 +11,10 @@ Random123 reference), so every random number is unchanged; other platforms keep 
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend.random import threefry2x32_p
+from jax.interpreters import mlir
 
 # Threefry-2x32 rotation distances, round r uses _ROTATIONS[r % 8] (Random123's R_32x2_*).
 _ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
@@ -47,13 +48,8 @@ def unroll_threefry_on_cpu() -> bool:
   after it use it (already compiled ones keep theirs). True when registered."""
   if _applied:
     return _applied[0]
-  try:
-    from jax.extend.random import threefry2x32_p
-    from jax.interpreters import mlir
-  except ImportError:  # a JAX without these entry points keeps its own lowering
-    _applied.append(False)
-    return False
+  # out of line, as JAX emits its own unrolled rule (XLA inlines it again): one copy in the module
   mlir.register_lowering(threefry2x32_p, mlir.lower_fun(threefry2x32_rounds, multiple_results=True),
-                         platform="cpu")
+                         platform="cpu", inline=False)
   _applied.append(True)
   return True

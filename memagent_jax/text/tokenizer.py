@@ -32,10 +32,12 @@ class Tokenizer:
 
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     """`encode` of each text (no special tokens) in one call, which a fast tokenizer splits over its
-    threads: 200 toy documents of 4K tokens in 0.36 s against 0.64 s one by one on 2 cores."""
+    threads: 200 toy documents of 4K tokens in 0.35 s against 0.64 s one by one on 2 cores. Chunking
+    uses it where a tokenizer has it (else `encode` text by text)."""
     if not texts:
       return []
-    return [list(ids) for ids in self.hf(list(texts), add_special_tokens=False)["input_ids"]]
+    return self.hf(list(texts), add_special_tokens=False, return_attention_mask=False,
+                   return_token_type_ids=False)["input_ids"]
 
   def decode(self, ids, skip_special_tokens: bool = True) -> str:
     return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
