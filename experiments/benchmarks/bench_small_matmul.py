@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from absl import app, flags
 
@@ -31,19 +32,11 @@ LIBRARIES = {  # column name -> XLA_FLAGS
 
 def measure(rows: list[int]) -> dict:
   """{rows: GB/s} for this process's XLA flags, and "read": a jnp.sum over 4x the weights."""
-  import time
   import jax
   import jax.numpy as jnp
   import memagent_jax  # noqa: F401  (its CPU host settings, as every benchmark here runs with)
 
-  def best(f, *args):
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(20):
-      start = time.perf_counter()
-      jax.block_until_ready(f(*args))
-      times.append(time.perf_counter() - start)
-    return min(times)
+  best = lambda f, *args: _best_seconds(lambda: jax.block_until_ready(f(*args)))
 
   weights = [jax.random.normal(jax.random.PRNGKey(i), (576, 1536), jnp.float32) for i in range(30)]
   nbytes = 30 * 576 * 1536 * 4
@@ -55,7 +48,7 @@ def measure(rows: list[int]) -> dict:
 
 
 def _best_seconds(run) -> float:
-  import time
+  """Best of 20 calls of run() after a warm-up one."""
   run()
   times = []
   for _ in range(20):

@@ -100,17 +100,15 @@ class WordTokenizer(Tokenizer):
     self._joined_vocab = "\x00".join(hf_tokenizer.get_vocab())
 
   def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-    ids = super().encode(text, add_special_tokens)
+    return self._checked(text, super().encode(text, add_special_tokens))
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    return [self._checked(t, ids) for t, ids in zip(texts, super().encode_batch(texts), strict=True)]
+
+  def _checked(self, text: str, ids: list[int]) -> list[int]:
     if self.unk_token_id in ids:
       self._raise_unknown(text)
     return ids
-
-  def encode_batch(self, texts: list[str]) -> list[list[int]]:
-    batch = super().encode_batch(texts)
-    for text, ids in zip(texts, batch):
-      if self.unk_token_id in ids:
-        self._raise_unknown(text)
-    return batch
 
   def _raise_unknown(self, text: str):
     enc = self.hf.backend_tokenizer.encode(text, add_special_tokens=False)

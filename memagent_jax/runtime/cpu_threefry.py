@@ -2,8 +2,8 @@
 
 JAX lowers its PRNG hash (Threefry-2x32, 20 rounds) on CPU as a `while` loop of five steps, to keep
 compile times down. Inside a decode loop that runs every token, each step is a handful of tiny thunks
-(loop-carried copies, counters): about 90 of a toy decode step's 350, and 2.7% of a toy sweep batch
-(docs/results/toy_rl_step_speed.md, sixteenth session). `unroll_threefry_on_cpu` registers a lowering
+(loop-carried copies, counters): about 90 of a toy decode step's 350, and 1-3% of a toy sweep batch
+(docs/results/toy_rl_step_speed.md). `unroll_threefry_on_cpu` registers a lowering
 that writes the 20 rounds out, so XLA fuses them into a few elementwise kernels. The function is the
 same integer arithmetic (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the
 Random123 reference), so every random number is unchanged; other platforms keep their lowering.
@@ -20,8 +20,6 @@ from jax.interpreters import mlir
 _ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 _KEY_PARITY = np.uint32(0x1BD11BDA)  # the third key word is k0 ^ k1 ^ this constant
 ROUNDS = 20
-
-_applied: list[bool] = []
 
 
 def _rotate_left(x, distance: int):
@@ -44,12 +42,9 @@ def threefry2x32_rounds(key0, key1, count0, count1):
 
 
 def unroll_threefry_on_cpu() -> bool:
-  """Registers the unrolled lowering of JAX's threefry2x32 primitive for CPU, once; programs traced
-  after it use it (already compiled ones keep theirs). True when registered."""
-  if _applied:
-    return _applied[0]
+  """Registers the unrolled lowering of JAX's threefry2x32 primitive for CPU (again is harmless);
+  programs traced after it use it, already compiled ones keep theirs. True: it is registered."""
   # out of line, as JAX emits its own unrolled rule (XLA inlines it again): one copy in the module
   mlir.register_lowering(threefry2x32_p, mlir.lower_fun(threefry2x32_rounds, multiple_results=True),
                          platform="cpu", inline=False)
-  _applied.append(True)
   return True
