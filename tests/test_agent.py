@@ -9,6 +9,7 @@ import pytest
 
 import memagent_jax as mj
 from memagent_jax.agent import ConversationBatch, DirectReader, MemAgent
+from memagent_jax.agent import memagent as memagent_module
 from memagent_jax.text import templates
 from memagent_jax.agent.recurrence import _strip_stop, pack_left
 from memagent_jax.text.templates import (FINAL_TEMPLATE_BOXED, FINAL_TEMPLATE_EVAL, MEMORY_TEMPLATE,
@@ -167,6 +168,31 @@ def test_blocks_carry_memory_and_key(tiny_agent_policy):
   assert long.num_chunks > short.num_chunks >= 2
   assert all(c.truncated for c in long.conversations)  # random weights never emit a stop token
   assert all(len(c.response_ids) == 12 for c in long.conversations[:-1])  # memory capped
+
+
+def test_next_block_is_dispatched_before_the_last_is_fetched(tiny_agent_policy, monkeypatch):
+  """The host keeps one block in flight: block k goes to the device before block k - 1's outputs are
+  fetched, and the answers before the last block's, so tokenising and collecting overlap device work."""
+  events = []
+  agent = MemAgent(tiny_agent_policy, chunk_tokens=16, memory_tokens=4, answer_tokens=3, block_chunks=2)
+  run_block = agent.memory_block
+
+  def recorded_block(*args, block, **kwargs):
+    events.append(f"block {int(block.first)}")
+    return run_block(*args, block=block, **kwargs)
+
+  run_answers, fetch = memagent_module.answer_block, memagent_module.RowPlacement.local
+  agent.memory_block = recorded_block
+  monkeypatch.setattr(memagent_module, "answer_block", lambda *a, **k: events.append("answers") or run_answers(*a, **k))
+  monkeypatch.setattr(memagent_module.RowPlacement, "local",
+                      lambda self, tree, **k: events.append(f"fetch {tree['active'].shape[0]} steps") or fetch(self, tree, **k))
+  doc = " ".join(f"word{i}" for i in range(40))
+  blocks = -(-agent.answer("Which word?", doc).num_chunks // 2)
+  assert blocks >= 3
+  events.clear()
+  agent.answer("Which word?", doc)
+  overlapped = [e for k in range(1, blocks) for e in (f"block {2 * k}", "fetch 2 steps")]
+  assert events == ["block 0"] + overlapped + ["answers", "fetch 2 steps", "fetch 1 steps"]
 
 
 def test_inactive_rows_keep_their_memory(tiny_agent_policy):

@@ -108,7 +108,7 @@ def main(argv):
                                           pad_token_id=policy.tokenizer.pad_token_id), args.repeats)
     rows.append((f"generate B={b}, {width}-token prompt + {n} new (greedy)", "tokens/s",
                  b * n / ours, b * n / theirs, ""))
-  for t in [int(x) for x in args.prefill.split(",")]:
+  for t in [int(x) for x in args.prefill.split(",") if x]:
     ids = rng.integers(0, policy.config.vocab_size, size=(1, t)).astype(np.int32)
     jids = jnp.asarray(ids)
     ours = timed(lambda: _prefill(policy.graphdef, policy.state, jids, t + n).block_until_ready(),

@@ -200,21 +200,29 @@ class MemAgent:
                       keys=place.put(np.asarray(row_keys(jax.random.PRNGKey(seed), row_ids))))  # keys [b, 2]
     pol = self.policy
     bar = tqdm(desc="reading", unit="tok", unit_scale=True, disable=not progress, leave=False)
-    first_chunk = 0
-    while True:
+
+    def next_block():
+      """The next K chunks of every row packed [b, K, C] with lengths [b, K], or None when all have ended."""
       pending = [list(itertools.islice(s, self.block_chunks)) for s in streams]
       if not place.any_process(any(pending)):  # every process runs the same blocks
-        break
-      chunks, lengths = chunking.pack_chunks(pending, num_steps=self.block_chunks,
-                                             chunk_tokens=self.chunk_tokens, pad_id=self.pad_id)
+        return None
+      return chunking.pack_chunks(pending, num_steps=self.block_chunks, chunk_tokens=self.chunk_tokens,
+                                  pad_id=self.pad_id)
+
+    # One block in flight ahead of the host: block k is dispatched before block k - 1 is fetched, so
+    # tokenising block k + 1 and the caller's work on block k - 1 run while the device computes block k.
+    first_chunk, in_flight = 0, None  # in_flight: (device outputs, lengths) of the block not yet fetched
+    while (packed := next_block()) is not None:
+      chunks, lengths = packed
       block = ChunkBlock(chunks=place.put(chunks), lengths=place.put(lengths), first=jnp.int32(first_chunk))
       with self._trace_mesh(), self.device_clock.section():
         rows, outs = self.memory_block(pol.graphdef, pol.state, pieces=self._memory_pieces, rows=rows, block=block,
                                        decode=decode, spec=spec)
-        kept = fetch(outs, place)
       first_chunk += self.block_chunks
       bar.update(int(lengths.sum()))
-      yield "block", kept, lengths
+      if in_flight is not None:
+        yield "block", self._fetched(fetch, place, in_flight[0]), in_flight[1]
+      in_flight = outs, lengths
     bar.close()
     with self._trace_mesh(), self.device_clock.section():
       prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, rows=rows,
@@ -224,8 +232,15 @@ class MemAgent:
                    active=gen.lengths >= 0)  # every row answers (an elementwise op keeps the row split)
       if keep_prompts:
         final["prompt"] = prompt
-      kept = fetch(jax.tree.map(lambda x: x[None], final), place)  # as one more step: [1, B, ...]
-    yield "final", kept, None
+      final = jax.tree.map(lambda x: x[None], final)  # as one more step: [1, B, ...]
+    if in_flight is not None:  # the last memory block, fetched while the answers are computed
+      yield "block", self._fetched(fetch, place, in_flight[0]), in_flight[1]
+    yield "final", self._fetched(fetch, place, final), None
+
+  def _fetched(self, fetch: Callable, place: RowPlacement, outs):
+    """fetch(outs) inside the device clock's section: a wait for the outputs counts as device time."""
+    with self._trace_mesh(), self.device_clock.section():
+      return fetch(outs, place)
 
   # Documented public API (DESIGN.md): greedy unless asked, as `Policy.generate`.
   def answer_batch(self, questions: Sequence[str], documents: Sequence[str], *, temperature: float = 0.0,

@@ -17,6 +17,7 @@ from flax import nnx
 from memagent_jax.models.attention import AttentionSpec, attend
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.kv_cache import KVCache, LayerCache
+from memagent_jax.models import panel_weights
 
 
 def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal") -> nnx.Param:
@@ -47,7 +48,7 @@ def dense(x, w):
   a dot that contracts several batch dims (the weight gradient) about 2x slower."""
   lead, e = x.shape[:-1], x.shape[-1]
   out = w.shape[1:]
-  y = x.reshape(-1, e) @ w.reshape(e, -1)
+  y = panel_weights.matmul(x.reshape(-1, e), w.reshape(e, -1))  # w may carry decode's panels
   return y.reshape(*lead, *out)
 
 
@@ -270,7 +271,7 @@ class Decoder(nnx.Module):
     if attend_slots is not None:
       _check_attend_slots(attend_slots, t, cache)
       seen = key_valid[:, :attend_slots]
-    x = jnp.take(self.embed[...], tokens, axis=0)
+    x = jnp.take(panel_weights.array(self.embed[...]), tokens, axis=0)
     history = None
     if self.token_shift is not None:
       shifted, history = self._shifted_embeddings(tokens, key_valid, cache, write_index)
@@ -322,8 +323,10 @@ class Decoder(nnx.Module):
   def logits(self, hidden):
     """hidden [..., E] -> float32 logits [..., V]."""
     if self.lm_head is None:  # tied: contract with the embedding directly, never transpose it
-      lead = hidden.shape[:-1]
-      flat = tied_logits(hidden.reshape(-1, hidden.shape[-1]), self.embed[...])
+      lead, embed = hidden.shape[:-1], self.embed[...]
+      flat = hidden.reshape(-1, hidden.shape[-1])
+      flat = (panel_weights.tied_matmul(flat, embed) if panel_weights.on_panels(flat, embed)
+              else tied_logits(flat, panel_weights.array(embed)))
       return flat.reshape(*lead, -1).astype(jnp.float32)
     return dense(hidden, self.lm_head[...]).astype(jnp.float32)
 

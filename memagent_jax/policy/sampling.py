@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx, struct
 
 from memagent_jax.models.decoder import positions_from_mask
+from memagent_jax.models import panel_weights
 from memagent_jax.models.kv_cache import KVCache
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.runtime.parallel import BATCH_AXES
@@ -226,10 +227,12 @@ def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_to
 
 def _sample_rows(model, rows: PromptRows, prefix: KVCache | None, *, spec: DecodeSpec, max_new_tokens: int,
                  pad_id: int, cache_size: int) -> Generation:
-  """`sample_from_prompts` on all rows at once: one prefill, then one decode loop."""
+  """`sample_from_prompts` on all rows at once: one prefill, then one decode loop (on one CPU device with
+few rows, its large weights packed once for the panel kernel: `panel_weights.for_decode`)."""
   b, p = rows.tokens.shape
   n = max_new_tokens
   logits, cache = prefill(model, rows.tokens, rows.valid, cache_size=cache_size, prefix=prefix)
+  stepper = panel_weights.for_decode(model, b)
 
   def cond(s: DecodeState):
     return (s.cache.cursor - p < n) & ~jnp.all(s.done)
@@ -241,8 +244,8 @@ def _sample_rows(model, rows: PromptRows, prefix: KVCache | None, *, spec: Decod
     tok = jnp.where(live, tok, pad_id)
     col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, step))
     done = s.done | (live & jnp.any(tok[:, None] == rows.stop_tokens, axis=-1))
-    h, cache = model(tok[:, None], s.pos[:, None], jnp.ones((b, 1), bool), s.cache)
-    return DecodeState(cache=cache, logits=model.logits(h[:, 0]), pos=s.pos + 1, done=done,
+    h, cache = stepper(tok[:, None], s.pos[:, None], jnp.ones((b, 1), bool), s.cache)
+    return DecodeState(cache=cache, logits=stepper.logits(h[:, 0]), pos=s.pos + 1, done=done,
                        tokens=col(s.tokens, tok), logprobs=col(s.logprobs, jnp.where(live, lp, 0.0)),
                        sample_logprobs=col(s.sample_logprobs, jnp.where(live, slp, 0.0)),
                        lengths=s.lengths + live.astype(jnp.int32))

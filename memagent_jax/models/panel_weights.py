@@ -1,0 +1,121 @@
+"""Decode's large projection weights packed once in column panels for the CPU kernel of few rows
+(`runtime/cpu_panel_matmul`): a copy of the model whose weights also carry their panels, made before a
+decode loop, so each decode step reads every weight as one stream (the packing itself reads and writes the
+weights once per loop). Prefill and training never see it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from memagent_jax.runtime import cpu_panel_matmul
+
+# Models whose weights are smaller than this stay in the processor's caches from step to step, where XLA's
+# products read them fast enough (the toy models' 4.5 MB among them: their floats never depend on the kernel).
+MIN_MODEL_BYTES = 64 << 20
+
+
+@jax.tree_util.register_pytree_node_class
+class PanelWeight:
+  """A weight's array (for every other use) and its panels [T, K, 48] for products x [..., K] @ w, w seen
+  as [K, N]; reshapes keep the panels (they change the view, not the product)."""
+
+  def __init__(self, value, panels):
+    self.value, self.panels = value, panels
+
+  shape = property(lambda self: self.value.shape)
+  dtype = property(lambda self: self.value.dtype)
+  ndim = property(lambda self: self.value.ndim)
+
+  def __getitem__(self, key):  # a Param read, `param[...]`
+    if key is not Ellipsis:
+      raise TypeError(f"a PanelWeight is read whole (param[...]), not at {key!r}")
+    return self
+
+  def reshape(self, *shape):
+    return PanelWeight(self.value.reshape(*shape), self.panels)
+
+  def tree_flatten(self):
+    return (self.value, self.panels), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    del aux
+    return cls(*children)
+
+
+def array(w):
+  """The plain array of a weight that may carry panels."""
+  return w.value if isinstance(w, PanelWeight) else w
+
+
+def on_panels(x, w) -> bool:
+  """x [M, K] times w runs on the panel kernel: w carries panels, M is few rows, x is float32."""
+  return isinstance(w, PanelWeight) and x.shape[0] <= cpu_panel_matmul.FEW_ROWS and x.dtype == jnp.float32
+
+
+def matmul(x, w):
+  """x [M, K] @ w [K, N] -> [M, N]: on the panel kernel when `on_panels(x, w)`, else XLA's product."""
+  return _panel_matmul(x, w.value, w.panels) if on_panels(x, w) else x @ array(w)
+
+
+def tied_matmul(h, embed):
+  """h [M, E] @ embed [V, E]^T -> [M, V] on the panel kernel (embed carries the panels of embed^T)."""
+  return _panel_matmul(h, embed.value.T, embed.panels)
+
+
+@jax.custom_vjp
+def _panel_matmul(x, w, panels):
+  return cpu_panel_matmul.product(x, panels, w.shape[1])
+
+
+def _panel_matmul_fwd(x, w, panels):
+  return _panel_matmul(x, w, panels), (x, w, panels)
+
+
+def _panel_matmul_bwd(res, g):  # g [M, N]: the gradients of x @ w, by XLA (the panels get none)
+  x, w, panels = res
+  return g @ w.T, x.T @ g, jnp.zeros_like(panels)
+
+
+_panel_matmul.defvjp(_panel_matmul_fwd, _panel_matmul_bwd)
+
+
+def usable(model, rows: int) -> bool:
+  """Decode of `rows` rows by this model runs on the panel kernel: float32 weights of MIN_MODEL_BYTES or
+  more on one CPU device (or on each device's own rows inside a shard_map), few rows, the kernel built."""
+  if rows > cpu_panel_matmul.FEW_ROWS or model.dtype != jnp.float32 or model.platform != "cpu":
+    return False
+  if sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param))) < MIN_MODEL_BYTES:
+    return False
+  mesh = jax.sharding.get_abstract_mesh()
+  one_device = jax.device_count() == 1 if mesh.empty else set(mesh.manual_axes) == set(mesh.axis_names)
+  return one_device and cpu_panel_matmul.available()
+
+
+def for_decode(model, rows: int):
+  """The model with its large projection weights (q, k, v, o, gate, up, down, the output projection)
+  carrying panels when `usable(model, rows)`; else the model itself."""
+  if not usable(model, rows):
+    return model
+  copy = nnx.merge(*nnx.split(model))  # new modules over the same arrays
+  for block in copy.layers:
+    for param, contracted in ((block.attn.q, 1), (block.attn.k, 1), (block.attn.v, 1), (block.attn.o, 2),
+                              (block.mlp.gate, 1), (block.mlp.up, 1), (block.mlp.down, 1)):
+      _add_panels(param, contracted)
+  if copy.lm_head is None:  # tied: the output projection is the embedding's transpose
+    copy.embed.value = PanelWeight(copy.embed.value, cpu_panel_matmul.pack(copy.embed.value.T))
+  else:
+    _add_panels(copy.lm_head, 1)
+  return copy
+
+
+def _add_panels(param: nnx.Param, contracted: int):
+  """The param's value as a PanelWeight, its first `contracted` dims the product's K."""
+  w = param.value
+  k = math.prod(w.shape[:contracted])
+  param.value = PanelWeight(w, cpu_panel_matmul.pack(w.reshape(k, -1)))
