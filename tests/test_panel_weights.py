@@ -92,11 +92,16 @@ def test_gradients_are_those_of_the_plain_product():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_small_models_and_many_rows_keep_xla_products():
+def test_small_models_and_many_rows_keep_xla_products(monkeypatch):
   policy = mj.load_policy("random:tiny-smollm2", seed=0)
   model = nnx.merge(policy.graphdef, policy.state)
   assert not panel_weights.usable(model, 8)  # a few MB of weights: under MIN_MODEL_BYTES
   assert panel_weights.for_decode(model, 8) is model
+  monkeypatch.setattr(panel_weights, "MIN_MODEL_BYTES", 0)
+  assert panel_weights.usable(model, cpu_panel_matmul.FEW_ROWS) == cpu_panel_matmul.available()
+  assert not panel_weights.usable(model, cpu_panel_matmul.FEW_ROWS + 1)
+  monkeypatch.setattr(panel_weights, "MAX_MODEL_BYTES", 1 << 10)  # the panels would double too much memory
+  assert not panel_weights.usable(model, 8)
 
 
 @needs_kernel

@@ -17,6 +17,8 @@ from memagent_jax.runtime import cpu_panel_matmul
 # Models whose weights are smaller than this stay in the processor's caches from step to step, where XLA's
 # products read them fast enough (the toy models' 4.5 MB among them: their floats never depend on the kernel).
 MIN_MODEL_BYTES = 64 << 20
+# The panels are a second copy of the weights while a decode loop runs: past this, XLA's products.
+MAX_MODEL_BYTES = 4 << 30
 
 
 @jax.tree_util.register_pytree_node_class
@@ -86,36 +88,40 @@ _panel_matmul.defvjp(_panel_matmul_fwd, _panel_matmul_bwd)
 
 
 def usable(model, rows: int) -> bool:
-  """Decode of `rows` rows by this model runs on the panel kernel: float32 weights of MIN_MODEL_BYTES or
-  more on one CPU device (or on each device's own rows inside a shard_map), few rows, the kernel built."""
+  """Decode of `rows` rows by this model runs on the panel kernel: float32 weights of MIN_MODEL_BYTES to
+  MAX_MODEL_BYTES on one CPU device (or on each device's own rows inside a shard_map), few rows, the
+  kernel built."""
   if rows > cpu_panel_matmul.FEW_ROWS or model.dtype != jnp.float32 or model.platform != "cpu":
     return False
-  if sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param))) < MIN_MODEL_BYTES:
+  weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  if not MIN_MODEL_BYTES <= weights <= MAX_MODEL_BYTES:
     return False
   mesh = jax.sharding.get_abstract_mesh()
   one_device = jax.device_count() == 1 if mesh.empty else set(mesh.manual_axes) == set(mesh.axis_names)
   return one_device and cpu_panel_matmul.available()
 
 
+# Projection weights that get panels: name -> how many leading dims the product contracts (o [H, D, E]
+# contracts H x D); a tied model's embedding [V, E] gets the panels of its transpose, the output projection.
+PANEL_PARAMS = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1, "lm_head": 1}
+
+
 def for_decode(model, rows: int):
-  """The model with its large projection weights (q, k, v, o, gate, up, down, the output projection)
-  carrying panels when `usable(model, rows)`; else the model itself."""
+  """The model with its projection weights (PANEL_PARAMS, and a tied embedding) carrying panels when
+  `usable(model, rows)`; else the model itself. Built from the model's state (no module is mutated), so
+  it can be made inside any trace, e.g. a memory update's scan step."""
   if not usable(model, rows):
     return model
-  copy = nnx.merge(*nnx.split(model))  # new modules over the same arrays
-  for block in copy.layers:
-    for param, contracted in ((block.attn.q, 1), (block.attn.k, 1), (block.attn.v, 1), (block.attn.o, 2),
-                              (block.mlp.gate, 1), (block.mlp.up, 1), (block.mlp.down, 1)):
-      _add_panels(param, contracted)
-  if copy.lm_head is None:  # tied: the output projection is the embedding's transpose
-    copy.embed.value = PanelWeight(copy.embed.value, cpu_panel_matmul.pack(copy.embed.value.T))
-  else:
-    _add_panels(copy.lm_head, 1)
-  return copy
+  graphdef, state = nnx.split(model)
+  tied = model.lm_head is None
 
+  def with_panels(path, w):
+    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    name = names[-1] if names else None
+    if name == "embed" and tied:
+      return PanelWeight(w, cpu_panel_matmul.pack(w.T))
+    if name in PANEL_PARAMS:
+      return PanelWeight(w, cpu_panel_matmul.pack(w.reshape(math.prod(w.shape[:PANEL_PARAMS[name]]), -1)))
+    return w
 
-def _add_panels(param: nnx.Param, contracted: int):
-  """The param's value as a PanelWeight, its first `contracted` dims the product's K."""
-  w = param.value
-  k = math.prod(w.shape[:contracted])
-  param.value = PanelWeight(w, cpu_panel_matmul.pack(w.reshape(k, -1)))
+  return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(with_panels, state))
