@@ -3,6 +3,7 @@ GB/s of weights per library (one process each, since XLA_FLAGS is read once), be
 
   python -m experiments.benchmarks.bench_small_matmul            # rows 1, 8, 16; 30 [576, 1536] weights
   python -m experiments.benchmarks.bench_small_matmul --dtypes   # float32 and bfloat16, ours beside torch
+  python -m experiments.benchmarks.bench_small_matmul --panels   # XLA's products beside the panel kernel
 
 Each timing: 30 independent [B, 576] x [576, 1536] products (SmolLM2-135M's MLP shape, 106 MB of weights),
 best of 20 after a warm-up.
@@ -21,6 +22,9 @@ from absl import app, flags
 _ROWS = flags.DEFINE_string("rows", "1,8,16", "rows per product, comma separated")
 _DTYPES = flags.DEFINE_bool("dtypes", False, "instead: milliseconds of the 30 products with float32 and with "
                             "bfloat16 weights and activations, XLA's default library beside torch's F.linear")
+_PANELS = flags.DEFINE_bool("panels", False, "instead: 30 layers of [B, 576] x [576, 1536] and [B, 1536] x "
+                            "[1536, 576] products in a chain, as decode runs them, on XLA's products and on the "
+                            "panel kernel (runtime/cpu_panel_matmul; weights packed beforehand)")
 LIBRARIES = {  # column name -> XLA_FLAGS
     "YNNPACK (default)": "",
     "oneDNN (`--xla_cpu_use_onednn`)": "--xla_cpu_use_onednn=true",
@@ -85,11 +89,48 @@ def dtype_table(rows: list[int]) -> str:
   return "\n".join(lines)
 
 
+def panel_table(rows: list[int]) -> str:
+  """Each product waits for the last, as in a decode step: XLA's products of the row-major weights against
+  the panel kernel's of the same weights packed in column panels (packed before timing, as a decode loop
+  packs them once before its steps)."""
+  import jax
+  import jax.numpy as jnp
+  from memagent_jax.runtime import cpu_panel_matmul as kernel  # also its CPU host settings
+  if not kernel.available():
+    return f"The panel kernel is unavailable here: {kernel.unavailable_reason()}"
+  ups = [jax.random.normal(jax.random.PRNGKey(i), (576, 1536), jnp.float32) * 0.04 for i in range(30)]
+  downs = [jax.random.normal(jax.random.PRNGKey(100 + i), (1536, 576), jnp.float32) * 0.025 for i in range(30)]
+  nbytes = 2 * 30 * 576 * 1536 * 4
+
+  def chain(product):
+    def layers(ups, downs, x):  # x [B, 576]
+      for up, down in zip(ups, downs):
+        x = jnp.tanh(product(jnp.tanh(product(x, up, 1536)), down, 576))
+      return x
+    return jax.jit(layers)
+
+  xla = chain(lambda x, w, n: x @ w)
+  panels = chain(kernel.product)
+  packed_ups, packed_downs = [kernel.pack(w) for w in ups], [kernel.pack(w) for w in downs]
+  lines = ["| rows | XLA's products | panel kernel | speed-up | largest difference |", "|---|---|---|---|---|"]
+  for b in rows:
+    x = jax.random.normal(jax.random.PRNGKey(99), (b, 576), jnp.float32)
+    diff = float(jnp.max(jnp.abs(xla(ups, downs, x) - panels(packed_ups, packed_downs, x))))
+    t_xla = _best_seconds(lambda: jax.block_until_ready(xla(ups, downs, x)))
+    t_panels = _best_seconds(lambda: jax.block_until_ready(panels(packed_ups, packed_downs, x)))
+    lines.append(f"| {b} | {1e3 * t_xla:.2f} ms ({nbytes / t_xla / 1e9:.1f} GB/s) | {1e3 * t_panels:.2f} ms "
+                 f"({nbytes / t_panels / 1e9:.1f} GB/s) | {t_xla / t_panels:.2f}x | {diff:.1e} |")
+  return "\n".join(lines)
+
+
 def main(argv):
   del argv
   rows = [int(r) for r in _ROWS.value.split(",")]
   if _DTYPES.value:
     print(dtype_table(rows))
+    return
+  if _PANELS.value:
+    print(panel_table(rows))
     return
   results = {}
   for name, xla_flags in LIBRARIES.items():
