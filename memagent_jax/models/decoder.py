@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from memagent_jax.models import panel_weights
 from memagent_jax.models.attention import AttentionSpec, attend
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.kv_cache import KVCache, LayerCache
-from memagent_jax.models import panel_weights
 
 
 def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal") -> nnx.Param:

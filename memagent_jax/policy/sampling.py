@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from memagent_jax.models.decoder import positions_from_mask
 from memagent_jax.models import panel_weights
+from memagent_jax.models.decoder import positions_from_mask
 from memagent_jax.models.kv_cache import KVCache
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.runtime.parallel import BATCH_AXES
@@ -228,7 +228,7 @@ def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_to
 def _sample_rows(model, rows: PromptRows, prefix: KVCache | None, *, spec: DecodeSpec, max_new_tokens: int,
                  pad_id: int, cache_size: int) -> Generation:
   """`sample_from_prompts` on all rows at once: one prefill, then one decode loop (on one CPU device with
-few rows, its large weights packed once for the panel kernel: `panel_weights.for_decode`)."""
+  few rows, its large weights packed once for the panel kernel: `panel_weights.for_decode`)."""
   b, p = rows.tokens.shape
   n = max_new_tokens
   logits, cache = prefill(model, rows.tokens, rows.valid, cache_size=cache_size, prefix=prefix)
