@@ -69,14 +69,18 @@ def test_product_matches_float64(m, k, n):
 
 @needs_kernel
 def test_leading_dims_and_rows_beyond_few_fall_back():
-  """dense's view: x [B, 1, K]; more than FEW_ROWS rows use XLA's product on the plain array."""
+  """Rows are every leading dim (x [B, 1, K] in decode); more than FEW_ROWS rows use XLA's product on the
+  plain array."""
   w = jax.random.normal(jax.random.PRNGKey(0), (64, 96))
   pw = PanelWeight(w, cpu_panel_matmul.pack(w))
   x = jax.random.normal(jax.random.PRNGKey(1), (5, 64))
   assert panel_weights.on_panels(x, pw)
   np.testing.assert_allclose(panel_weights.matmul(x, pw), jnp.dot(x, w, precision="highest"), rtol=1e-5, atol=1e-5)
+  x3 = x.reshape(5, 1, 64)
+  np.testing.assert_allclose(panel_weights.matmul(x3, pw), jnp.dot(x3, w, precision="highest"), rtol=1e-5, atol=1e-5)
   many = jax.random.normal(jax.random.PRNGKey(2), (cpu_panel_matmul.FEW_ROWS + 1, 64))
   assert not panel_weights.on_panels(many, pw)
+  assert not panel_weights.on_panels(many.reshape(cpu_panel_matmul.FEW_ROWS + 1, 1, 64), pw)
   hlo = jax.jit(panel_weights.matmul).lower(many, pw).as_text()
   assert cpu_panel_matmul.TARGET not in hlo
   assert cpu_panel_matmul.TARGET in jax.jit(panel_weights.matmul).lower(x, pw).as_text()
@@ -85,7 +89,7 @@ def test_leading_dims_and_rows_beyond_few_fall_back():
 @needs_kernel
 def test_gradients_are_those_of_the_plain_product():
   w = jax.random.normal(jax.random.PRNGKey(0), (32, 50))
-  x = jax.random.normal(jax.random.PRNGKey(1), (4, 32))
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 2, 32))  # rows over two leading dims
   loss = lambda x, w: jnp.sum(jnp.sin(panel_weights.matmul(x, PanelWeight(w, cpu_panel_matmul.pack(w)))))
   plain = lambda x, w: jnp.sum(jnp.sin(jnp.dot(x, w, precision="highest")))
   for got, want in zip(jax.grad(loss, (0, 1))(x, w), jax.grad(plain, (0, 1))(x, w)):
@@ -100,13 +104,22 @@ def test_small_models_and_many_rows_keep_xla_products(monkeypatch):
   monkeypatch.setattr(panel_weights, "MIN_MODEL_BYTES", 0)
   assert panel_weights.usable(model, cpu_panel_matmul.FEW_ROWS) == cpu_panel_matmul.available()
   assert not panel_weights.usable(model, cpu_panel_matmul.FEW_ROWS + 1)
+  bf16 = nnx.merge(policy.graphdef, jax.tree.map(lambda x: x.astype(jnp.bfloat16), policy.state))
+  assert not panel_weights.usable(bf16, 8)  # float32 weights only
   monkeypatch.setattr(panel_weights, "MAX_MODEL_BYTES", 1 << 10)  # the panels would double too much memory
   assert not panel_weights.usable(model, 8)
 
 
+@pytest.fixture
+def fresh_traces():
+  """Programs traced with a changed threshold are dropped afterwards (the threshold is not in jit's key)."""
+  yield
+  jax.clear_caches()
+
+
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 3])
-def test_decode_on_panels_matches_xla_products(monkeypatch, rows):
+def test_decode_on_panels_matches_xla_products(monkeypatch, fresh_traces, rows):
   """A whole greedy generation, the decode loop's products on panels (every projection and the tied
   logits), against the same loop on XLA's products: the same tokens, log-probs within float32 rounding."""
   policy = mj.load_policy("random:tiny-smollm2", seed=3)

@@ -56,12 +56,13 @@ def array(w):
 
 
 def on_panels(x, w) -> bool:
-  """x [M, K] times w runs on the panel kernel: w carries panels, M is few rows, x is float32."""
-  return isinstance(w, PanelWeight) and x.shape[0] <= cpu_panel_matmul.FEW_ROWS and x.dtype == jnp.float32
+  """x [..., K] times w runs on the panel kernel: w carries panels, x has few rows, x is float32."""
+  return (isinstance(w, PanelWeight) and math.prod(x.shape[:-1]) <= cpu_panel_matmul.FEW_ROWS
+          and x.dtype == jnp.float32)
 
 
 def matmul(x, w):
-  """x [M, K] @ w [K, N] -> [M, N]: on the panel kernel when `on_panels(x, w)`, else XLA's product."""
+  """x [..., K] @ w [K, N] -> [..., N]: on the panel kernel when `on_panels(x, w)`, else XLA's product."""
   return _panel_matmul(x, w.value, w.panels) if on_panels(x, w) else x @ array(w)
 
 
@@ -79,9 +80,10 @@ def _panel_matmul_fwd(x, w, panels):
   return _panel_matmul(x, w, panels), (x, w, panels)
 
 
-def _panel_matmul_bwd(res, g):  # g [M, N]: the gradients of x @ w, by XLA (the panels get none)
+def _panel_matmul_bwd(res, g):  # g [..., N]: the gradients of x @ w, by XLA (the panels get none)
   x, w, panels = res
-  return g @ w.T, x.T @ g, jnp.zeros_like(panels)
+  dw = x.reshape(-1, x.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+  return g @ w.T, dw, jnp.zeros_like(panels)
 
 
 _panel_matmul.defvjp(_panel_matmul_fwd, _panel_matmul_bwd)
@@ -91,10 +93,12 @@ def usable(model, rows: int) -> bool:
   """Decode of `rows` rows by this model runs on the panel kernel: float32 weights of MIN_MODEL_BYTES to
   MAX_MODEL_BYTES on one CPU device (or on each device's own rows inside a shard_map), few rows, the
   kernel built."""
-  if rows > cpu_panel_matmul.FEW_ROWS or model.dtype != jnp.float32 or model.platform != "cpu":
+  if rows > cpu_panel_matmul.FEW_ROWS or model.platform != "cpu" or jax.default_backend() != "cpu":
     return False
-  weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  if not MIN_MODEL_BYTES <= weights <= MAX_MODEL_BYTES:
+  params = jax.tree.leaves(nnx.state(model, nnx.Param))
+  if any(x.dtype != jnp.float32 for x in params):
+    return False
+  if not MIN_MODEL_BYTES <= sum(x.size * x.dtype.itemsize for x in params) <= MAX_MODEL_BYTES:
     return False
   mesh = jax.sharding.get_abstract_mesh()
   one_device = jax.device_count() == 1 if mesh.empty else set(mesh.manual_axes) == set(mesh.axis_names)

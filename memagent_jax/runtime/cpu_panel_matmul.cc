@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <thread>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -104,7 +105,13 @@ ffi::Error PanelMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::Re
   work->parts = panels ? (panels + work->per_part - 1) / work->per_part : 0;
   for (int64_t i = 1; i < std::min<int64_t>(threads, work->parts); ++i) pool.Schedule([work] { work->Run(); });
   work->Run();  // claims parts until none is left: only parts already running elsewhere remain
-  while (work->done.load(std::memory_order_acquire) < work->parts) _mm_pause();
+  for (int spins = 0; work->done.load(std::memory_order_acquire) < work->parts; ++spins) {
+    if (spins < 4096) {
+      _mm_pause();
+    } else {
+      std::this_thread::yield();  // a helper preempted on a busy host gets the core back
+    }
+  }
   return ffi::Error::Success();
 }
 
