@@ -25,12 +25,8 @@ from memagent_jax.runtime import cpu_panel_matmul
 
 
 def _can_build() -> bool:
-  try:
-    with open("/proc/cpuinfo") as f:
-      avx512 = any(line.startswith("flags") and " avx512f" in line for line in f)
-  except OSError:
-    avx512 = False
-  return (platform.machine() == "x86_64" and avx512 and shutil.which(os.environ.get("CXX", "c++")) is not None
+  return (platform.machine() == "x86_64" and cpu_panel_matmul._has_avx512()
+          and shutil.which(os.environ.get("CXX", "c++")) is not None
           and os.environ.get(cpu_panel_matmul.SWITCH, "1") != "0")
 
 

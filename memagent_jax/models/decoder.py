@@ -231,6 +231,10 @@ class Decoder(nnx.Module):
     self.token_shift = (_param(None, (cfg.token_shift, cfg.vocab_size, cfg.hidden_size),
                                (None, "vocab", "embed"), dtype, init="zeros") if cfg.token_shift else None)
 
+  def weight_bytes(self) -> int:
+    """Bytes of the model's weights (every Param): what a decode step reads."""
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
+
   @property
   def platform(self) -> str:
     """The platform the model's programs are compiled for."""

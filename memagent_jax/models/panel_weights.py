@@ -30,8 +30,6 @@ class PanelWeight:
     self.value, self.panels = value, panels
 
   shape = property(lambda self: self.value.shape)
-  dtype = property(lambda self: self.value.dtype)
-  ndim = property(lambda self: self.value.ndim)
 
   def __getitem__(self, key):  # a Param read, `param[...]`
     if key is not Ellipsis:
@@ -95,10 +93,9 @@ def usable(model, rows: int) -> bool:
   kernel built."""
   if rows > cpu_panel_matmul.FEW_ROWS or model.platform != "cpu" or jax.default_backend() != "cpu":
     return False
-  params = jax.tree.leaves(nnx.state(model, nnx.Param))
-  if any(x.dtype != jnp.float32 for x in params):
+  if any(x.dtype != jnp.float32 for x in jax.tree.leaves(nnx.state(model, nnx.Param))):
     return False
-  if not MIN_MODEL_BYTES <= sum(x.size * x.dtype.itemsize for x in params) <= MAX_MODEL_BYTES:
+  if not MIN_MODEL_BYTES <= model.weight_bytes() <= MAX_MODEL_BYTES:
     return False
   mesh = jax.sharding.get_abstract_mesh()
   one_device = jax.device_count() == 1 if mesh.empty else set(mesh.manual_axes) == set(mesh.axis_names)

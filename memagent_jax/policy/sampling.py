@@ -299,9 +299,8 @@ def row_group(model, b: int, cache_size: int, *, shards: int = 1) -> int:
   budget = model.attention.cpu_sample_group_bytes
   if model.platform != "cpu" or jax.device_count() != shards or not budget:
     return b
-  weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   return group_size(b, cache_bytes_per_row=cache_bytes_per_row(model.config, cache_size, model.dtype),
-                    weight_bytes=weights, budget=budget)
+                    weight_bytes=model.weight_bytes(), budget=budget)
 
 
 def cache_bytes_per_row(cfg, cache_size: int, dtype) -> int:

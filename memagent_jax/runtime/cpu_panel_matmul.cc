@@ -2,8 +2,8 @@
 //
 // w comes packed in column panels [T, K, 48] (panel t holds columns 48t..48t+47 of the [K, N] weight,
 // row after row), so each panel is one contiguous stream: XLA:CPU's own products of 8 rows read a
-// row-major weight at about half the speed of a plain read (docs/results/bench_sampler.md), this reads
-// it at about the speed of a plain read. Each output sums k = 0..K-1 in order with fused multiply-adds.
+// row-major weight at half to two thirds the speed of a plain read (docs/results/bench_sampler.md); this
+// reads it at about the speed of a plain read. Each output sums k = 0..K-1 in order with fused multiply-adds.
 // The panels are split over XLA's intra-op threads; the calling thread claims panels too, so a busy
 // pool never blocks it.
 #include <immintrin.h>

@@ -1,6 +1,6 @@
 """Float32 products of few rows against a weight packed in column panels, by a compiled CPU kernel
 (`cpu_panel_matmul.cc`) called through XLA's FFI. Decode at a small batch reads every weight once per
-token; XLA:CPU's own products of 8 rows read a row-major weight at about half a plain read's speed.
+token; XLA:CPU's own products of 8 rows read a row-major weight at half to two thirds a plain read's speed.
 
 The kernel is built on first use with the system's C++ compiler into a cache folder (keyed by its source,
 the flags and jaxlib's version). Where that cannot be done (no compiler, no AVX-512, another platform, or
