@@ -5,8 +5,6 @@ against the same loop on XLA's products."""
 from __future__ import annotations
 
 import os
-import platform
-import shutil
 import subprocess
 import sys
 
@@ -21,16 +19,11 @@ from memagent_jax.models import panel_weights
 from memagent_jax.models.panel_weights import PanelWeight
 from memagent_jax.policy import sampling
 from memagent_jax.policy.decode_spec import GREEDY
-from memagent_jax.runtime import cpu_panel_matmul
+from memagent_jax.runtime import cpu_kernels, cpu_panel_matmul
 
 
-def _can_build() -> bool:
-  return (platform.machine() == "x86_64" and cpu_panel_matmul._has_avx512()
-          and shutil.which(os.environ.get("CXX", "c++")) is not None
-          and os.environ.get(cpu_panel_matmul.SWITCH, "1") != "0")
-
-
-needs_kernel = pytest.mark.skipif(not _can_build(), reason="needs x86-64 with AVX-512F and a C++ compiler")
+needs_kernel = pytest.mark.skipif(cpu_kernels.precondition_failure() is not None,
+                                  reason="needs x86-64 with AVX-512F and a C++ compiler")
 
 
 @needs_kernel
@@ -146,6 +139,6 @@ def test_decode_on_panels_matches_xla_products(monkeypatch, fresh_traces, rows):
 def test_switch_turns_the_kernel_off():
   code = ("from memagent_jax.runtime import cpu_panel_matmul as k; r = k.unavailable_reason(); "
           "print(r); assert r and 'MEMAGENT_JAX_CPU_KERNELS=0' in r")
-  env = {**os.environ, cpu_panel_matmul.SWITCH: "0", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, cpu_kernels.SWITCH: "0", "JAX_PLATFORMS": "cpu"}
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]

@@ -1,0 +1,145 @@
+"""The CPU flash-attention kernel for long rows (runtime/cpu_flash_attention.cc, attention.cpu_flash):
+outputs against a float64 numpy reference, its routing inside `attend`, and gradients equal to XLA's."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from memagent_jax.models import attention
+from memagent_jax.models.attention import AttentionSpec
+from memagent_jax.runtime import cpu_flash_attention, cpu_kernels
+
+needs_kernel = pytest.mark.skipif(cpu_kernels.precondition_failure() is not None,
+                                  reason="needs x86-64 with AVX-512F and a C++ compiler")
+CPU = AttentionSpec(backend="xla", platform="cpu")
+
+
+def _reference(q, k, v, key_valid, q_offset):
+  """Masked softmax attention in float64 numpy; also which queries see at least one key."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  b, t, h, d = q.shape
+  s = key_valid.shape[1]
+  g = h // k.shape[1]
+  seen = ((q_offset + np.arange(t))[:, None] >= np.arange(s)[None])[None] & np.asarray(key_valid)[:, None]
+  out = np.zeros((b, t, h, d))
+  for bi in range(b):
+    for hi in range(h):
+      scores = np.where(seen[bi], q[bi, :, hi] @ k[bi, hi // g, :s].T / np.sqrt(d), -np.inf)
+      p = np.exp(scores - np.max(scores, axis=1, keepdims=True, initial=-1e300))  # 0 where nothing is seen
+      out[bi, :, hi] = (p / np.maximum(p.sum(1, keepdims=True), 1e-300)) @ v[bi, hi // g, :s]
+  return out, seen.any(-1)
+
+
+def _operands(b, t, s, slots, h, kv_heads, d, seed=0):
+  rng = np.random.default_rng(seed)
+  q = rng.normal(size=(b, t, h, d)).astype(np.float32)
+  k, v = (rng.normal(size=(b, kv_heads, slots, d)).astype(np.float32) for _ in range(2))
+  key_valid = rng.random((b, s)) > 0.2
+  key_valid[0, :5] = False  # left padding: the first queries of row 0 see no key
+  return q, k, v, key_valid
+
+
+@needs_kernel
+def test_kernel_is_built_where_it_can_be():
+  assert cpu_flash_attention.unavailable_reason() is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("b, t, s, slots, h, kv_heads, d, q_offset", [
+    (1, 100, 100, 100, 9, 3, 64, 0),  # SmolLM2's heads; partial query and key tiles
+    (2, 70, 130, 140, 4, 2, 128, 60),  # queries after a prefix, a longer cache, head dim 128
+    (1, 257, 257, 300, 6, 3, 64, 0),  # several tiles each way
+    (3, 33, 33, 33, 7, 1, 64, 0),  # seven query heads on one key head
+])
+def test_kernel_matches_float64_reference(b, t, s, slots, h, kv_heads, d, q_offset):
+  q, k, v, key_valid = _operands(b, t, s, slots, h, kv_heads, d)
+  got = np.asarray(jax.jit(cpu_flash_attention.attention)(q, k, v, key_valid, q_offset))
+  want, sees = _reference(q, k, v, key_valid, q_offset)
+  assert np.isfinite(got).all()  # queries that see no key: finite, unspecified
+  assert q_offset or not sees.all()  # left padding leaves the first queries without a key
+  np.testing.assert_allclose(got[sees], want[sees], atol=5e-6, rtol=0)
+
+
+@needs_kernel
+def test_attend_runs_long_rows_on_the_kernel_and_short_ones_on_xla():
+  spec = dataclasses.replace(CPU, query_block=64)
+  q, k, v, key_valid = _operands(1, 160, 160, 160, 9, 3, 64)
+  hlo = lambda q, k, v, kv, spec: jax.jit(lambda *a: attention.attend(*a, spec=spec)).lower(q, k, v, kv).as_text()
+  assert cpu_flash_attention.TARGET in hlo(q, k, v, key_valid, spec)
+  assert cpu_flash_attention.TARGET not in hlo(q[:, :64], k[:, :, :64], v[:, :, :64], key_valid[:, :64], spec)
+  narrow = [x[..., :32] for x in (q, k, v)]  # a head dim without tiles in the kernel
+  assert cpu_flash_attention.TARGET not in hlo(*narrow, key_valid, spec)
+  half = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+  assert cpu_flash_attention.TARGET not in hlo(*half, key_valid, spec)
+  got = jax.jit(lambda *a: attention.attend(*a, spec=spec))(q, k, v, key_valid)
+  want = attention.xla_attention(q, k, v, key_valid, query_block=64)
+  sees = _reference(q, k, v, key_valid, 0)[1]
+  np.testing.assert_allclose(np.asarray(got)[sees], np.asarray(want)[sees], atol=5e-6)
+
+
+@needs_kernel
+def test_prefill_against_a_cache_runs_on_the_kernel():
+  """Queries after a prefix, against a decode-sized cache with more slots than attended (T < S < S')."""
+  spec = dataclasses.replace(CPU, query_block=32)
+  q, k, v, key_valid = _operands(2, 96, 160, 192, 4, 2, 64)
+  call = jax.jit(lambda q, k, v, kv, off: attention.attend(q, k, v, kv, q_offset=off, spec=spec))
+  assert cpu_flash_attention.TARGET in call.lower(q, k, v, key_valid, 64).as_text()
+  want, sees = _reference(q, k, v, key_valid, 64)
+  np.testing.assert_allclose(np.asarray(call(q, k, v, key_valid, 64))[sees], want[sees], atol=5e-6)
+
+
+@needs_kernel
+def test_gradients_are_xlas():
+  spec = dataclasses.replace(CPU, query_block=64)
+  q, k, v, key_valid = _operands(1, 130, 130, 130, 4, 2, 64)
+  key_valid[:] = True  # every query sees keys: the outputs, and so the gradients, are specified
+  w = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
+  loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v) * w)
+  kernel = loss(lambda q, k, v: attention.attend(q, k, v, key_valid, spec=spec))
+  plain = loss(lambda q, k, v: attention.xla_attention(q, k, v, key_valid, query_block=64))
+  with_grads = lambda fn: jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))
+  assert cpu_flash_attention.TARGET in with_grads(kernel).lower(q, k, v).as_text()
+  (value, got), (plain_value, want) = with_grads(kernel)(q, k, v), with_grads(plain)(q, k, v)
+  np.testing.assert_allclose(value, plain_value, rtol=1e-5)
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
+
+
+_MESH_SCRIPT = """
+import dataclasses, jax, numpy as np
+from memagent_jax.models import attention
+spec = attention.AttentionSpec(backend="xla", platform="cpu", query_block=32)
+rng = np.random.default_rng(0)
+q = rng.normal(size=(2, 80, 4, 64)).astype(np.float32)
+k, v = (rng.normal(size=(2, 2, 80, 64)).astype(np.float32) for _ in range(2))
+key_valid = np.ones((2, 80), bool)
+plain = np.asarray(jax.jit(lambda *a: attention.attend(*a, spec=spec))(q, k, v, key_valid))  # 2 devices, no mesh
+mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+with jax.set_mesh(mesh):
+  call = jax.jit(lambda *a: attention.attend(*a, spec=spec))
+  text = call.lower(q, k, v, key_valid).as_text()
+  got = np.asarray(call(q, k, v, key_valid))
+calls = [line for line in text.splitlines() if "memagent_flash_attention" in line]
+print("CALLS", len(calls), "ONE_ROW", all("tensor<1x80x4x64xf32>" in line for line in calls))
+print("ERR", float(np.abs(got - plain).max()))
+"""
+
+
+@needs_kernel
+def test_each_device_runs_its_own_rows_under_a_mesh():
+  """Two CPU devices with a mesh in context: the kernel runs on each device's one row (a shard_map), with
+  the outputs of XLA's attention, which two devices without a mesh keep."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("CALLS", "ERR")))
+  assert lines["CALLS"].startswith("1 ONE_ROW True"), out.stdout
+  assert float(lines["ERR"]) < 5e-6, out.stdout
