@@ -8,7 +8,7 @@ setup(
     description="MemAgent: chunked reading with an overwritten text memory, trained by Multi-Conv DAPO, in JAX/Flax",
     python_requires=">=3.11",
     packages=find_packages(include=["memagent_jax", "memagent_jax.*", "configs"]),  # configs/base.py: the defaults
-    package_data={"memagent_jax.runtime": ["*.cc"]},  # the CPU panel kernel, compiled on first use
+    package_data={"memagent_jax.runtime": ["*.cc"]},  # the CPU kernels, compiled on first use
     # Versions tested together on Python 3.11 (jax 0.11.1 breaks flax <= 0.12.8).
     install_requires=[
         "jax==0.10.2",
