@@ -4,7 +4,7 @@ its report's numbers checked against what the shapes imply, and its errors."""
 import json
 import re
 
-
+import jax
 import pytest
 
 from memagent_jax import cli
@@ -12,6 +12,17 @@ from memagent_jax.models.config import ModelConfig, get_preset
 from memagent_jax.runtime import tpu_targets
 
 TINY = "configs/toy_cpu.py:tiny"
+
+
+@pytest.fixture(autouse=True)
+def programs_as_users_compile_them():
+  """The TPU programs at JAX's default matmul precision, as `memagent compile` runs them: conftest's "highest"
+  (for comparisons against float32 references) would make every TPU float32 matmul a six-pass bfloat16
+  product, and the compiles about twice as slow."""
+  before = jax.config.jax_default_matmul_precision
+  jax.config.update("jax_default_matmul_precision", None)  # global: the programs compile on other threads
+  yield
+  jax.config.update("jax_default_matmul_precision", before)
 
 
 def test_topology_names_resolve_as_pod_users_write_them():
