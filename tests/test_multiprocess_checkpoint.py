@@ -42,9 +42,7 @@ def _run_both(workdir, steps: int) -> list[dict]:
   procs = []
   for pid in range(2):
     env = _clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=1", PID=str(pid), COORD=coord,
-                     STEPS=str(steps), WORKDIR=str(workdir / "run"),
-                     JAX_COMPILATION_CACHE_DIR=str(workdir / "xla_cache"),  # the restart skips most compiles
-                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+                     STEPS=str(steps), WORKDIR=str(workdir / "run"))  # the run's compile cache: _clean_env
     procs.append(subprocess.Popen([sys.executable, "-c", TRAIN_SCRIPT], cwd=REPO, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
   return _collect(procs, timeout=400)

@@ -68,6 +68,9 @@ def _clean_env(**extra) -> dict:
          and not k.startswith("JAX_") and k != "XLA_FLAGS"}
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env["JAX_PLATFORMS"] = "cpu"
+  if os.environ.get("MEMAGENT_TEST_XLA_CACHE"):  # conftest's compile cache, shared by the whole run
+    env.update(JAX_COMPILATION_CACHE_DIR=os.environ["MEMAGENT_TEST_XLA_CACHE"],
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   env.update(extra)
   return env
 

@@ -125,12 +125,11 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _spawn_both(workdir, cache, **extra) -> list[subprocess.Popen]:
+def _spawn_both(workdir, **extra) -> list[subprocess.Popen]:
   coord, procs = f"localhost:{_free_port()}", []
   for pid in range(2):
     env = _clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=1", PID=str(pid), COORD=coord,
-                     WORKDIR=str(workdir), JAX_COMPILATION_CACHE_DIR=str(cache),
-                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **extra)
+                     WORKDIR=str(workdir), **extra)  # the run's compile cache: _clean_env
     procs.append(subprocess.Popen([sys.executable, "-c", KILL_SCRIPT], cwd=REPO, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
   return procs
@@ -138,10 +137,9 @@ def _spawn_both(workdir, cache, **extra) -> list[subprocess.Popen]:
 
 @pytest.mark.slow
 def test_one_of_two_processes_killed_during_an_async_save(tmp_path):
-  cache = tmp_path / "xla"
-  ref = _collect(_spawn_both(tmp_path / "uninterrupted", cache), timeout=600)
+  ref = _collect(_spawn_both(tmp_path / "uninterrupted"), timeout=600)
   workdir = tmp_path / "killed"
-  procs = _spawn_both(workdir, cache, KILL_AT="2")
+  procs = _spawn_both(workdir, KILL_AT="2")
   try:
     procs[1].wait(timeout=600)
     assert procs[1].returncode == -9, procs[1].communicate()[1][-3000:]
@@ -157,7 +155,7 @@ def test_one_of_two_processes_killed_during_an_async_save(tmp_path):
   leftovers = sorted(p for p in os.listdir(workdir / "checkpoints") if p != "1")
   assert leftovers and all(p.startswith("2") for p in leftovers), leftovers
   t0 = time.monotonic()
-  resumed = _collect(_spawn_both(workdir, cache), timeout=600)  # the same command, both restarted
+  resumed = _collect(_spawn_both(workdir), timeout=600)  # the same command, both restarted
   print(f"restart after the kill: {time.monotonic() - t0:.1f} s to finish steps 2-3")  # reported, not asserted
   assert [o["start"] for o in resumed] == [1, 1] and [o["step"] for o in resumed] == [3, 3]
   assert resumed[0]["checksum"] == resumed[1]["checksum"] == ref[0]["checksum"]  # as if never killed

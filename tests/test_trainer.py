@@ -237,6 +237,7 @@ def _train_cmd(workdir, steps, save_every=1):
 def _cache_env(cache_dir) -> dict:
   """A CLI run's environment sharing a persistent compile cache with the other runs of a test: a
   restart skips most compiles (the same programs; the resume under test is the state's)."""
+  cache_dir = os.environ.get("MEMAGENT_TEST_XLA_CACHE", cache_dir)  # conftest's, shared by the whole run
   return dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
