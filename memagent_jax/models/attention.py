@@ -15,7 +15,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from memagent_jax.runtime import cpu_flash_attention
+from memagent_jax.runtime import cpu_attention_kernels
 
 BACKENDS = ("auto", "xla", "cudnn", "splash")
 # A very negative (finite) score so fully masked rows give a uniform softmax, never NaN.
@@ -132,8 +132,9 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   T == S (a whole row, q_offset 0: training, prefill) runs on the spec's backend; T < S (decoding or
   a prefill against a cache) always runs on xla, whose mask is then only [B, T, S], on CPU a few rows
   per loop step (`cpu_cache_attention`, which slices the S slots step by step, not all at once).
-  On CPU, more than `query_block` float32 queries with head dim 64 or 128 run on the compiled
-  flash-attention kernel (`cpu_flash`) when it is built.
+  On CPU, float32 queries with head dim 64 or 128 run on compiled kernels when they are built
+  (`cpu_kernel_attention`): more than `query_block` a row on `flash`, at most 16 against a longer cache
+  (decoding) on `few_queries`.
   Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
   b, t, h, d = q.shape
   if k.shape[0] != b or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
@@ -150,6 +151,8 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   kind = spec.resolve(q.dtype)
   cpu_rows = kind == "xla" and spec.platform == "cpu" and spec.cpu_block and t <= spec.query_block
   if cpu_rows and t < s:
+    if t <= cpu_attention_kernels.FEW_QUERIES and cpu_kernel_usable(q, k, v, spec):
+      return cpu_kernel_attention(cpu_attention_kernels.few_queries, q, k, v, key_valid, q_offset, spec)
     return cpu_cache_attention(q, k, v, key_valid, q_offset=q_offset)
   k, v = k[:, :, :s], v[:, :, :s]
   if t == s and kind == "cudnn":
@@ -158,8 +161,8 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
     return _per_shard(functools.partial(splash_attention, interpret=spec.emulate_kernels), q, k, v, key_valid)
   if cpu_rows:
     return cpu_attention(q, k, v, key_valid, block=spec.cpu_block)
-  if t > spec.query_block and cpu_flash_usable(q, k, v, spec):
-    return cpu_flash(q, k, v, key_valid, q_offset, spec)
+  if t > spec.query_block and cpu_kernel_usable(q, k, v, spec):
+    return cpu_kernel_attention(cpu_attention_kernels.flash, q, k, v, key_valid, q_offset, spec)
   return xla_attention(q, k, v, key_valid, q_offset=q_offset, query_block=spec.query_block,
                        scan_from=spec.scan_from)
 
@@ -275,40 +278,38 @@ def dense_attention(q, k, v, mask):
   return out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
-# --- cpu flash: a compiled kernel for long rows ---------------------------------------------
+# --- cpu kernels: compiled flash attention for long rows, few queries for decoding ---------------
 
-def cpu_flash_usable(q, k, v, spec: AttentionSpec) -> bool:
-  """Long-row attention runs on the CPU flash kernel (`runtime/cpu_flash_attention`): a CPU program,
-  float32 operands with a head dim the kernel has tiles for, and rows each device holds whole (one
-  device, or a mesh in context: `_per_shard` hands each device its rows)."""
-  if spec.platform != "cpu" or jax.default_backend() != "cpu" or q.shape[-1] not in cpu_flash_attention.HEAD_DIMS:
+def cpu_kernel_usable(q, k, v, spec: AttentionSpec) -> bool:
+  """Attention may run on the CPU kernels (`runtime/cpu_attention_kernels`): a CPU program, float32
+  operands with a head dim the kernels have tiles for, and rows each device holds whole (one device, or
+  a mesh in context: `_per_shard` hands each device its rows)."""
+  if spec.platform != "cpu" or jax.default_backend() != "cpu" or q.shape[-1] not in cpu_attention_kernels.HEAD_DIMS:
     return False
   if any(x.dtype != jnp.float32 for x in (q, k, v)):
     return False
   if jax.sharding.get_abstract_mesh().empty and jax.device_count() > 1:
     return False  # XLA would gather a custom call's operands to every device
-  return cpu_flash_attention.available()
+  return cpu_attention_kernels.available()
 
 
-def cpu_flash(q, k, v, key_valid, q_offset, spec: AttentionSpec):
-  """`xla_attention`'s result from the CPU flash kernel; its gradients are XLA's (the backward pass
-  recomputes `xla_attention`, whose blocks are rematerialised anyway)."""
-  s = key_valid.shape[-1]
-  k, v = k[:, :, :s], v[:, :, :s]  # the attended slots (a decode-sized cache holds more)
+def cpu_kernel_attention(kernel, q, k, v, key_valid, q_offset, spec: AttentionSpec):
+  """`xla_attention`'s result from a CPU kernel (`cpu_attention_kernels.flash` or `.few_queries`); its
+  gradients are XLA's (the backward pass recomputes `xla_attention`). k, v may hold more slots than
+  key_valid's S; the kernels read only the attended ones."""
   offset = jnp.asarray(q_offset, jnp.int32)
 
   @jax.custom_vjp
-  def flash(q, k, v):
-    kernel = lambda qi, ki, vi, kvi: cpu_flash_attention.attention(qi, ki, vi, kvi, offset)
-    return _per_shard(kernel, q, k, v, key_valid)
+  def run(q, k, v):
+    return _per_shard(lambda qi, ki, vi, kvi: kernel(qi, ki, vi, kvi, offset), q, k, v, key_valid)
 
   def reference(q, k, v):
-    return xla_attention(q, k, v, key_valid, q_offset=offset, query_block=spec.query_block,
+    s = key_valid.shape[-1]
+    return xla_attention(q, k[:, :, :s], v[:, :, :s], key_valid, q_offset=offset, query_block=spec.query_block,
                          scan_from=spec.scan_from)
 
-  flash.defvjp(lambda q, k, v: (flash(q, k, v), (q, k, v)),
-               lambda res, g: jax.vjp(reference, *res)[1](g))
-  return flash(q, k, v)
+  run.defvjp(lambda q, k, v: (run(q, k, v), (q, k, v)), lambda res, g: jax.vjp(reference, *res)[1](g))
+  return run(q, k, v)
 
 
 # --- cudnn: lengths on packed rows ----------------------------------------------------------

@@ -1,4 +1,6 @@
-// Causal attention over slots for long rows on CPU, float32, AVX-512, as an XLA FFI handler: a query tile's
+// Causal attention over slots on CPU, float32, AVX-512, as two XLA FFI handlers.
+//
+// memagent_flash_attention, for long rows: a query tile's
 // scores against one key tile at a time, with an online softmax (flash attention), so no [T, S] score
 // tensor ever passes through memory. XLA:CPU's blocked attention streams each 512-query block's scores
 // through memory for the mask, the max, the exponent and PV: about half of a 4K-token prefill's time
@@ -9,6 +11,11 @@
 // visible key averages the keys up to its slot: finite, and unread by callers). Items are (row, key head,
 // tile of 32 queries) with the key head's G query heads stacked, handed to XLA's intra-op threads by an
 // atomic counter, the longest (latest) tiles first.
+//
+// memagent_few_queries_attention, for decoding (at most 16 queries a row against a cache): each (row, key
+// head) scores its G x T queries against the visible keys in the cache's own layout [S', D] (no copy), then
+// one softmax and one pass over the values. XLA's batched dots read the whole cache (every slot, visible or
+// not) at about a quarter of this host's read speed (docs/results/bench_sampler.md).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -124,7 +131,7 @@ void ValuesAll(int rows, const float* p, const float* v, int64_t n, const float*
 }
 
 struct Problem {
-  const float *q, *kt, *v;
+  const float *q, *kt, *v;  // kt: the keys [B, K, D, S] for flash items, [B, K, S', D] for few queries
   const uint8_t* key_valid;
   float* out;
   int64_t batch, t_size, heads, kv_heads, groups, d_size, s_size, v_slots, q_offset, tiles;
@@ -184,8 +191,86 @@ void Item(const Problem& p, int64_t b, int64_t kh, int64_t i0) {
     }
 }
 
+
+// One (row b, key head kh) of few queries: r = g * T + t is query t of head kh * G + g.
+template <int DV>
+void FewQueriesItem(const Problem& p, int64_t b, int64_t kh) {
+  constexpr int64_t D = 16 * DV;
+  constexpr int kRowsAtOnce = 16 / DV;  // query rows held in registers while a key is read: 16 vectors
+  constexpr int MR = 24 / DV;           // rows per pass over the values (see ValuesAll)
+  const int64_t rows = p.groups * p.t_size;
+  const int64_t keys = std::min(p.s_size, p.q_offset + p.t_size);  // slots some query can see
+  const int64_t stride = (keys + 15) / 16 * 16;
+  std::vector<float> scores(rows * stride), q(rows * D), inv(rows), out(rows * D);
+  for (int64_t g = 0; g < p.groups; ++g)
+    for (int64_t t = 0; t < p.t_size; ++t)
+      std::copy_n(p.q + ((b * p.t_size + t) * p.heads + kh * p.groups + g) * D, D, &q[(g * p.t_size + t) * D]);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float* k = p.kt + (b * p.kv_heads + kh) * p.v_slots * D;  // [S', D]: the cache as it is
+  const float* v = p.v + (b * p.kv_heads + kh) * p.v_slots * D;
+  const uint8_t* valid = p.key_valid + b * p.s_size;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowsAtOnce) {  // scores: one dot product per (row, key)
+    const int nr = static_cast<int>(std::min<int64_t>(kRowsAtOnce, rows - r0));
+    __m512 qr[kRowsAtOnce][DV];
+    for (int m = 0; m < nr; ++m)
+      for (int c = 0; c < DV; ++c) qr[m][c] = _mm512_loadu_ps(&q[(r0 + m) * D + 16 * c]);
+    for (int64_t j = 0; j < keys; ++j) {
+      __m512 kj[DV];
+      for (int c = 0; c < DV; ++c) kj[c] = _mm512_loadu_ps(k + j * D + 16 * c);
+      for (int m = 0; m < nr; ++m) {
+        __m512 acc = _mm512_mul_ps(qr[m][0], kj[0]);
+        for (int c = 1; c < DV; ++c) acc = _mm512_fmadd_ps(qr[m][c], kj[c], acc);
+        scores[(r0 + m) * stride + j] = _mm512_reduce_add_ps(acc) * scale;
+      }
+    }
+  }
+  const __m512 masked = _mm512_set1_ps(kMaskValue);
+  for (int64_t r = 0; r < rows; ++r) {  // softmax over the visible keys (the rest masked, as XLA's)
+    float* s = &scores[r * stride];
+    const int64_t slot = p.q_offset + r % p.t_size;
+    for (int64_t j = 0; j < keys; ++j)
+      if (j > slot || !valid[j]) s[j] = kMaskValue;
+    __m512 top = masked;
+    for (int64_t j = 0; j < keys; j += 16) {
+      const __mmask16 lanes = Lanes(LowBits(keys - j), 0);
+      top = _mm512_max_ps(top, _mm512_mask_loadu_ps(masked, lanes, s + j));
+    }
+    const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < keys; j += 16) {
+      const __mmask16 lanes = Lanes(LowBits(keys - j), 0);
+      const __m512 e = _mm512_maskz_mov_ps(lanes, Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + j), shift)));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_mask_storeu_ps(s + j, lanes, e);
+    }
+    inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+  }
+  // out = probabilities . values: ValuesAll's accumulation with the scores' row stride
+  for (int64_t r0 = 0; r0 < rows; r0 += MR) {
+    const int nr = static_cast<int>(std::min<int64_t>(MR, rows - r0));
+    __m512 acc[MR][DV];
+    for (int m = 0; m < nr; ++m)
+      for (int c = 0; c < DV; ++c) acc[m][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < keys; ++j) {
+      __m512 vj[DV];
+      for (int c = 0; c < DV; ++c) vj[c] = _mm512_loadu_ps(v + j * D + 16 * c);
+      for (int m = 0; m < nr; ++m) {
+        const __m512 pm = _mm512_set1_ps(scores[(r0 + m) * stride + j]);
+        for (int c = 0; c < DV; ++c) acc[m][c] = _mm512_fmadd_ps(pm, vj[c], acc[m][c]);
+      }
+    }
+    for (int m = 0; m < nr; ++m) {
+      const int64_t r = r0 + m, g = r / p.t_size, t = r % p.t_size;
+      float* o = p.out + ((b * p.t_size + t) * p.heads + kh * p.groups + g) * D;
+      const __m512 scale_r = _mm512_set1_ps(inv[r]);
+      for (int c = 0; c < DV; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[m][c], scale_r));
+    }
+  }
+}
+
 struct Work {
   Problem p;
+  bool few_queries;  // FewQueriesItem over (b, kh); else flash items over (tile, b, kh)
   int64_t items;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
@@ -193,6 +278,15 @@ struct Work {
   void Run() {
     const int64_t heads = p.batch * p.kv_heads;
     for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      if (few_queries) {
+        if (p.d_size == 64) {
+          FewQueriesItem<4>(p, i / p.kv_heads, i % p.kv_heads);
+        } else {
+          FewQueriesItem<8>(p, i / p.kv_heads, i % p.kv_heads);
+        }
+        done.fetch_add(1, std::memory_order_release);
+        continue;
+      }
       const int64_t tile = p.tiles - 1 - i / heads, bh = i % heads;  // the latest (longest) tiles first
       if (p.d_size == 64) {
         Item<4>(p, bh / p.kv_heads, bh % p.kv_heads, tile * kQueryTile);
@@ -203,6 +297,20 @@ struct Work {
     }
   }
 };
+
+// Items to every thread of XLA's pool that is free, the calling thread included; returns when all are done.
+void RunOnPool(const std::shared_ptr<Work>& work, ffi::ThreadPool& pool) {
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  for (int64_t i = 1; i < std::min<int64_t>(threads, work->items); ++i) pool.Schedule([work] { work->Run(); });
+  work->Run();
+  for (int spins = 0; work->done.load(std::memory_order_acquire) < work->items; ++spins) {
+    if (spins < 4096) {
+      _mm_pause();
+    } else {
+      std::this_thread::yield();  // a helper preempted on a busy host gets the core back
+    }
+  }
+}
 
 ffi::Error FlashAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kt, ffi::Buffer<ffi::F32> v,
                           ffi::Buffer<ffi::U8> key_valid, ffi::Buffer<ffi::S32> q_offset,
@@ -218,17 +326,30 @@ ffi::Error FlashAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kt, ffi
   work->p = Problem{q.typed_data(), kt.typed_data(), v.typed_data(), key_valid.typed_data(), out->typed_data(),
                     b, t, h, k, h / k, d, s, vd[2], static_cast<int64_t>(q_offset.typed_data()[0]),
                     (t + kQueryTile - 1) / kQueryTile};
+  work->few_queries = false;
   work->items = b * k * work->p.tiles;
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  for (int64_t i = 1; i < std::min<int64_t>(threads, work->items); ++i) pool.Schedule([work] { work->Run(); });
-  work->Run();
-  for (int spins = 0; work->done.load(std::memory_order_acquire) < work->items; ++spins) {
-    if (spins < 4096) {
-      _mm_pause();
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  RunOnPool(work, pool);
+  return ffi::Error::Success();
+}
+
+ffi::Error FewQueriesAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                               ffi::Buffer<ffi::U8> key_valid, ffi::Buffer<ffi::S32> q_offset,
+                               ffi::ResultBuffer<ffi::F32> out, ffi::ThreadPool pool) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), kvd = key_valid.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || kvd.size() != 2)
+    return ffi::Error::InvalidArgument("need q [B, T, H, D], k, v [B, K, S', D], key_valid [B, S]");
+  const int64_t b = qd[0], t = qd[1], h = qd[2], d = qd[3], kh = kd[1], s = kvd[1];
+  bool same = true;
+  for (int i = 0; i < 4; ++i) same = same && kd[i] == vd[i];
+  if ((d != 64 && d != 128) || !same || kd[0] != b || kd[2] < s || kd[3] != d || kvd[0] != b || kh == 0 ||
+      h % kh || t > s || out->element_count() != q.element_count())
+    return ffi::Error::InvalidArgument("attention operands do not match (head dim 64 or 128, H a multiple of K)");
+  auto work = std::make_shared<Work>();
+  work->p = Problem{q.typed_data(), k.typed_data(), v.typed_data(), key_valid.typed_data(), out->typed_data(),
+                    b, t, h, kh, h / kh, d, s, kd[2], static_cast<int64_t>(q_offset.typed_data()[0]), 1};
+  work->few_queries = true;
+  work->items = b * kh;
+  RunOnPool(work, pool);
   return ffi::Error::Success();
 }
 
@@ -240,6 +361,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(memagent_flash_attention, FlashAttention,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // kt [B, K, D, S]: the keys, transposed
                                   .Arg<ffi::Buffer<ffi::F32>>()  // v [B, K, S', D], S' >= S
                                   .Arg<ffi::Buffer<ffi::U8>>()   // key_valid [B, S]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // q_offset []: the first query's slot
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [B, T, H, D]
+                                  .Ctx<ffi::ThreadPool>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(memagent_few_queries_attention, FewQueriesAttention,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q [B, T, H, D], T <= 16
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k [B, K, S', D]: the cache as it is
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v [B, K, S', D]
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // key_valid [B, S], S <= S'
                                   .Arg<ffi::Buffer<ffi::S32>>()  // q_offset []: the first query's slot
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [B, T, H, D]
                                   .Ctx<ffi::ThreadPool>());

@@ -1,5 +1,5 @@
-"""The CPU flash-attention kernel for long rows (runtime/cpu_flash_attention.cc, attention.cpu_flash):
-outputs against a float64 numpy reference, its routing inside `attend`, and gradients equal to XLA's."""
+"""The CPU attention kernels (runtime/cpu_attention_kernels.cc: flash for long rows, few queries for decoding):
+outputs against a float64 numpy reference, their routing inside `attend`, and gradients equal to XLA's."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from memagent_jax.models import attention
 from memagent_jax.models.attention import AttentionSpec
-from memagent_jax.runtime import cpu_flash_attention, cpu_kernels
+from memagent_jax.runtime import cpu_attention_kernels, cpu_kernels
 
 needs_kernel = pytest.mark.skipif(cpu_kernels.precondition_failure() is not None,
                                   reason="needs x86-64 with AVX-512F and a C++ compiler")
@@ -49,7 +49,7 @@ def _operands(b, t, s, slots, h, kv_heads, d, seed=0):
 
 @needs_kernel
 def test_kernel_is_built_where_it_can_be():
-  assert cpu_flash_attention.unavailable_reason() is None
+  assert cpu_attention_kernels.unavailable_reason() is None
 
 
 @needs_kernel
@@ -61,7 +61,7 @@ def test_kernel_is_built_where_it_can_be():
 ])
 def test_kernel_matches_float64_reference(b, t, s, slots, h, kv_heads, d, q_offset):
   q, k, v, key_valid = _operands(b, t, s, slots, h, kv_heads, d)
-  got = np.asarray(jax.jit(cpu_flash_attention.attention)(q, k, v, key_valid, q_offset))
+  got = np.asarray(jax.jit(cpu_attention_kernels.flash)(q, k, v, key_valid, q_offset))
   want, sees = _reference(q, k, v, key_valid, q_offset)
   assert np.isfinite(got).all()  # queries that see no key: finite, unspecified
   assert q_offset or not sees.all()  # left padding leaves the first queries without a key
@@ -69,16 +69,43 @@ def test_kernel_matches_float64_reference(b, t, s, slots, h, kv_heads, d, q_offs
 
 
 @needs_kernel
+@pytest.mark.parametrize("b, t, s, slots, h, kv_heads, d, q_offset", [
+    (8, 1, 100, 192, 9, 3, 64, 99),  # one decode step of SmolLM2's heads, a decode-sized cache
+    (2, 1, 50, 64, 14, 2, 64, 20),  # seven query heads a key head; slots after the query unread
+    (3, 4, 70, 80, 4, 2, 128, 66),  # a few queries a row, head dim 128
+    (1, 16, 40, 40, 6, 3, 64, 24),  # the most queries it takes
+])
+def test_few_queries_kernel_matches_float64_reference(b, t, s, slots, h, kv_heads, d, q_offset):
+  q, k, v, key_valid = _operands(b, t, s, slots, h, kv_heads, d)
+  k[:, :, s:] = np.nan  # slots past key_valid's S are never read
+  got = np.asarray(jax.jit(cpu_attention_kernels.few_queries)(q, k, v, key_valid, q_offset))
+  want, sees = _reference(q, k, v, key_valid, q_offset)
+  assert np.isfinite(got).all()
+  np.testing.assert_allclose(got[sees], want[sees], atol=5e-6, rtol=0)
+
+
+@needs_kernel
+def test_attend_decodes_on_the_few_queries_kernel():
+  q, k, v, key_valid = _operands(8, 1, 192, 192, 9, 3, 64)
+  call = jax.jit(lambda q, k, v, kv, off: attention.attend(q, k, v, kv, q_offset=off, spec=CPU))
+  assert cpu_attention_kernels.FEW_QUERIES_TARGET in call.lower(q, k, v, key_valid, 150).as_text()
+  want, sees = _reference(q, k, v, key_valid, 150)
+  np.testing.assert_allclose(np.asarray(call(q, k, v, key_valid, 150))[sees], want[sees], atol=5e-6)
+  many = _operands(1, 17, 192, 192, 9, 3, 64)  # more queries than it takes: XLA's
+  assert cpu_attention_kernels.FEW_QUERIES_TARGET not in call.lower(*many, 150).as_text()
+
+
+@needs_kernel
 def test_attend_runs_long_rows_on_the_kernel_and_short_ones_on_xla():
   spec = dataclasses.replace(CPU, query_block=64)
   q, k, v, key_valid = _operands(1, 160, 160, 160, 9, 3, 64)
   hlo = lambda q, k, v, kv, spec: jax.jit(lambda *a: attention.attend(*a, spec=spec)).lower(q, k, v, kv).as_text()
-  assert cpu_flash_attention.TARGET in hlo(q, k, v, key_valid, spec)
-  assert cpu_flash_attention.TARGET not in hlo(q[:, :64], k[:, :, :64], v[:, :, :64], key_valid[:, :64], spec)
+  assert cpu_attention_kernels.TARGET in hlo(q, k, v, key_valid, spec)
+  assert cpu_attention_kernels.TARGET not in hlo(q[:, :64], k[:, :, :64], v[:, :, :64], key_valid[:, :64], spec)
   narrow = [x[..., :32] for x in (q, k, v)]  # a head dim without tiles in the kernel
-  assert cpu_flash_attention.TARGET not in hlo(*narrow, key_valid, spec)
+  assert cpu_attention_kernels.TARGET not in hlo(*narrow, key_valid, spec)
   half = [x.astype(jnp.bfloat16) for x in (q, k, v)]
-  assert cpu_flash_attention.TARGET not in hlo(*half, key_valid, spec)
+  assert cpu_attention_kernels.TARGET not in hlo(*half, key_valid, spec)
   got = jax.jit(lambda *a: attention.attend(*a, spec=spec))(q, k, v, key_valid)
   want = attention.xla_attention(q, k, v, key_valid, query_block=64)
   sees = _reference(q, k, v, key_valid, 0)[1]
@@ -91,7 +118,7 @@ def test_prefill_against_a_cache_runs_on_the_kernel():
   spec = dataclasses.replace(CPU, query_block=32)
   q, k, v, key_valid = _operands(2, 96, 160, 192, 4, 2, 64)
   call = jax.jit(lambda q, k, v, kv, off: attention.attend(q, k, v, kv, q_offset=off, spec=spec))
-  assert cpu_flash_attention.TARGET in call.lower(q, k, v, key_valid, 64).as_text()
+  assert cpu_attention_kernels.TARGET in call.lower(q, k, v, key_valid, 64).as_text()
   want, sees = _reference(q, k, v, key_valid, 64)
   np.testing.assert_allclose(np.asarray(call(q, k, v, key_valid, 64))[sees], want[sees], atol=5e-6)
 
@@ -106,7 +133,7 @@ def test_gradients_are_xlas():
   kernel = loss(lambda q, k, v: attention.attend(q, k, v, key_valid, spec=spec))
   plain = loss(lambda q, k, v: attention.xla_attention(q, k, v, key_valid, query_block=64))
   with_grads = lambda fn: jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))
-  assert cpu_flash_attention.TARGET in with_grads(kernel).lower(q, k, v).as_text()
+  assert cpu_attention_kernels.TARGET in with_grads(kernel).lower(q, k, v).as_text()
   (value, got), (plain_value, want) = with_grads(kernel)(q, k, v), with_grads(plain)(q, k, v)
   np.testing.assert_allclose(value, plain_value, rtol=1e-5)
   for g, r in zip(got, want):
