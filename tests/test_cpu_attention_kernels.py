@@ -140,6 +140,46 @@ def test_gradients_are_xlas():
     np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
 
 
+@needs_kernel
+@pytest.mark.parametrize("t, s, q_offset", [(130, 130, 0), (4, 130, 100)])  # flash; few queries on a cache
+def test_gradients_with_the_mask_and_offset_traced_inside_remat_and_scan(t, s, q_offset):
+  """The mask and the first query's slot made inside a remat block and a scan step (as the decoder's blocks
+  make them): the backward pass, run outside those traces, still gets them, and equals XLA's."""
+  spec = dataclasses.replace(CPU, query_block=64)
+  q, k, v, key_valid = _operands(2, t, s, s, 4, 2, 64)
+  key_valid[:] = True
+  w = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
+
+  def loss(fn):
+    def block(q, k, v, valid, cursor):  # the mask and the offset are tracers of this block
+      return jnp.sum(fn(q, k, v, valid[:, :s], cursor + 0) * w)
+
+    def scanned(q, k, v):
+      step = lambda carry, valid: (carry + jax.checkpoint(block)(q, k, v, valid, jnp.int32(q_offset)), None)
+      return jax.lax.scan(step, 0.0, jnp.stack([jnp.asarray(key_valid)] * 2))[0]
+    return jax.jit(jax.value_and_grad(scanned, argnums=(0, 1, 2)))
+
+  kernel = loss(lambda q, k, v, valid, off: attention.attend(q, k, v, valid, q_offset=off, spec=spec))
+  plain = loss(lambda q, k, v, valid, off: attention.xla_attention(q, k, v, valid, q_offset=off, query_block=64))
+  targets = (cpu_attention_kernels.TARGET, cpu_attention_kernels.FEW_QUERIES_TARGET)
+  assert any(name in kernel.lower(q, k, v).as_text() for name in targets)
+  (value, got), (plain_value, want) = kernel(q, k, v), plain(q, k, v)
+  np.testing.assert_allclose(value, plain_value, rtol=1e-5)
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-4)
+
+
+@needs_kernel
+def test_a_nan_score_gives_nan_outputs_as_xla_does():
+  q, k, v, key_valid = _operands(1, 100, 100, 100, 9, 3, 64)
+  key_valid[:] = True
+  q[0, 70, 0, 0] = np.nan  # query 70 of head 0: every score it has is NaN
+  got = np.asarray(jax.jit(cpu_attention_kernels.flash)(q, k, v, key_valid))
+  assert np.isnan(got[0, 70, 0]).all() and np.isfinite(np.delete(got[0, :, 0], 70, axis=0)).all()
+  few = np.asarray(jax.jit(cpu_attention_kernels.few_queries)(q[:, 70:71], k, v, key_valid, 70))
+  assert np.isnan(few[0, 0, 0]).all() and np.isfinite(few[0, 0, 1:]).all()
+
+
 _MESH_SCRIPT = """
 import dataclasses, jax, numpy as np
 from memagent_jax.models import attention

@@ -130,7 +130,7 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   -> [B, T, H, D]. Query t sits at slot q_offset + t and sees the valid keys at slots <= its own.
 
   T == S (a whole row, q_offset 0: training, prefill) runs on the spec's backend; T < S (decoding or
-  a prefill against a cache) always runs on xla, whose mask is then only [B, T, S], on CPU a few rows
+  a prefill against a cache) runs on xla, whose mask is then only [B, T, S], on CPU a few rows
   per loop step (`cpu_cache_attention`, which slices the S slots step by step, not all at once).
   On CPU, float32 queries with head dim 64 or 128 run on compiled kernels when they are built
   (`cpu_kernel_attention`): more than `query_block` a row on `flash`, at most 16 against a longer cache
@@ -297,19 +297,23 @@ def cpu_kernel_attention(kernel, q, k, v, key_valid, q_offset, spec: AttentionSp
   """`xla_attention`'s result from a CPU kernel (`cpu_attention_kernels.flash` or `.few_queries`); its
   gradients are XLA's (the backward pass recomputes `xla_attention`). k, v may hold more slots than
   key_valid's S; the kernels read only the attended ones."""
-  offset = jnp.asarray(q_offset, jnp.int32)
-
-  @jax.custom_vjp
-  def run(q, k, v):
-    return _per_shard(lambda qi, ki, vi, kvi: kernel(qi, ki, vi, kvi, offset), q, k, v, key_valid)
-
-  def reference(q, k, v):
+  def reference(q, k, v, key_valid, offset):
     s = key_valid.shape[-1]
     return xla_attention(q, k[:, :, :s], v[:, :, :s], key_valid, q_offset=offset, query_block=spec.query_block,
                          scan_from=spec.scan_from)
 
-  run.defvjp(lambda q, k, v: (run(q, k, v), (q, k, v)), lambda res, g: jax.vjp(reference, *res)[1](g))
-  return run(q, k, v)
+  # key_valid and the offset are arguments, not closed over: either may be a tracer of a remat block, a scan
+  # or a map step, which the backward pass runs outside of
+  @jax.custom_vjp
+  def run(q, k, v, key_valid, offset):
+    return _per_shard(lambda qi, ki, vi, kvi: kernel(qi, ki, vi, kvi, offset), q, k, v, key_valid)
+
+  def run_bwd(res, g):
+    q, k, v, key_valid, offset = res
+    return (*jax.vjp(lambda q, k, v: reference(q, k, v, key_valid, offset), q, k, v)[1](g), None, None)
+
+  run.defvjp(lambda *args: (run(*args), args), run_bwd)
+  return run(q, k, v, key_valid, jnp.asarray(q_offset, jnp.int32))
 
 
 # --- cudnn: lengths on packed rows ----------------------------------------------------------

@@ -43,7 +43,7 @@ inline __m512 Exp(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.33654f), hi = _mm512_set1_ps(88.37626f);
   const __m512 under = _mm512_set1_ps(-87.33654f);
   const __mmask16 zero = _mm512_cmp_ps_mask(x, under, _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+  x = _mm512_min_ps(hi, _mm512_max_ps(lo, x));  // x second: a NaN score stays NaN, as in XLA's softmax
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -322,6 +322,7 @@ ffi::Error FlashAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kt, ffi
   if ((d != 64 && d != 128) || ktd[0] != b || ktd[2] != d || vd[0] != b || vd[1] != k || vd[2] < s ||
       vd[3] != d || kvd[0] != b || kvd[1] != s || k == 0 || h % k || t > s || out->element_count() != q.element_count())
     return ffi::Error::InvalidArgument("attention operands do not match (head dim 64 or 128, H a multiple of K)");
+  if (q_offset.typed_data()[0] < 0) return ffi::Error::InvalidArgument("the first query's slot is negative");
   auto work = std::make_shared<Work>();  // shared: a helper that starts late still finds it alive
   work->p = Problem{q.typed_data(), kt.typed_data(), v.typed_data(), key_valid.typed_data(), out->typed_data(),
                     b, t, h, k, h / k, d, s, vd[2], static_cast<int64_t>(q_offset.typed_data()[0]),
@@ -344,6 +345,7 @@ ffi::Error FewQueriesAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   if ((d != 64 && d != 128) || !same || kd[0] != b || kd[2] < s || kd[3] != d || kvd[0] != b || kh == 0 ||
       h % kh || t > s || out->element_count() != q.element_count())
     return ffi::Error::InvalidArgument("attention operands do not match (head dim 64 or 128, H a multiple of K)");
+  if (q_offset.typed_data()[0] < 0) return ffi::Error::InvalidArgument("the first query's slot is negative");
   auto work = std::make_shared<Work>();
   work->p = Problem{q.typed_data(), k.typed_data(), v.typed_data(), key_valid.typed_data(), out->typed_data(),
                     b, t, h, kh, h / kh, d, s, kd[2], static_cast<int64_t>(q_offset.typed_data()[0]), 1};

@@ -53,6 +53,8 @@ def unavailable_reason(source: str, *targets: str) -> str | None:
   except OSError as e:
     return f"building or loading {path} failed: {e}"
   for target in targets:
+    if not hasattr(library, target):
+      return f"{path} exports no handler {target}"
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
   return None
 
