@@ -151,7 +151,7 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   kind = spec.resolve(q.dtype)
   cpu_rows = kind == "xla" and spec.platform == "cpu" and spec.cpu_block and t <= spec.query_block
   if cpu_rows and t < s:
-    if t <= cpu_attention_kernels.FEW_QUERIES and cpu_kernel_usable(q, k, v, spec):
+    if t <= cpu_attention_kernels.FEW_QUERIES and cpu_attention_kernels.usable(spec.platform, q, k, v):
       return cpu_kernel_attention(cpu_attention_kernels.few_queries, q, k, v, key_valid, q_offset, spec)
     return cpu_cache_attention(q, k, v, key_valid, q_offset=q_offset)
   k, v = k[:, :, :s], v[:, :, :s]
@@ -161,7 +161,7 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
     return _per_shard(functools.partial(splash_attention, interpret=spec.emulate_kernels), q, k, v, key_valid)
   if cpu_rows:
     return cpu_attention(q, k, v, key_valid, block=spec.cpu_block)
-  if t > spec.query_block and cpu_kernel_usable(q, k, v, spec):
+  if t > spec.query_block and cpu_attention_kernels.usable(spec.platform, q, k, v):
     return cpu_kernel_attention(cpu_attention_kernels.flash, q, k, v, key_valid, q_offset, spec)
   return xla_attention(q, k, v, key_valid, q_offset=q_offset, query_block=spec.query_block,
                        scan_from=spec.scan_from)
@@ -279,19 +279,6 @@ def dense_attention(q, k, v, mask):
 
 
 # --- cpu kernels: compiled flash attention for long rows, few queries for decoding ---------------
-
-def cpu_kernel_usable(q, k, v, spec: AttentionSpec) -> bool:
-  """Attention may run on the CPU kernels (`runtime/cpu_attention_kernels`): a CPU program, float32
-  operands with a head dim the kernels have tiles for, and rows each device holds whole (one device, or
-  a mesh in context: `_per_shard` hands each device its rows)."""
-  if spec.platform != "cpu" or jax.default_backend() != "cpu" or q.shape[-1] not in cpu_attention_kernels.HEAD_DIMS:
-    return False
-  if any(x.dtype != jnp.float32 for x in (q, k, v)):
-    return False
-  if jax.sharding.get_abstract_mesh().empty and jax.device_count() > 1:
-    return False  # XLA would gather a custom call's operands to every device
-  return cpu_attention_kernels.available()
-
 
 def cpu_kernel_attention(kernel, q, k, v, key_valid, q_offset, spec: AttentionSpec):
   """`xla_attention`'s result from a CPU kernel (`cpu_attention_kernels.flash` or `.few_queries`); its

@@ -22,6 +22,19 @@ def available() -> bool:
   return unavailable_reason() is None
 
 
+def usable(platform: str | None, q, k, v) -> bool:
+  """Attention of q, k, v in a program for `platform` may run on these kernels: a CPU program, float32
+  operands with a head dim the kernels have tiles for, and rows each device holds whole (one device, or
+  a mesh in context, under which callers hand each device its rows)."""
+  if platform != "cpu" or jax.default_backend() != "cpu" or q.shape[-1] not in HEAD_DIMS:
+    return False
+  if any(x.dtype != jnp.float32 for x in (q, k, v)):
+    return False
+  if jax.sharding.get_abstract_mesh().empty and jax.device_count() > 1:
+    return False  # XLA would gather a custom call's operands to every device
+  return available()
+
+
 def unavailable_reason() -> str | None:
   """None once the kernel is built (or found built) and registered with XLA; else why not."""
   return cpu_kernels.unavailable_reason("cpu_attention_kernels.cc", TARGET, FEW_QUERIES_TARGET)
