@@ -23,7 +23,8 @@ $(STAMP): setup.py Makefile
 	touch $(STAMP)
 
 # two workers, one test file each at a time (module fixtures stay in one process): on 2 cores the suite
-# took 32.8 min against 40.4 min in one process (many tests already keep both cores busy)
+# took 32.8 min against 40.4 min in one process (many tests already keep both cores busy); with one XLA
+# compile cache shared by the whole run (tests/conftest.py) a clean clone took 26.5 min, set-up included
 TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
