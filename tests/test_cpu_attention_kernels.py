@@ -58,6 +58,7 @@ def test_kernel_is_built_where_it_can_be():
     (2, 70, 130, 140, 4, 2, 128, 60),  # queries after a prefix, a longer cache, head dim 128
     (1, 257, 257, 300, 6, 3, 64, 0),  # several tiles each way
     (3, 33, 33, 33, 7, 1, 64, 0),  # seven query heads on one key head
+    (8, 88, 168, 184, 4, 4, 32, 80),  # the toy reader's memory update after its template opening, head dim 32
 ])
 def test_kernel_matches_float64_reference(b, t, s, slots, h, kv_heads, d, q_offset):
   q, k, v, key_valid = _operands(b, t, s, slots, h, kv_heads, d)
@@ -74,6 +75,7 @@ def test_kernel_matches_float64_reference(b, t, s, slots, h, kv_heads, d, q_offs
     (2, 1, 50, 64, 14, 2, 64, 20),  # seven query heads a key head; slots after the query unread
     (3, 4, 70, 80, 4, 2, 128, 66),  # a few queries a row, head dim 128
     (1, 16, 40, 40, 6, 3, 64, 24),  # the most queries it takes
+    (8, 1, 170, 184, 4, 4, 32, 169),  # one decode step of the toy reader (head dim 32)
 ])
 def test_few_queries_kernel_matches_float64_reference(b, t, s, slots, h, kv_heads, d, q_offset):
   q, k, v, key_valid = _operands(b, t, s, slots, h, kv_heads, d)
@@ -102,7 +104,7 @@ def test_attend_runs_long_rows_on_the_kernel_and_short_ones_on_xla():
   hlo = lambda q, k, v, kv, spec: jax.jit(lambda *a: attention.attend(*a, spec=spec)).lower(q, k, v, kv).as_text()
   assert cpu_attention_kernels.TARGET in hlo(q, k, v, key_valid, spec)
   assert cpu_attention_kernels.TARGET not in hlo(q[:, :64], k[:, :, :64], v[:, :, :64], key_valid[:, :64], spec)
-  narrow = [x[..., :32] for x in (q, k, v)]  # a head dim without tiles in the kernel
+  narrow = [x[..., :16] for x in (q, k, v)]  # a head dim without tiles in the kernel
   assert cpu_attention_kernels.TARGET not in hlo(*narrow, key_valid, spec)
   half = [x.astype(jnp.bfloat16) for x in (q, k, v)]
   assert cpu_attention_kernels.TARGET not in hlo(*half, key_valid, spec)
@@ -124,6 +126,25 @@ def test_prefill_against_a_cache_runs_on_the_kernel():
 
 
 @needs_kernel
+def test_queries_after_a_prefix_run_on_the_kernel_with_the_row_steps_gradients():
+  """T < S within one query block (the memory update's prompt after its shared template opening, in a
+  rollout and in the update): flash forward, gradients those of `cpu_cache_attention`'s row steps."""
+  q, k, v, key_valid = _operands(8, 88, 168, 184, 4, 4, 32)
+  key_valid[:] = True  # every query sees keys: the outputs, and so the gradients, are specified
+  w = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
+  loss = lambda fn: jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * w), argnums=(0, 1, 2)))
+  kernel = loss(lambda q, k, v: attention.attend(q, k, v, key_valid, q_offset=80, spec=CPU))
+  rows = loss(lambda q, k, v: attention.cpu_cache_attention(q, k, v, key_valid, q_offset=80))
+  assert cpu_attention_kernels.TARGET in kernel.lower(q, k, v).as_text()
+  forward = jax.jit(lambda q, k, v: attention.attend(q, k, v, key_valid, q_offset=80, spec=CPU))(q, k, v)
+  np.testing.assert_allclose(np.asarray(forward), _reference(q, k, v, key_valid, 80)[0], atol=5e-6)
+  (value, got), (rows_value, want) = kernel(q, k, v), rows(q, k, v)
+  np.testing.assert_allclose(value, rows_value, rtol=1e-5)
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
+
+
+@needs_kernel
 def test_gradients_are_xlas():
   spec = dataclasses.replace(CPU, query_block=64)
   q, k, v, key_valid = _operands(1, 130, 130, 130, 4, 2, 64)
@@ -141,7 +162,8 @@ def test_gradients_are_xlas():
 
 
 @needs_kernel
-@pytest.mark.parametrize("t, s, q_offset", [(130, 130, 0), (4, 130, 100)])  # flash; few queries on a cache
+# flash on whole rows; few queries on a cache; flash on a cache within one query block (row-step gradients)
+@pytest.mark.parametrize("t, s, q_offset", [(130, 130, 0), (4, 130, 100), (40, 130, 90)])
 def test_gradients_with_the_mask_and_offset_traced_inside_remat_and_scan(t, s, q_offset):
   """The mask and the first query's slot made inside a remat block and a scan step (as the decoder's blocks
   make them): the backward pass, run outside those traces, still gets them, and equals XLA's."""

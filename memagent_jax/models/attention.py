@@ -132,9 +132,9 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   T == S (a whole row, q_offset 0: training, prefill) runs on the spec's backend; T < S (decoding or
   a prefill against a cache) runs on xla, whose mask is then only [B, T, S], on CPU a few rows
   per loop step (`cpu_cache_attention`, which slices the S slots step by step, not all at once).
-  On CPU, float32 queries with head dim 64 or 128 run on compiled kernels when they are built
-  (`cpu_kernel_attention`): more than `query_block` a row on `flash`, at most 16 against a longer cache
-  (decoding) on `few_queries`.
+  On CPU, float32 queries with head dim 32, 64 or 128 run on compiled kernels when they are built
+  (`cpu_kernel_attention`): at most 16 against a longer cache (decoding) on `few_queries`; more than
+  that against a cache, or more than `query_block` a row, on `flash`.
   Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
   b, t, h, d = q.shape
   if k.shape[0] != b or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
@@ -151,9 +151,11 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   kind = spec.resolve(q.dtype)
   cpu_rows = kind == "xla" and spec.platform == "cpu" and spec.cpu_block and t <= spec.query_block
   if cpu_rows and t < s:
-    if t <= cpu_attention_kernels.FEW_QUERIES and cpu_attention_kernels.usable(spec.platform, q, k, v):
-      return cpu_kernel_attention(cpu_attention_kernels.few_queries, q, k, v, key_valid, q_offset, spec)
-    return cpu_cache_attention(q, k, v, key_valid, q_offset=q_offset)
+    if not cpu_attention_kernels.usable(spec.platform, q, k, v):
+      return cpu_cache_attention(q, k, v, key_valid, q_offset=q_offset)
+    kernel = cpu_attention_kernels.few_queries if t <= cpu_attention_kernels.FEW_QUERIES else cpu_attention_kernels.flash
+    return cpu_kernel_attention(kernel, q, k, v, key_valid, q_offset, spec,
+                                reference=lambda q, k, v, kv, offset: cpu_cache_attention(q, k, v, kv, q_offset=offset))
   k, v = k[:, :, :s], v[:, :, :s]
   if t == s and kind == "cudnn":
     return cudnn_attention(q, k, v, key_valid, implementation="xla" if spec.emulate_kernels else "cudnn")
@@ -280,14 +282,16 @@ def dense_attention(q, k, v, mask):
 
 # --- cpu kernels: compiled flash attention for long rows, few queries for decoding ---------------
 
-def cpu_kernel_attention(kernel, q, k, v, key_valid, q_offset, spec: AttentionSpec):
+def cpu_kernel_attention(kernel, q, k, v, key_valid, q_offset, spec: AttentionSpec, *, reference=None):
   """`xla_attention`'s result from a CPU kernel (`cpu_attention_kernels.flash` or `.few_queries`); its
-  gradients are XLA's (the backward pass recomputes `xla_attention`). k, v may hold more slots than
-  key_valid's S; the kernels read only the attended ones."""
-  def reference(q, k, v, key_valid, offset):
+  gradients are XLA's: the backward pass recomputes `reference(q, k, v, key_valid, q_offset)` (default
+  `xla_attention`; queries against a cache pass `cpu_cache_attention`, whose row steps bound the memory
+  of the backward pass). k, v may hold more slots than key_valid's S; the kernels read only the attended ones."""
+  def xla_reference(q, k, v, key_valid, offset):
     s = key_valid.shape[-1]
     return xla_attention(q, k[:, :, :s], v[:, :, :s], key_valid, q_offset=offset, query_block=spec.query_block,
                          scan_from=spec.scan_from)
+  reference = reference or xla_reference
 
   # key_valid and the offset are arguments, not closed over: either may be a tracer of a remat block, a scan
   # or a map step, which the backward pass runs outside of

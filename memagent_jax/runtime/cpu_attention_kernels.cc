@@ -58,6 +58,9 @@ inline __m512 Exp(__m512 x) {
   return _mm512_maskz_mov_ps(static_cast<__mmask16>(~zero), _mm512_scalef_ps(p, n));
 }
 
+// Head dims with register tiles: 2, 4 or 8 AVX-512 vectors a row (the toy models, SmolLM2, Qwen2.5).
+inline bool HeadDimHasTiles(int64_t d) { return d == 32 || d == 64 || d == 128; }
+
 inline __mmask16 Lanes(uint64_t bits, int c) { return static_cast<__mmask16>(bits >> (16 * c)); }
 
 inline uint64_t LowBits(int64_t n) {  // the lowest n of 64 bits set (n clamped to 0..64)
@@ -279,19 +282,21 @@ struct Work {
     const int64_t heads = p.batch * p.kv_heads;
     for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
       if (few_queries) {
-        if (p.d_size == 64) {
-          FewQueriesItem<4>(p, i / p.kv_heads, i % p.kv_heads);
-        } else {
-          FewQueriesItem<8>(p, i / p.kv_heads, i % p.kv_heads);
+        const int64_t b = i / p.kv_heads, kh = i % p.kv_heads;
+        switch (p.d_size) {
+          case 32: FewQueriesItem<2>(p, b, kh); break;
+          case 64: FewQueriesItem<4>(p, b, kh); break;
+          default: FewQueriesItem<8>(p, b, kh); break;
         }
         done.fetch_add(1, std::memory_order_release);
         continue;
       }
       const int64_t tile = p.tiles - 1 - i / heads, bh = i % heads;  // the latest (longest) tiles first
-      if (p.d_size == 64) {
-        Item<4>(p, bh / p.kv_heads, bh % p.kv_heads, tile * kQueryTile);
-      } else {
-        Item<8>(p, bh / p.kv_heads, bh % p.kv_heads, tile * kQueryTile);
+      const int64_t b = bh / p.kv_heads, kh = bh % p.kv_heads, i0 = tile * kQueryTile;
+      switch (p.d_size) {
+        case 32: Item<2>(p, b, kh, i0); break;
+        case 64: Item<4>(p, b, kh, i0); break;
+        default: Item<8>(p, b, kh, i0); break;
       }
       done.fetch_add(1, std::memory_order_release);
     }
@@ -319,9 +324,9 @@ ffi::Error FlashAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kt, ffi
   if (qd.size() != 4 || ktd.size() != 4 || vd.size() != 4 || kvd.size() != 2)
     return ffi::Error::InvalidArgument("need q [B, T, H, D], kt [B, K, D, S], v [B, K, S', D], key_valid [B, S]");
   const int64_t b = qd[0], t = qd[1], h = qd[2], d = qd[3], k = ktd[1], s = ktd[3];
-  if ((d != 64 && d != 128) || ktd[0] != b || ktd[2] != d || vd[0] != b || vd[1] != k || vd[2] < s ||
+  if (!HeadDimHasTiles(d) || ktd[0] != b || ktd[2] != d || vd[0] != b || vd[1] != k || vd[2] < s ||
       vd[3] != d || kvd[0] != b || kvd[1] != s || k == 0 || h % k || t > s || out->element_count() != q.element_count())
-    return ffi::Error::InvalidArgument("attention operands do not match (head dim 64 or 128, H a multiple of K)");
+    return ffi::Error::InvalidArgument("attention operands do not match (head dim 32, 64 or 128, H a multiple of K)");
   if (q_offset.typed_data()[0] < 0) return ffi::Error::InvalidArgument("the first query's slot is negative");
   auto work = std::make_shared<Work>();  // shared: a helper that starts late still finds it alive
   work->p = Problem{q.typed_data(), kt.typed_data(), v.typed_data(), key_valid.typed_data(), out->typed_data(),
@@ -342,9 +347,9 @@ ffi::Error FewQueriesAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   const int64_t b = qd[0], t = qd[1], h = qd[2], d = qd[3], kh = kd[1], s = kvd[1];
   bool same = true;
   for (int i = 0; i < 4; ++i) same = same && kd[i] == vd[i];
-  if ((d != 64 && d != 128) || !same || kd[0] != b || kd[2] < s || kd[3] != d || kvd[0] != b || kh == 0 ||
+  if (!HeadDimHasTiles(d) || !same || kd[0] != b || kd[2] < s || kd[3] != d || kvd[0] != b || kh == 0 ||
       h % kh || t > s || out->element_count() != q.element_count())
-    return ffi::Error::InvalidArgument("attention operands do not match (head dim 64 or 128, H a multiple of K)");
+    return ffi::Error::InvalidArgument("attention operands do not match (head dim 32, 64 or 128, H a multiple of K)");
   if (q_offset.typed_data()[0] < 0) return ffi::Error::InvalidArgument("the first query's slot is negative");
   auto work = std::make_shared<Work>();
   work->p = Problem{q.typed_data(), k.typed_data(), v.typed_data(), key_valid.typed_data(), out->typed_data(),

@@ -1,8 +1,8 @@
 """Causal attention on CPU by two compiled kernels (`cpu_attention_kernels.cc`, XLA FFI handlers): `flash`
 for long rows (scores against one key tile at a time with an online softmax, so no [T, S] score tensor
 passes through memory) and `few_queries` for decoding (a few queries a row against the cache in its own
-layout, reading only the visible slots). Float32, head dims 64 and 128 (SmolLM2, Qwen2.5); built on first
-use (`cpu_kernels`), and where they cannot be, `unavailable_reason()` says why and callers keep XLA's.
+layout, reading only the visible slots). Float32, head dims 32, 64 and 128 (the toy models, SmolLM2,
+Qwen2.5); built on first use (`cpu_kernels`), and where they cannot be, `unavailable_reason()` says why and callers keep XLA's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from memagent_jax.runtime import cpu_kernels
 TARGET = "memagent_flash_attention"
 FEW_QUERIES_TARGET = "memagent_few_queries_attention"
 FEW_QUERIES = 16  # the most queries a row that `few_queries` takes (its scores are held whole)
-HEAD_DIMS = (64, 128)  # the kernel's register tiles: 4 or 8 AVX-512 vectors a row
+HEAD_DIMS = (32, 64, 128)  # the kernels' register tiles: 2, 4 or 8 AVX-512 vectors a row
 
 
 def available() -> bool:
