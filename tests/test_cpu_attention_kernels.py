@@ -12,9 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from memagent_jax.models import attention
 from memagent_jax.models.attention import AttentionSpec
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.decoder import Decoder, positions_from_mask
+from memagent_jax.models.kv_cache import KVCache
 from memagent_jax.runtime import cpu_attention_kernels, cpu_kernels
 
 needs_kernel = pytest.mark.skipif(cpu_kernels.precondition_failure() is not None,
@@ -126,17 +130,20 @@ def test_prefill_against_a_cache_runs_on_the_kernel():
 
 
 @needs_kernel
-def test_queries_after_a_prefix_run_on_the_kernel_with_the_row_steps_gradients():
-  """T < S within one query block (the memory update's prompt after its shared template opening, in a
-  rollout and in the update): flash forward, gradients those of `cpu_cache_attention`'s row steps."""
+def test_a_decoding_prefill_after_a_prefix_runs_on_the_kernel_and_training_on_the_row_steps():
+  """T < S within one query block (the memory update's prompt after its shared template opening): flash
+  in a prefill for decoding (forward checked, gradients those of the row steps), row steps in training."""
   q, k, v, key_valid = _operands(8, 88, 168, 184, 4, 4, 32)
   key_valid[:] = True  # every query sees keys: the outputs, and so the gradients, are specified
   w = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
   loss = lambda fn: jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * w), argnums=(0, 1, 2)))
-  kernel = loss(lambda q, k, v: attention.attend(q, k, v, key_valid, q_offset=80, spec=CPU))
+  sampling = dataclasses.replace(CPU, decoding_prefill=True)
+  kernel = loss(lambda q, k, v: attention.attend(q, k, v, key_valid, q_offset=80, spec=sampling))
   rows = loss(lambda q, k, v: attention.cpu_cache_attention(q, k, v, key_valid, q_offset=80))
+  training = loss(lambda q, k, v: attention.attend(q, k, v, key_valid, q_offset=80, spec=CPU))
   assert cpu_attention_kernels.TARGET in kernel.lower(q, k, v).as_text()
-  forward = jax.jit(lambda q, k, v: attention.attend(q, k, v, key_valid, q_offset=80, spec=CPU))(q, k, v)
+  assert cpu_attention_kernels.TARGET not in training.lower(q, k, v).as_text()
+  forward = jax.jit(lambda q, k, v: attention.attend(q, k, v, key_valid, q_offset=80, spec=sampling))(q, k, v)
   np.testing.assert_allclose(np.asarray(forward), _reference(q, k, v, key_valid, 80)[0], atol=5e-6)
   (value, got), (rows_value, want) = kernel(q, k, v), rows(q, k, v)
   np.testing.assert_allclose(value, rows_value, rtol=1e-5)
@@ -181,6 +188,7 @@ def test_gradients_with_the_mask_and_offset_traced_inside_remat_and_scan(t, s, q
       return jax.lax.scan(step, 0.0, jnp.stack([jnp.asarray(key_valid)] * 2))[0]
     return jax.jit(jax.value_and_grad(scanned, argnums=(0, 1, 2)))
 
+  spec = dataclasses.replace(spec, decoding_prefill=True)  # (40, 130, 90): flash only in a prefill for decoding
   kernel = loss(lambda q, k, v, valid, off: attention.attend(q, k, v, valid, q_offset=off, spec=spec))
   plain = loss(lambda q, k, v, valid, off: attention.xla_attention(q, k, v, valid, q_offset=off, query_block=64))
   targets = (cpu_attention_kernels.TARGET, cpu_attention_kernels.FEW_QUERIES_TARGET)
@@ -232,3 +240,27 @@ def test_each_device_runs_its_own_rows_under_a_mesh():
   lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("CALLS", "ERR")))
   assert lines["CALLS"].startswith("1 ONE_ROW True"), out.stdout
   assert float(lines["ERR"]) < 5e-6, out.stdout
+
+
+@needs_kernel
+def test_the_decoder_runs_a_decoding_prefill_on_the_kernel_and_a_training_forward_on_the_row_steps():
+  """Decoder(attend_slots=): the queries after a cached prefix run on flash; the same tokens through a cache
+  of exactly their slots (training's shared-prefix forward) keep the row steps. Their hidden states agree."""
+  cfg = ModelConfig(arch="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,
+                    num_kv_heads=2, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=128,
+                    tie_word_embeddings=True, attention_bias=False)
+  graphdef, params = nnx.split(Decoder(cfg, attention=CPU, rngs=nnx.Rngs(0)))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, size=(2, 50)), jnp.int32)
+  valid = jnp.ones((2, 50), bool).at[1, :4].set(False)
+  positions = positions_from_mask(valid)
+
+  def after_prefix(params, slots, attend_slots):
+    model = nnx.merge(graphdef, params)
+    _, cache = model(tokens[:, :20], positions[:, :20], valid[:, :20], KVCache.init(cfg, 2, slots, model.dtype))
+    return model(tokens[:, 20:], positions[:, 20:], valid[:, 20:], cache, attend_slots=attend_slots)[0]
+
+  decoding = jax.jit(lambda p: after_prefix(p, 60, 50))
+  training = jax.jit(lambda p: after_prefix(p, 50, None))
+  assert cpu_attention_kernels.TARGET in decoding.lower(params).as_text()
+  assert cpu_attention_kernels.TARGET not in training.lower(params).as_text()
+  np.testing.assert_allclose(np.asarray(decoding(params)), np.asarray(training(params)), atol=2e-5)

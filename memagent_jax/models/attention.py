@@ -94,6 +94,9 @@ class AttentionSpec:
   # read them from the processor's cache, not memory; on one device, or on each device of a mesh in
   # context that splits only rows (each its own rows); 0: all rows at once.
   cpu_sample_group_bytes: int = 6 << 20
+  # Set by the Decoder for a prefill into a cache sized for decoding (sampling): on CPU its queries after a
+  # cached prefix run on flash. Training's keep the row steps, whose floats trained the toy curves.
+  decoding_prefill: bool = False
   emulate_kernels: bool = False
 
   def __post_init__(self):
@@ -134,7 +137,8 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   per loop step (`cpu_cache_attention`, which slices the S slots step by step, not all at once).
   On CPU, float32 queries with head dim 32, 64 or 128 run on compiled kernels when they are built
   (`cpu_kernel_attention`): at most 16 against a longer cache (decoding) on `few_queries`; more than
-  that against a cache, or more than `query_block` a row, on `flash`.
+  that against a cache in a prefill for decoding (`spec.decoding_prefill`), or more than `query_block`
+  a row, on `flash`.
   Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
   b, t, h, d = q.shape
   if k.shape[0] != b or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
@@ -151,11 +155,13 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   kind = spec.resolve(q.dtype)
   cpu_rows = kind == "xla" and spec.platform == "cpu" and spec.cpu_block and t <= spec.query_block
   if cpu_rows and t < s:
-    if not cpu_attention_kernels.usable(spec.platform, q, k, v):
-      return cpu_cache_attention(q, k, v, key_valid, q_offset=q_offset)
-    kernel = cpu_attention_kernels.few_queries if t <= cpu_attention_kernels.FEW_QUERIES else cpu_attention_kernels.flash
-    return cpu_kernel_attention(kernel, q, k, v, key_valid, q_offset, spec,
-                                reference=lambda q, k, v, kv, offset: cpu_cache_attention(q, k, v, kv, q_offset=offset))
+    if cpu_attention_kernels.usable(spec.platform, q, k, v):
+      if t <= cpu_attention_kernels.FEW_QUERIES:
+        return cpu_kernel_attention(cpu_attention_kernels.few_queries, q, k, v, key_valid, q_offset, spec)
+      if spec.decoding_prefill:
+        rows = lambda q, k, v, kv, offset: cpu_cache_attention(q, k, v, kv, q_offset=offset)
+        return cpu_kernel_attention(cpu_attention_kernels.flash, q, k, v, key_valid, q_offset, spec, reference=rows)
+    return cpu_cache_attention(q, k, v, key_valid, q_offset=q_offset)
   k, v = k[:, :, :s], v[:, :, :s]
   if t == s and kind == "cudnn":
     return cudnn_attention(q, k, v, key_valid, implementation="xla" if spec.emulate_kernels else "cudnn")

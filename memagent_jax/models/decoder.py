@@ -275,6 +275,7 @@ class Decoder(nnx.Module):
     if attend_slots is not None:
       _check_attend_slots(attend_slots, t, cache)
       seen = key_valid[:, :attend_slots]
+      spec = dataclasses.replace(spec, decoding_prefill=True)  # sampling's prefill: never differentiated
     x = jnp.take(panel_weights.array(self.embed[...]), tokens, axis=0)
     history = None
     if self.token_shift is not None:
