@@ -94,8 +94,8 @@ class AttentionSpec:
   # read them from the processor's cache, not memory; on one device, or on each device of a mesh in
   # context that splits only rows (each its own rows); 0: all rows at once.
   cpu_sample_group_bytes: int = 6 << 20
-  # Set by the Decoder for a prefill into a cache sized for decoding (sampling): on CPU its queries after a
-  # cached prefix run on flash. Training's keep the row steps, whose floats trained the toy curves.
+  # Set by the Decoder for a sampler's prefill into a cache: on CPU its queries after a cached prefix run on
+  # flash, training's on row steps; at most 16 a row (decoding, the update's response slots) on few_queries.
   decoding_prefill: bool = False
   emulate_kernels: bool = False
 
