@@ -242,17 +242,23 @@ def test_each_device_runs_its_own_rows_under_a_mesh():
   assert float(lines["ERR"]) < 5e-6, out.stdout
 
 
-@needs_kernel
-def test_the_decoder_runs_a_decoding_prefill_on_the_kernel_and_a_training_forward_on_the_row_steps():
-  """Decoder(attend_slots=): the queries after a cached prefix run on flash; the same tokens through a cache
-  of exactly their slots (training's shared-prefix forward) keep the row steps. Their hidden states agree."""
+def _one_layer_decoder_with_head_dim_32():
+  """(cfg, graphdef, params, tokens, positions, valid): a one-layer decoder on the kernels' smallest head dim
+  and two rows of 50 tokens, the second left-padded by 4."""
   cfg = ModelConfig(arch="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,
                     num_kv_heads=2, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=128,
                     tie_word_embeddings=True, attention_bias=False)
   graphdef, params = nnx.split(Decoder(cfg, attention=CPU, rngs=nnx.Rngs(0)))
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, size=(2, 50)), jnp.int32)
   valid = jnp.ones((2, 50), bool).at[1, :4].set(False)
-  positions = positions_from_mask(valid)
+  return cfg, graphdef, params, tokens, positions_from_mask(valid), valid
+
+
+@needs_kernel
+def test_the_decoder_runs_a_decoding_prefill_on_the_kernel_and_a_training_forward_on_the_row_steps():
+  """Decoder(attend_slots=): the queries after a cached prefix run on flash; the same tokens through a cache
+  of exactly their slots (training's shared-prefix forward) keep the row steps. Their hidden states agree."""
+  cfg, graphdef, params, tokens, positions, valid = _one_layer_decoder_with_head_dim_32()
 
   def after_prefix(params, slots, attend_slots):
     model = nnx.merge(graphdef, params)
@@ -264,3 +270,18 @@ def test_the_decoder_runs_a_decoding_prefill_on_the_kernel_and_a_training_forwar
   assert cpu_attention_kernels.TARGET in decoding.lower(params).as_text()
   assert cpu_attention_kernels.TARGET not in training.lower(params).as_text()
   np.testing.assert_allclose(np.asarray(decoding(params)), np.asarray(training(params)), atol=2e-5)
+
+
+@needs_kernel
+def test_the_updates_response_slots_run_on_the_few_queries_kernel():
+  """A training forward at only its last 10 slots (the update's `out_slots`): those queries against the
+  row are few_queries' case, in the forward and (through XLA's reference) the gradients."""
+  _, graphdef, params, tokens, positions, valid = _one_layer_decoder_with_head_dim_32()
+  forward = lambda p, out_slots=None: nnx.merge(graphdef, p)(tokens, positions, valid, out_slots=out_slots)[0]
+  last = jax.jit(lambda p: forward(p, (40, 50)))
+  assert cpu_attention_kernels.FEW_QUERIES_TARGET in last.lower(params).as_text()
+  np.testing.assert_allclose(np.asarray(last(params)), np.asarray(jax.jit(forward)(params))[:, 40:], atol=2e-5)
+  grad = jax.jit(jax.grad(lambda p: jnp.sum(forward(p, (40, 50)) ** 2)))(params)
+  want = jax.jit(jax.grad(lambda p: jnp.sum(forward(p)[:, 40:] ** 2)))(params)
+  for g, w in zip(jax.tree.leaves(grad), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)

@@ -136,9 +136,9 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   a prefill against a cache) runs on xla, whose mask is then only [B, T, S], on CPU a few rows
   per loop step (`cpu_cache_attention`, which slices the S slots step by step, not all at once).
   On CPU, float32 queries with head dim 32, 64 or 128 run on compiled kernels when they are built
-  (`cpu_kernel_attention`): at most 16 against a longer cache (decoding) on `few_queries`; more than
-  that against a cache in a prefill for decoding (`spec.decoding_prefill`), or more than `query_block`
-  a row, on `flash`.
+  (`cpu_kernel_attention`): at most 16 against a longer cache (decoding, an update's last slots) on
+  `few_queries`; more than that against a cache in a prefill for decoding (`spec.decoding_prefill`), or
+  more than `query_block` a row, on `flash`.
   Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
   b, t, h, d = q.shape
   if k.shape[0] != b or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:

@@ -2,7 +2,8 @@
 for long rows (scores against one key tile at a time with an online softmax, so no [T, S] score tensor
 passes through memory) and `few_queries` for decoding (a few queries a row against the cache in its own
 layout, reading only the visible slots). Float32, head dims 32, 64 and 128 (the toy models, SmolLM2,
-Qwen2.5); built on first use (`cpu_kernels`), and where they cannot be, `unavailable_reason()` says why and callers keep XLA's.
+Qwen2.5); built on first use (`cpu_kernels`), and where they cannot be, `unavailable_reason()` says why
+and callers keep XLA's.
 """
 
 from __future__ import annotations
