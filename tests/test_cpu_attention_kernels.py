@@ -21,8 +21,9 @@ from memagent_jax.models.decoder import Decoder, positions_from_mask
 from memagent_jax.models.kv_cache import KVCache
 from memagent_jax.runtime import cpu_attention_kernels, cpu_kernels
 
-needs_kernel = pytest.mark.skipif(cpu_kernels.precondition_failure() is not None,
-                                  reason="needs x86-64 with AVX-512F and a C++ compiler")
+# the kernels run in CPU programs only (`usable` checks the default backend): a GPU or TPU host skips these
+needs_kernel = pytest.mark.skipif(cpu_kernels.precondition_failure() is not None or jax.default_backend() != "cpu",
+                                  reason="needs x86-64 with AVX-512F, a C++ compiler and JAX's CPU backend")
 CPU = AttentionSpec(backend="xla", platform="cpu")
 
 

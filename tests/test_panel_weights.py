@@ -22,8 +22,9 @@ from memagent_jax.policy.decode_spec import GREEDY
 from memagent_jax.runtime import cpu_kernels, cpu_panel_matmul
 
 
-needs_kernel = pytest.mark.skipif(cpu_kernels.precondition_failure() is not None,
-                                  reason="needs x86-64 with AVX-512F and a C++ compiler")
+# the kernels run in CPU programs only (`usable` checks the default backend): a GPU or TPU host skips these
+needs_kernel = pytest.mark.skipif(cpu_kernels.precondition_failure() is not None or jax.default_backend() != "cpu",
+                                  reason="needs x86-64 with AVX-512F, a C++ compiler and JAX's CPU backend")
 
 
 @needs_kernel
