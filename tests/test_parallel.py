@@ -28,8 +28,6 @@ from memagent_jax.models.config import get_preset
 from memagent_jax.models.decoder import Decoder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# its sitecustomize lets every process of a multi-process run write the test run's compile cache
-SUBPROCESS_SITE = os.path.join(REPO, "tests", "subprocess_site")
 
 # A jitted loss + grad + adam step on the tiny decoder, shared by the subprocess scripts.
 # adam's eps is large so that sign-like first steps do not amplify float rounding.
@@ -68,7 +66,7 @@ def _clean_env(**extra) -> dict:
   env = {k: v for k, v in os.environ.items()
          if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "grpc_proxy")
          and not k.startswith("JAX_") and k != "XLA_FLAGS"}
-  env["PYTHONPATH"] = os.pathsep.join([SUBPROCESS_SITE, REPO, env.get("PYTHONPATH", "")])
+  env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
   env["JAX_PLATFORMS"] = "cpu"
   if os.environ.get("MEMAGENT_TEST_XLA_CACHE"):  # conftest's compile cache, shared by the whole run
     env.update(JAX_COMPILATION_CACHE_DIR=os.environ["MEMAGENT_TEST_XLA_CACHE"],

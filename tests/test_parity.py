@@ -1,5 +1,8 @@
 """Logits parity with transformers (PyTorch) for tiny random checkpoints and the real SmolLM2."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -94,3 +97,31 @@ def test_gguf_rotary_unpermute_inverts_llama_cpp_permute():
   permuted = w.reshape(n_heads, 2, d // 2, e).swapaxes(1, 2).reshape(w.shape)
   np.testing.assert_array_equal(unpermute_rotary(permuted, n_heads), w)
   assert not np.array_equal(permuted, w)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefix_cache", ["auto", "on", "off"])
+def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smollm_reference, prefix_cache):
+  """Every conversation of one question (batch of ONE row: a one-row per-row template opening was once
+  placed as if shared, and every key after its first slot was wrong) on a real SQuAD document: the
+  agent's greedy response ids are transformers' greedy `generate` of the agent's own prompt ids, and their
+  log-probs are transformers' (the ids alone can survive a wrong cache: here the error moved logits by 3
+  without changing the argmax)."""
+  from memagent_jax.agent import MemAgent
+  squad = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
+  paragraphs = [p["context"] for a in json.load(open(squad))["data"] for p in a["paragraphs"]]
+  agent = MemAgent(smollm, chunk_tokens=96, memory_tokens=24, answer_tokens=16, template_prefix_cache=prefix_cache)
+  assert agent.reuse_prefix == (prefix_cache != "off")  # auto reuses it on this path
+  res = agent.answer("How many stories tall is the main library at Notre Dame?", paragraphs[2])
+  assert res.num_chunks >= 2
+  stops = list(smollm.default_stop_tokens())
+  for conv in res.conversations:
+    n = agent.answer_tokens if conv.is_final else agent.memory_tokens
+    with torch.no_grad():
+      ref = smollm_reference.generate(torch.tensor(conv.prompt_ids[None].astype(np.int64)), max_new_tokens=n,
+                                      do_sample=False, eos_token_id=stops, pad_token_id=stops[0])
+    assert conv.response_ids.tolist() == ref[0, len(conv.prompt_ids):].tolist()
+    ids = np.concatenate([conv.prompt_ids, conv.response_ids])[None]
+    logp = torch.log_softmax(torch.tensor(torch_logits(smollm_reference, ids)[0, len(conv.prompt_ids) - 1:-1]), -1)
+    want = logp[torch.arange(len(conv.response_ids)), torch.tensor(conv.response_ids.astype(np.int64))].numpy()
+    np.testing.assert_allclose(conv.response_logprobs, want, atol=2e-3)

@@ -124,9 +124,8 @@ def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
 def test_imports_beside_other_scripts_with_flags_of_the_same_names():
   """Its --out, --root, --dry_run are defined only when it runs as a script: importing it beside
   experiments.sweep (--root, --dry_run) and profile_step (--out), as one pytest worker does, defines
-  nothing twice; so for profile_thunks, bench_length_sweep and bench_row_groups (--n) beside toy_reproduction."""
+  nothing twice; so for bench_length_sweep (--n) beside toy_reproduction."""
   import importlib
   for name in ("experiments.sweep", "experiments.benchmarks.profile_step", "experiments.toy_seeds",
-               "experiments.toy_reproduction", "experiments.benchmarks.profile_thunks",
-               "experiments.benchmarks.bench_length_sweep", "experiments.benchmarks.bench_row_groups"):
+               "experiments.toy_reproduction", "experiments.benchmarks.bench_length_sweep"):
     importlib.import_module(name)

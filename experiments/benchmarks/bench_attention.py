@@ -99,24 +99,23 @@ def model_case(backend, b, t, args, dtype):
 
 
 def cache_cases(b, queries, slots, args, dtype):
-  """Queries at the last `queries` of `slots` cache slots (a prefill after a shared prefix): the
-  CPU row-stepped path `attend` takes, and one dense pass over all rows (what ran before it), as
-  (name, forward fn, forward + backward fn) on the same inputs."""
+  """Queries at the last `queries` of `slots` cache slots (a prefill after a shared prefix): the path
+  `attend` takes (xla), as (name, forward fn, forward + backward fn) on the same inputs."""
   rng = np.random.default_rng(1)
   q = jnp.asarray(rng.normal(size=(b, queries, args.heads, args.head_dim)), dtype)
   k, v = (jnp.asarray(x, dtype) for x in rng.normal(size=(2, b, args.kv_heads, slots, args.head_dim)))
   valid = jnp.asarray(left_padded(b, slots, args.pad_frac))
   off = jnp.int32(slots - queries)
   cot = jnp.asarray(rng.normal(size=q.shape), dtype)
-  paths = {"row steps (cpu_cache_attention)": lambda q, k, v: attention.cpu_cache_attention(q, k, v, valid, q_offset=off),
-           "one dense pass": lambda q, k, v: attention.dense_attention(q, k, v, attention.slot_mask(valid, off, queries))}
+  paths = {"attend (xla)": lambda q, k, v: attention.attend(q, k, v, valid, q_offset=off,
+                                                           spec=attention.AttentionSpec(backend="xla"))}
   for name, fn in paths.items():
     grad = jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v) * cot).astype(jnp.float32), argnums=(0, 1, 2))
     yield name, fn, grad, (q, k, v)
 
 
 def cache_table(args, dtype):
-  """`--cache`: the row-stepped cache path against one dense pass, forward and forward + backward."""
+  """`--cache`: queries against a longer cache, forward and forward + backward."""
   queries, slots = (int(n) for n in args.cache.split("x"))
   print(f"{jax.devices()[0].device_kind} ({jax.default_backend()}), H={args.heads} K={args.kv_heads} "
         f"D={args.head_dim}, {args.dtype}, {queries} queries against {slots} cache slots\n")

@@ -5,16 +5,12 @@
 
 FLOPs are XLA's own count for the compiled update (forward + backward + AdamW), and the usual
 6 x params x tokens estimate beside it; the peak is a large jitted matmul in the same dtype.
-PyTorch runs in this process, alternating with ours (so load hits both alike), under this
-process's allocator settings (runtime/cpu_host.py), and again in a child process with glibc's
-defaults: the "stock" column, what a plain PyTorch program gets.
+PyTorch runs in this process, alternating with ours (so load hits both alike).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 
@@ -25,7 +21,6 @@ import optax
 from flax import nnx
 from absl import app, flags
 
-from memagent_jax.runtime import cpu_host
 from memagent_jax.runtime.atomic_io import atomic_write
 from memagent_jax.models.config import get_preset
 from memagent_jax.models.decoder import Decoder
@@ -125,8 +120,7 @@ ROWS, LENGTH, PROMPT_WIDTH = 64, 256, 224  # the table's update: 64 rows of 224 
 
 
 def define_flags():
-  """Defined when run as a script only: profile_thunks --target=update imports this module beside its
-  own flags (its --rows is how many table rows it prints)."""
+  """Defined when run as a script only, so importing this module beside other scripts defines nothing twice."""
   flags.DEFINE_string("presets", "toy-tiny,toy-1m,tiny-smollm2", "model presets, comma separated")
   flags.DEFINE_integer("rows", ROWS, "rows per update")
   flags.DEFINE_integer("length", LENGTH, "row width in tokens")
@@ -137,40 +131,20 @@ def define_flags():
   flags.DEFINE_integer("repeats", 3, "timed updates")
   flags.DEFINE_string("out", None, "write the markdown table here too")
   flags.DEFINE_bool("no_torch", False, "skip the PyTorch + transformers reference")
-  flags.DEFINE_bool("torch_stock", True, "also time PyTorch in a child process with glibc's default allocator "
-                    "(MEMAGENT_JAX_CPU_HOST=0): what a plain PyTorch program sees; this process's settings "
-                    "(runtime/cpu_host.py) speed PyTorch up too")
-  flags.DEFINE_bool("torch_only", False, "internal: time only the PyTorch step and print its seconds as JSON")
-
-
-def torch_stock_seconds(preset: str, args) -> float:
-  """Best seconds of the PyTorch step in a child process that keeps glibc's default allocator."""
-  env = dict(os.environ, **{cpu_host.ENV_VAR: "0"})
-  cmd = [sys.executable, "-m", "experiments.benchmarks.bench_train", "--torch_only", f"--presets={preset}",
-         f"--rows={args.rows}", f"--length={args.length}", f"--prompt_width={args.prompt_width}",
-         f"--repeats={args.repeats}"]
-  out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-  return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   args = flags.FLAGS
-  if args.torch_only:
-    print(json.dumps({"seconds": _time(bench_torch(args.presets, args.rows, args.length, args.prompt_width),
-                                       args.repeats)}))
-    return
   dtype = jnp.dtype(args.dtype)
   with_torch = not args.no_torch and dtype == jnp.float32
-  stock = with_torch and args.torch_stock
   peak = matmul_peak(dtype)
   lines = [f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, dtype {args.dtype}, "
            f"matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3 jitted matmul)", "",
            "| model | params | rows x length | s / update | tokens/s | XLA GFLOP/s | 6NT GFLOP/s | XLA % of peak "
-           "| torch s / update | torch tokens/s | ours / torch speed |"
-           + (" torch s / update, stock process | ours / stock torch |" if stock else ""),
-           "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if stock else "")]
+           "| torch s / update | torch tokens/s | ours / torch speed |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for preset in args.presets.split(","):
     step, r = bench_update(preset, args.rows, args.length, args.prompt_width, dtype, args.micro_batches, args.remat)
     if with_torch:
@@ -186,9 +160,6 @@ def main(argv):
       lines[-1] += " - | - | - |"
     else:
       lines[-1] += f" {ts:.3f} | {r['rows'] * r['length'] / ts:,.0f} | {ts / r['seconds']:.2f}x |"
-    if stock:
-      t_stock = torch_stock_seconds(preset, args)
-      lines[-1] += f" {t_stock:.3f} | {t_stock / r['seconds']:.2f}x |"
     print(lines[-1], flush=True)
   table = "\n".join(lines)
   print(table)

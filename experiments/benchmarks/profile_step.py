@@ -289,14 +289,10 @@ def rollout_details(n: dict, s: dict, iso: dict) -> dict:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec", "grad"))
 def _loss_pass(params, batch, prefix, *, graphdef, spec, grad: bool):
-  """update_step's scans over width groups and pieces without the optimizer: the loss (grad=False) or
-  loss + grads."""
+  """update_step's scans over width groups without the optimizer: the loss (grad=False) or loss + grads."""
   groups = batch if isinstance(batch, tuple) else (batch,)
   prefixes = prefix if isinstance(prefix, tuple) else (prefix,) * len(groups)
   denominator = upd.group_denominator([g.loss_mask for g in groups], spec.agg)
-  piece_tokens = spec.piece_tokens
-  if piece_tokens is None:
-    piece_tokens = upd.CPU_PIECE_TOKENS if nnx.merge(graphdef, params).platform == "cpu" else 0
   grad_fn = jax.value_and_grad(upd._micro_loss, has_aux=True)
   carry = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.float32(0))
   for group, p in zip(groups, prefixes):
@@ -306,7 +302,7 @@ def _loss_pass(params, batch, prefix, *, graphdef, spec, grad: bool):
         return (grads, loss + upd._micro_loss(params, mb, denominator, p, graphdef=graphdef, spec=spec)[0]), None
       (l, _), g = grad_fn(params, mb, denominator, p, graphdef=graphdef, spec=spec)
       return (jax.tree_util.tree_map(jnp.add, grads, g), loss + l), None
-    carry, _ = jax.lax.scan(accumulate, carry, upd.pieces(group, piece_tokens))
+    carry, _ = jax.lax.scan(accumulate, carry, group)
   return carry if grad else carry[1]
 
 

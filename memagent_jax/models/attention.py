@@ -1,4 +1,4 @@
-"""Attention backends behind one function, `attend`: `xla` (portable, the CPU path), `cudnn`
+"""Attention backends behind one function, `attend`: `xla` (portable, every platform), `cudnn`
 (fused flash attention through `jax.nn.dot_product_attention`), `splash` (Pallas TPU kernel).
 
 Every mask in this codebase is "causal over slots AND key slot holds a real token", so callers
@@ -15,23 +15,24 @@ import math
 import jax
 import jax.numpy as jnp
 
-from memagent_jax.runtime import cpu_attention_kernels
-
 BACKENDS = ("auto", "xla", "cudnn", "splash")
 # A very negative (finite) score so fully masked rows give a uniform softmax, never NaN.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 _HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
+@functools.lru_cache(maxsize=None)
 def _has_cudnn() -> bool:
-  """An NVIDIA GPU backend whose jaxlib carries the cuDNN bindings (ROCm and CPU do not)."""
+  """An NVIDIA GPU backend that compiles cuDNN flash attention (ROCm and CPU do not): a tiny bf16 call is
+  compiled once per process and the answer kept."""
   if jax.default_backend() != "gpu":
     return False
+  x = jax.ShapeDtypeStruct((1, 128, 1, 64), jnp.bfloat16)
   try:
-    from jax._src.lib import cuda_versions  # what jax's own cuDNN attention checks
-  except ImportError:
+    jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="cudnn")).lower(x, x, x).compile()
+  except Exception:  # noqa: BLE001  (jax raises its own error kinds for a missing cuDNN)
     return False
-  return cuda_versions is not None
+  return True
 
 
 def check_backend(name: str, platform: str | None = None, *, has_cudnn: bool | None = None) -> str:
@@ -85,27 +86,14 @@ class AttentionSpec:
   query_block: int = 512
   # xla backend: square attention longer than this runs block by block in a loop (bounded memory).
   scan_from: int = 8192
-  # xla backend on CPU, whole rows of at most `query_block` tokens: a few rows at a time in a loop,
-  # each step rematerialised in the backward pass, in causal query blocks of this many tokens, so a
-  # step's scores stay in cache (`cpu_attention`); 0: one dense pass over all rows.
-  cpu_block: int = 64
-  # CPU: the sampler (policy/sampling.py) runs a small model's rows in groups, one after the other, whose
-  # KV cache and whose weights are each at most this many bytes, so a group's prefill and decode steps
-  # read them from the processor's cache, not memory; on one device, or on each device of a mesh in
-  # context that splits only rows (each its own rows); 0: all rows at once.
-  cpu_sample_group_bytes: int = 6 << 20
-  # Set by the Decoder for a sampler's prefill into a cache: on CPU its queries after a cached prefix run on
-  # flash, training's on row steps; at most 16 a row (decoding, the update's response slots) on few_queries.
-  decoding_prefill: bool = False
   emulate_kernels: bool = False
 
   def __post_init__(self):
     if self.backend not in BACKENDS:
       check_backend(self.backend)  # raises, naming the backends
-    if self.query_block < 1 or self.scan_from < 1 or self.cpu_block < 0 or self.cpu_sample_group_bytes < 0:
+    if self.query_block < 1 or self.scan_from < 1:
       raise ValueError(f"AttentionSpec: query_block={self.query_block} and scan_from={self.scan_from} "
-                       f"must be >= 1, cpu_block={self.cpu_block} and cpu_sample_group_bytes="
-                       f"{self.cpu_sample_group_bytes} >= 0")
+                       "must be >= 1")
 
   def check(self) -> "AttentionSpec":
     """Raises when the platform lacks the chosen backend (unless emulated); returns self."""
@@ -121,9 +109,7 @@ class AttentionSpec:
 
   def whole_rows_fused(self, dtype) -> bool:
     """Whether whole rows run a fused kernel (cudnn, splash) that attention through a cache, as a
-    shared prefix needs, would give up. CPU blocks are not counted: on the toy RL update, running the
-    template opening once through a cache is 1.3x faster than blocked whole rows
-    (docs/results/toy_rl_step_speed.md)."""
+    shared prefix needs, would give up."""
     return self.resolve(dtype) in ("cudnn", "splash")
 
 
@@ -133,12 +119,7 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   -> [B, T, H, D]. Query t sits at slot q_offset + t and sees the valid keys at slots <= its own.
 
   T == S (a whole row, q_offset 0: training, prefill) runs on the spec's backend; T < S (decoding or
-  a prefill against a cache) runs on xla, whose mask is then only [B, T, S], on CPU a few rows
-  per loop step (`cpu_cache_attention`, which slices the S slots step by step, not all at once).
-  On CPU, float32 queries with head dim 32, 64 or 128 run on compiled kernels when they are built
-  (`cpu_kernel_attention`): at most 16 against a longer cache (decoding, an update's last slots) on
-  `few_queries`; more than that against a cache in a prefill for decoding (`spec.decoding_prefill`), or
-  more than `query_block` a row, on `flash`.
+  a prefill against a cache) runs on xla, whose mask is then only [B, T, S].
   Outputs at padding queries are unspecified (finite); nothing downstream reads them."""
   b, t, h, d = q.shape
   if k.shape[0] != b or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
@@ -153,24 +134,11 @@ def attend(q, k, v, key_valid, *, q_offset=0, spec: AttentionSpec = AttentionSpe
   if t == s and isinstance(q_offset, int) and q_offset:
     raise ValueError(f"attend: T == S == {t} means the queries are slots 0..{t - 1}; got q_offset={q_offset}")
   kind = spec.resolve(q.dtype)
-  cpu_rows = kind == "xla" and spec.platform == "cpu" and spec.cpu_block and t <= spec.query_block
-  if cpu_rows and t < s:
-    if cpu_attention_kernels.usable(spec.platform, q, k, v):
-      if t <= cpu_attention_kernels.FEW_QUERIES:
-        return cpu_kernel_attention(cpu_attention_kernels.few_queries, q, k, v, key_valid, q_offset, spec)
-      if spec.decoding_prefill:
-        rows = lambda q, k, v, kv, offset: cpu_cache_attention(q, k, v, kv, q_offset=offset)
-        return cpu_kernel_attention(cpu_attention_kernels.flash, q, k, v, key_valid, q_offset, spec, reference=rows)
-    return cpu_cache_attention(q, k, v, key_valid, q_offset=q_offset)
   k, v = k[:, :, :s], v[:, :, :s]
   if t == s and kind == "cudnn":
     return cudnn_attention(q, k, v, key_valid, implementation="xla" if spec.emulate_kernels else "cudnn")
   if t == s and kind == "splash":
     return _per_shard(functools.partial(splash_attention, interpret=spec.emulate_kernels), q, k, v, key_valid)
-  if cpu_rows:
-    return cpu_attention(q, k, v, key_valid, block=spec.cpu_block)
-  if t > spec.query_block and cpu_attention_kernels.usable(spec.platform, q, k, v):
-    return cpu_kernel_attention(cpu_attention_kernels.flash, q, k, v, key_valid, q_offset, spec)
   return xla_attention(q, k, v, key_valid, q_offset=q_offset, query_block=spec.query_block,
                        scan_from=spec.scan_from)
 
@@ -197,60 +165,6 @@ def xla_attention(q, k, v, key_valid, *, q_offset=0, query_block: int = Attentio
   return dense_attention(q, k, v, slot_mask(key_valid, q_offset, t))
 
 
-# rows of scores [H, T, T] a CPU step of `cpu_attention` may hold: about an L2 cache
-_CPU_STEP_BYTES = 1 << 21
-
-
-def cpu_attention(q, k, v, key_valid, *, block: int, step_bytes: int = _CPU_STEP_BYTES):
-  """Whole rows (T == S) on CPU: c rows per `lax.map` step, each step's forward recomputed in the
-  backward pass, each row in causal query blocks of `block` (a block sees keys up to its end).
-  Scores and probabilities of a step fit in cache, and the masked half of the square is never
-  computed: fwd + bwd 5x faster than `dense_attention` over all rows at B=64, T=256 (toy-tiny).
-  Steps group rows as `_in_row_steps` says; c is the largest divisor of B whose [c, H, T, T]
-  float32 scores fit in `step_bytes` (at least 1)."""
-  b, t, h, _ = q.shape
-  rows = lambda qi, ki, vi, kvi: xla_attention(qi, ki, vi, kvi, query_block=block, scan_from=t)
-  return _in_row_steps(rows, _row_steps(b, h * t * t * 4, step_bytes), q, k, v, key_valid)
-
-
-def _row_steps(b: int, per_row: int, step_bytes: int) -> int:
-  """c, the rows of one CPU loop step: the largest divisor of b whose scores (per_row bytes each)
-  fit in step_bytes (at least 1)."""
-  return max([n for n in range(1, b + 1) if b % n == 0 and n * per_row <= step_bytes] or [1])
-
-
-def _in_row_steps(fn, c: int, q, k, v, key_valid, *, strided: bool | None = None):
-  """fn(q, k, v, key_valid) on c rows per `lax.map` step, each step rematerialised in the backward
-  pass. Strided (default: when the process has several devices), rows b, b + B/c, ... share a step,
-  so rows split over devices stay split; otherwise a step takes c adjacent rows and no operand is
-  copied into step order (those transposes were about 5% of a toy sweep batch: toy_rl_step_speed.md)."""
-  b = q.shape[0]
-  if c == b:
-    return fn(q, k, v, key_valid)
-  if not (jax.device_count() > 1 if strided is None else strided):  # [B, ...] -> [B/c, c, ...] is a reshape
-    steps, unsteps = (lambda x: x.reshape(b // c, c, *x.shape[1:])), (lambda x: x.reshape(q.shape))
-  else:  # [B, ...] -> [c, B/c, ...] -> [B/c, c, ...]
-    steps = lambda x: x.reshape(c, b // c, *x.shape[1:]).swapaxes(0, 1)
-    unsteps = lambda x: x.swapaxes(0, 1).reshape(q.shape)
-  out = jax.lax.map(jax.checkpoint(lambda args: fn(*args)), (steps(q), steps(k), steps(v), steps(key_valid)))
-  return unsteps(out)  # [B/c, c, T, H, D] -> [B, T, H, D]
-
-
-def cpu_cache_attention(q, k, v, key_valid, *, q_offset, step_bytes: int = _CPU_STEP_BYTES):
-  """Queries against a longer cache on CPU (T < S: a prefill after a shared prefix, training rows
-  after their template opening) in row steps (`_in_row_steps`), so a step's [c, H, T, S] scores stay
-  in cache instead of streaming a [B, H, T, S] tensor through memory five times (scores, max, exp,
-  sum, PV); when all rows fit one step (decoding: T = 1) it is one `dense_attention` pass. k, v may
-  hold S' > S slots (key_valid [B, S]): each step slices its rows' first S, so the [B, K, S, D] keys
-  a prefill into a decode-sized cache attends are never copied out whole."""
-  b, t, h, _ = q.shape
-  s = key_valid.shape[-1]  # k, v may hold more slots (a decode-sized cache): each step slices S
-  if k.shape[2] > s and jax.device_count() > 1:  # strided steps transpose k, v: only S slots
-    k, v = k[:, :, :s], v[:, :, :s]
-  rows = lambda qi, ki, vi, kvi: dense_attention(qi, ki[:, :, :s], vi[:, :, :s], slot_mask(kvi, q_offset, t))
-  return _in_row_steps(rows, _row_steps(b, h * t * s * 4, step_bytes), q, k, v, key_valid)
-
-
 def _mapped_blocks(q, k, v, key_valid, q_offset, query_block: int):
   """One query block at a time inside `lax.map`, each against all keys: memory O(block x S)
   instead of O(T x S), since XLA keeps every unrolled block's scores alive at once (2.6 GB at
@@ -274,7 +188,7 @@ def dense_attention(q, k, v, mask):
   """Softmax attention. q [B, T, H, D]; k, v [B, K, S, D]; mask [B, T, S] -> [B, T, H, D].
 
   The G = H / K query heads that share a key head are stacked along the query axis, so each
-  key head is one large matmul (about 4x faster on CPU than G small ones)."""
+  key head is one large matmul instead of G small ones."""
   b, t, h, d = q.shape
   kh = k.shape[1]
   g = h // kh
@@ -284,33 +198,6 @@ def dense_attention(q, k, v, mask):
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
   out = jnp.einsum("bkms,bksd->bkmd", probs, v)  # [B, K, G*T, D]
   return out.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
-
-
-# --- cpu kernels: compiled flash attention for long rows, few queries for decoding ---------------
-
-def cpu_kernel_attention(kernel, q, k, v, key_valid, q_offset, spec: AttentionSpec, *, reference=None):
-  """`xla_attention`'s result from a CPU kernel (`cpu_attention_kernels.flash` or `.few_queries`); its
-  gradients are XLA's: the backward pass recomputes `reference(q, k, v, key_valid, q_offset)` (default
-  `xla_attention`; queries against a cache pass `cpu_cache_attention`, whose row steps bound the memory
-  of the backward pass). k, v may hold more slots than key_valid's S; the kernels read only the attended ones."""
-  def xla_reference(q, k, v, key_valid, offset):
-    s = key_valid.shape[-1]
-    return xla_attention(q, k[:, :, :s], v[:, :, :s], key_valid, q_offset=offset, query_block=spec.query_block,
-                         scan_from=spec.scan_from)
-  reference = reference or xla_reference
-
-  # key_valid and the offset are arguments, not closed over: either may be a tracer of a remat block, a scan
-  # or a map step, which the backward pass runs outside of
-  @jax.custom_vjp
-  def run(q, k, v, key_valid, offset):
-    return _per_shard(lambda qi, ki, vi, kvi: kernel(qi, ki, vi, kvi, offset), q, k, v, key_valid)
-
-  def run_bwd(res, g):
-    q, k, v, key_valid, offset = res
-    return (*jax.vjp(lambda q, k, v: reference(q, k, v, key_valid, offset), q, k, v)[1](g), None, None)
-
-  run.defvjp(lambda *args: (run(*args), args), run_bwd)
-  return run(q, k, v, key_valid, jnp.asarray(q_offset, jnp.int32))
 
 
 # --- cudnn: lengths on packed rows ----------------------------------------------------------

@@ -8,13 +8,11 @@ names (`out_sharding` metadata) that `parallel.py` maps to mesh axes.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models import panel_weights
 from memagent_jax.models.attention import AttentionSpec, attend
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.kv_cache import KVCache, LayerCache
@@ -44,33 +42,10 @@ class RMSNorm(nnx.Module):
 
 
 def dense(x, w):
-  """x [..., E] @ w [E, *out] -> [..., *out] as ONE 2-D matmul: XLA on CPU runs the backward of
-  a dot that contracts several batch dims (the weight gradient) about 2x slower."""
+  """x [..., E] @ w [E, *out] -> [..., *out] as one 2-D matmul (tokens x E by E x out)."""
   lead, e = x.shape[:-1], x.shape[-1]
   out = w.shape[1:]
-  y = panel_weights.matmul(x.reshape(-1, e), w.reshape(e, -1))  # w may carry decode's panels
-  return y.reshape(*lead, *out)
-
-
-@jax.custom_vjp
-def tied_logits(h, w):
-  """h [N, E] @ w [V, E]^T -> [N, V] (the tied embedding as the output projection). Its weight
-  gradient is computed as [E, V] and transposed: XLA on CPU runs the [V, E] dot (contracting the
-  N positions into a 64-wide output) 3x slower, and would fuse a plain transpose back into it."""
-  return jnp.einsum("ne,ve->nv", h, w)
-
-
-def _tied_logits_fwd(h, w):
-  return tied_logits(h, w), (h, w)
-
-
-def _tied_logits_bwd(res, g):  # g [N, V]
-  h, w = res
-  dw = jax.lax.optimization_barrier(jnp.einsum("ne,nv->ev", h, g.astype(h.dtype)))  # [E, V]
-  return (g.astype(w.dtype) @ w).astype(h.dtype), dw.T.astype(w.dtype)
-
-
-tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+  return (x.reshape(-1, e) @ w.reshape(e, -1)).reshape(*lead, *out)
 
 
 def rope_tables(positions, head_dim: int, theta: float, dtype):
@@ -79,27 +54,6 @@ def rope_tables(positions, head_dim: int, theta: float, dtype):
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
   emb = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
-
-
-def fusion_boundary(pred, fn, *operands):
-  """fn(*operands) as a computation of its own: XLA does not fuse through a conditional, and both
-  branches are fn, so the result is fn's bit for bit and `pred` (a traced bool) is moot. For XLA:CPU
-  fusions that cost more than they save. No boundary is left where the conditional goes: a constant
-  `pred` is folded away with it, and under `vmap` with a batched `pred` it becomes a select."""
-  return jax.lax.cond(pred, fn, fn, *operands)
-
-
-def boundary_predicate(positions):
-  """A traced bool for `fusion_boundary` from a forward's positions [B, T] (never constant-folded)."""
-  return positions.reshape(-1)[0] >= 0
-
-
-def rope_tables_once(positions, head_dim: int, theta: float, dtype, pred=None):
-  """`rope_tables` behind a `fusion_boundary` (pred: `boundary_predicate(positions)` by default), for
-  XLA:CPU, which fuses cos and sin into every rotation that reads them and evaluates them there again:
-  per head, layer and q or k (SmolLM2-135M: 360 times a forward)."""
-  tables = functools.partial(rope_tables, head_dim=head_dim, theta=theta, dtype=dtype)
-  return fusion_boundary(boundary_predicate(positions) if pred is None else pred, tables, positions)
 
 
 def apply_rope(x, cos, sin):  # x [B, T, H, D]; cos, sin [B, T, D]
@@ -177,14 +131,11 @@ class Block(nnx.Module):
     self.mlp = MLP(cfg, dtype, rngs)
 
   def __call__(self, x, cos, sin, key_valid, cache, write_index, spec: AttentionSpec,
-               out_slots: tuple[int, int] | None = None, boundary=None):
-    """x [B, T, E] -> [B, T, E], or [B, b - a, E] at slots a..b-1 of out_slots (a, b). boundary: a
-    traced bool (XLA:CPU) or None; with it the residual after attention is a `fusion_boundary`, so
-    YNNPACK does not fuse the output projection into the MLP's chain of dots, a fusion that ran at
-    half the speed of its parts (docs/results/toy_rl_step_speed.md)."""
+               out_slots: tuple[int, int] | None = None):
+    """x [B, T, E] -> [B, T, E], or [B, b - a, E] at slots a..b-1 of out_slots (a, b)."""
     h, cache = self.attn(self.attn_norm(x), cos, sin, key_valid, cache, write_index, spec, out_slots)
     x = x if out_slots is None else x[:, out_slots[0]:out_slots[1]]
-    x = x + h if boundary is None else fusion_boundary(boundary, jnp.add, x, h)
+    x = x + h
     return x + self.mlp(self.mlp_norm(x)), cache
 
 
@@ -275,17 +226,12 @@ class Decoder(nnx.Module):
     if attend_slots is not None:
       _check_attend_slots(attend_slots, t, cache)
       seen = key_valid[:, :attend_slots]
-      spec = dataclasses.replace(spec, decoding_prefill=True)  # sampling's prefill: never differentiated
-    x = jnp.take(panel_weights.array(self.embed[...]), tokens, axis=0)
+    x = jnp.take(self.embed[...], tokens, axis=0)
     history = None
     if self.token_shift is not None:
       shifted, history = self._shifted_embeddings(tokens, key_valid, cache, write_index)
       x = x + shifted
-    # CPU only: elsewhere these fusions were not measured and a conditional is not free
-    boundary = boundary_predicate(positions) if self.platform == "cpu" and positions.size else None
-    rope = (rope_tables if boundary is None else
-            functools.partial(rope_tables_once, pred=boundary))
-    cos, sin = rope(positions, self.config.head_dim, self.config.rope_theta, self.dtype)  # [B, T, D]
+    cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)  # [B, T, D]
     layers = []
     last = len(self.layers) - 1
     # fused backends take whole rows only: their last block runs every slot, sliced after
@@ -294,10 +240,10 @@ class Decoder(nnx.Module):
       layer_cache = None if cache is None else cache.layer(i)
       slots = cut if i == last else None
       if policy is not None:
-        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, seen, c, write_index, spec, slots, boundary),
+        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, seen, c, write_index, spec, slots),
                                    policy=policy)(layer, x, layer_cache)
       else:
-        x, layer_cache = layer(x, cos, sin, seen, layer_cache, write_index, spec, slots, boundary)
+        x, layer_cache = layer(x, cos, sin, seen, layer_cache, write_index, spec, slots)
       layers.append(layer_cache)
     if out_slots is not None and cut is None:
       x = x[:, out_slots[0]:out_slots[1]]
@@ -327,12 +273,8 @@ class Decoder(nnx.Module):
 
   def logits(self, hidden):
     """hidden [..., E] -> float32 logits [..., V]."""
-    if self.lm_head is None:  # tied: contract with the embedding directly, never transpose it
-      lead, embed = hidden.shape[:-1], self.embed[...]
-      flat = hidden.reshape(-1, hidden.shape[-1])
-      flat = (panel_weights.tied_matmul(flat, embed) if panel_weights.on_panels(flat, embed)
-              else tied_logits(flat, panel_weights.array(embed)))
-      return flat.reshape(*lead, -1).astype(jnp.float32)
+    if self.lm_head is None:  # tied: contract with the embedding [V, E] directly, never transpose it
+      return jnp.einsum("...e,ve->...v", hidden, self.embed[...]).astype(jnp.float32)
     return dense(hidden, self.lm_head[...]).astype(jnp.float32)
 
 

@@ -77,8 +77,9 @@ class Policy:
   def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, params: DecodeSpec, *,
              seed: int = 0, stop_tokens: Sequence[int] | Sequence[Sequence[int]] | None = None,
              cache_size: int | None = None) -> sampling.Generation:
-    """Token-level generation for ragged prompts (params: a DecodeSpec, e.g. GREEDY); host numpy arrays out."""
-    if not prompts:
+    """Token-level generation for ragged prompts (lists of ids, or a numpy/jax [B, T] array whose every id is
+    real; params: a DecodeSpec, e.g. GREEDY); host numpy arrays out."""
+    if len(prompts) == 0:
       raise ValueError("no prompts given")
     longest = max(len(p) for p in prompts)
     if min(len(p) for p in prompts) == 0:

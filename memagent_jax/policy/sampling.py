@@ -7,7 +7,6 @@ as each prompt would alone. The loop exits as soon as every row has emitted a st
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple, Sequence
 
 import jax
@@ -15,11 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from memagent_jax.models import panel_weights
 from memagent_jax.models.decoder import positions_from_mask
 from memagent_jax.models.kv_cache import KVCache
 from memagent_jax.policy.decode_spec import DecodeSpec
-from memagent_jax.runtime.parallel import BATCH_AXES
 
 
 class Generation(NamedTuple):
@@ -28,7 +25,7 @@ class Generation(NamedTuple):
   sample_logprobs: jax.Array  # [B, N] log p(token) under the sampled distribution (0 if greedy)
   lengths: jax.Array  # [B] generated tokens per row, stop token included
   stopped: jax.Array  # [B] True if the row emitted a stop token (False: hit max_new_tokens)
-  steps: jax.Array  # [] decode iterations run (< N when every row stopped early; rows in groups: the most)
+  steps: jax.Array  # [] decode iterations run (< N when every row stopped early)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -73,8 +70,8 @@ def sort_descending(x):
   """x [..., V] float32 sorted from largest to smallest along its last axis: the values of
   -jnp.sort(-x) (0.0 and -0.0 may swap places, a subnormal ranks by its value where XLA's float
   comparison flushes it to zero; NaNs last). It sorts int32 keys whose order is the floats' order
-  (a non-negative float's bits; a negative one's with the magnitude bits flipped): 5-6x faster than
-  the float sort on CPU (measured there only; every platform runs it). Not differentiable."""
+  (a non-negative float's bits; a negative one's with the magnitude bits flipped): an integer sort
+  with no NaN handling in its comparator. Not differentiable."""
   flip = lambda k: jnp.where(k < 0, k ^ jnp.int32(0x7FFFFFFF), k)  # its own inverse
   neg = jnp.where(jnp.isnan(x), jnp.nan, -x).astype(jnp.float32)  # a positive NaN: sorted after +inf
   keys = jnp.sort(flip(jax.lax.bitcast_convert_type(neg, jnp.int32)), axis=-1)
@@ -147,7 +144,10 @@ def cache_with_prefix(model, prefix: KVCache, tokens, valid, cache_size: int) ->
   b, l = tokens.shape[0], prefix.size
   cache = KVCache.init(model.config, b, cache_size, model.dtype)
   first = jnp.argmax(valid, axis=1)  # [B]: first real slot (0 for an all-padding row)
-  shift = first if prefix.valid.shape[0] == 1 else first - (l - jnp.sum(prefix.valid, axis=1))  # [B]
+  # prefix slot of row slot 0: a shared prefix (every slot valid) starts at the row's first real slot, a
+  # per-row one (n_b real tokens, left-padded) L - n_b slots later. One formula for both, so a per-row
+  # prefix of ONE row is never taken for a shared prefix (it once was: every key after its first was wrong).
+  shift = first - (l - jnp.sum(prefix.valid, axis=1))  # [B]
   index = jnp.clip(jnp.arange(l)[None, :] - shift[:, None], 0, l - 1)  # [B, L]
 
   def put(buf, shared):  # shared [1 or B, K, L, D] -> each row's slots 0..L-1 of buf [B, K, S, D]
@@ -203,36 +203,14 @@ def prefill(model, tokens, valid, *, cache_size: int, prefix: KVCache | None = N
 def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_tokens: int, pad_id: int,
                         cache_size: int | None = None, prefix: KVCache | None = None) -> Generation:
   """Traceable core of generation (used inside `generate_tokens` and the agent's `lax.scan`): up
-  to max_new_tokens new tokens per active row, picked as `spec` says.
+  to max_new_tokens new tokens per active row, picked as `spec` says; one prefill, then one decode loop.
 
   cache_size: slots of the KV cache (default P + max_new_tokens, the least that fits); prefix: the
-  KV of a prefix every prompt starts with (see `prefill`). On one CPU device, or on each device of a
-  mesh in context that splits only rows (`row_shards`; the agent traces under its mesh), a large batch of
-  a small model runs in row groups (`row_group`, the model's `cpu_sample_group_bytes`)."""
-  b, p = rows.tokens.shape
-  cache_size = cache_size or p + max_new_tokens
-  shards = row_shards(b)
-  c = row_group(model, b // shards, cache_size, shards=shards)
-  if c == b // shards:
-    return _sample_rows(model, rows, prefix, spec=spec, max_new_tokens=max_new_tokens, pad_id=pad_id,
-                        cache_size=cache_size)
-
-  def grouped(model, rows, prefix):  # this device's rows [B / shards, ...] in groups of c
-    sample = functools.partial(_sample_rows, model, spec=spec, max_new_tokens=max_new_tokens, pad_id=pad_id,
-                               cache_size=cache_size)
-    return _in_row_groups(sample, c, rows, prefix)
-
-  return grouped(model, rows, prefix) if shards == 1 else _on_each_row_shard(grouped, model, rows, prefix)
-
-
-def _sample_rows(model, rows: PromptRows, prefix: KVCache | None, *, spec: DecodeSpec, max_new_tokens: int,
-                 pad_id: int, cache_size: int) -> Generation:
-  """`sample_from_prompts` on all rows at once: one prefill, then one decode loop (on one CPU device with
-  few rows, its large weights packed once for the panel kernel: `panel_weights.for_decode`)."""
+  KV of a prefix every prompt starts with (see `prefill`)."""
   b, p = rows.tokens.shape
   n = max_new_tokens
+  cache_size = cache_size or p + n
   logits, cache = prefill(model, rows.tokens, rows.valid, cache_size=cache_size, prefix=prefix)
-  stepper = panel_weights.for_decode(model, b)
 
   def cond(s: DecodeState):
     return (s.cache.cursor - p < n) & ~jnp.all(s.done)
@@ -244,8 +222,8 @@ def _sample_rows(model, rows: PromptRows, prefix: KVCache | None, *, spec: Decod
     tok = jnp.where(live, tok, pad_id)
     col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, step))
     done = s.done | (live & jnp.any(tok[:, None] == rows.stop_tokens, axis=-1))
-    h, cache = stepper(tok[:, None], s.pos[:, None], jnp.ones((b, 1), bool), s.cache)
-    return DecodeState(cache=cache, logits=stepper.logits(h[:, 0]), pos=s.pos + 1, done=done,
+    h, cache = model(tok[:, None], s.pos[:, None], jnp.ones((b, 1), bool), s.cache)
+    return DecodeState(cache=cache, logits=model.logits(h[:, 0]), pos=s.pos + 1, done=done,
                        tokens=col(s.tokens, tok), logprobs=col(s.logprobs, jnp.where(live, lp, 0.0)),
                        sample_logprobs=col(s.sample_logprobs, jnp.where(live, slp, 0.0)),
                        lengths=s.lengths + live.astype(jnp.int32))
@@ -280,92 +258,3 @@ def check_budget(*, prompt_len: int, max_new_tokens: int, cache_size: int, conte
   if prompt_len + max_new_tokens > context:
     raise ValueError(f"prompt of {prompt_len} tokens + max_new_tokens={max_new_tokens} exceeds the "
                      f"model's context window of {context} tokens")
-
-
-def row_shards(b: int) -> int:
-  """Ways the B rows are split over the mesh in context (`parallel.trace_mesh`) when its row axes
-  (data x fsdp) are its only split and divide B; else 1 (no mesh, or weights or heads split too)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return 1
-  ways = math.prod(mesh.shape.get(a, 1) for a in BATCH_AXES)
-  return ways if ways == mesh.size and b % ways == 0 else 1
-
-
-def row_group(model, b: int, cache_size: int, *, shards: int = 1) -> int:
-  """c, the rows that sample together on each of `shards` devices holding b rows each: `group_size`
-  under the model's `cpu_sample_group_bytes` when every device is a CPU device with its own rows,
-  else all b (accelerators; devices that are not each a row shard)."""
-  budget = model.attention.cpu_sample_group_bytes
-  if model.platform != "cpu" or jax.device_count() != shards or not budget:
-    return b
-  return group_size(b, cache_bytes_per_row=cache_bytes_per_row(model.config, cache_size, model.dtype),
-                    weight_bytes=model.weight_bytes(), budget=budget)
-
-
-def cache_bytes_per_row(cfg, cache_size: int, dtype) -> int:
-  """Bytes of one row's KV cache of `cache_size` slots: every layer's keys and values."""
-  return 2 * cfg.num_layers * cfg.num_kv_heads * cache_size * cfg.head_dim * jnp.dtype(dtype).itemsize
-
-
-def group_size(b: int, *, cache_bytes_per_row: int, weight_bytes: int, budget: int) -> int:
-  """All B rows, unless the weights fit the budget (bytes) and the B rows' KV cache does not: then
-  groups whose cache does, run one after the other, so each group's prefill and decode steps find keys,
-  values and weights in the processor's cache (a toy sweep batch of 200 rows: about 20% faster). A
-  divisor of B when one is at least half the largest group, else the fewest groups of equal size, the
-  last padded with inactive rows. Groups give other floats than all rows at once (XLA:CPU's products
-  round by their row count)."""
-  most = max(1, budget // cache_bytes_per_row)
-  if weight_bytes > budget or b <= most:
-    return b
-  divisor = max(n for n in range(1, most + 1) if b % n == 0)
-  return divisor if 2 * divisor > most else -(-b // -(-b // most))
-
-
-def _pad_rows(x, rows: int, value):
-  """x [B, ...] with `rows` more rows of `value` at the end."""
-  return jnp.pad(x, [(0, rows)] + [(0, 0)] * (x.ndim - 1), constant_values=value)
-
-
-def _in_row_groups(sample, c: int, rows: PromptRows, prefix: KVCache | None) -> Generation:
-  """sample(rows, prefix) on groups of c adjacent rows, one `lax.map` step each (a prefix of one row is
-  every group's; one of B rows is split with them); the rows are padded to a multiple of c with
-  inactive all-padding rows, whose outputs are dropped."""
-  b = rows.tokens.shape[0]
-  extra = -b % c
-  padded = PromptRows(tokens=_pad_rows(rows.tokens, extra, 0), valid=_pad_rows(rows.valid, extra, False),
-                      keys=_pad_rows(rows.keys, extra, 0), stop_tokens=_pad_rows(rows.stop_tokens, extra, -1),
-                      inactive=_pad_rows(rows.inactive, extra, True))
-  per_row = prefix is not None and prefix.valid.shape[0] == b  # else one prefix row shared by all
-  split = lambda x: x.reshape(-1, c, *x.shape[1:])  # [B + extra, ...] -> [groups, c, ...]
-  rows_prefix = None
-  if per_row:  # its cursor [] is every row's: not split
-    rows_prefix = jax.tree.map(lambda x: split(_pad_rows(x, extra, 0)), prefix.replace(cursor=None))
-
-  def group(args):
-    group_rows, group_prefix = args
-    group_prefix = group_prefix.replace(cursor=prefix.cursor) if per_row else prefix
-    return sample(group_rows, group_prefix)
-
-  out = jax.lax.map(group, (jax.tree.map(split, padded), rows_prefix))  # [groups, c, ...]; steps [groups]
-  rows_out = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[:b], out._replace(steps=None))
-  return rows_out._replace(steps=jnp.max(out.steps))  # the most decode iterations any group ran
-
-
-def _on_each_row_shard(run, model, rows: PromptRows, prefix: KVCache | None) -> Generation:
-  """run(model, rows, prefix) on each device's own rows (`jax.shard_map` over the row axes of the mesh in
-  context), the weights replicated; steps: the most any device ran."""
-  mesh = jax.sharding.get_abstract_mesh()
-  axes = tuple(a for a in BATCH_AXES if mesh.shape.get(a, 1) > 1)
-  P = jax.sharding.PartitionSpec
-  split = lambda tree: jax.tree.map(lambda x: P(axes) if x.ndim else P(), tree)  # [B, ...] split, [] kept
-  per_row = prefix is not None and prefix.valid.shape[0] == rows.tokens.shape[0]
-  graphdef, state = nnx.split(model)
-
-  def on_device(state, rows, prefix):
-    out = run(nnx.merge(graphdef, state), rows, prefix)
-    return out._replace(steps=jax.lax.pmax(out.steps, axes))
-
-  out_specs = Generation(*(P(axes),) * 5, P())
-  return jax.shard_map(on_device, mesh=mesh, in_specs=(P(), split(rows), split(prefix) if per_row else P()),
-                       out_specs=out_specs, check_vma=False)(state, rows, prefix)

@@ -42,10 +42,6 @@ class UpdateSpec:
   # log-probs are the current ones without gradient (ratio 1), not a separate forward pass
   old_is_current: bool = False
   logits_chunk: int = 512  # response positions projected on the vocabulary at a time (`response_logprobs`)
-  # the gradient scan runs each micro-batch in pieces of rows holding at most this many tokens, so a
-  # piece's activations stay in cache; None: CPU_PIECE_TOKENS where the model runs on CPU, whole
-  # micro-batches elsewhere; 0: whole micro-batches
-  piece_tokens: int | None = None
 
   def __post_init__(self):
     losses.get_policy_loss(self.loss)  # unknown names raise, listing the known ones
@@ -54,8 +50,6 @@ class UpdateSpec:
       raise ValueError(f"UpdateSpec.agg={self.agg!r}; choose one of {losses.AGG_MODES}")
     if losses.KL_ALIASES.get(self.kl_kind, self.kl_kind) not in losses.KL_KINDS:
       raise ValueError(f"UpdateSpec.kl_kind={self.kl_kind!r}; choose one of {losses.KL_KINDS}")
-    if not (self.piece_tokens is None or self.piece_tokens >= 0):
-      raise ValueError(f"UpdateSpec.piece_tokens={self.piece_tokens} must be None or >= 0")
     if not (self.prompt_width >= 1 and self.clip_low >= 0 and self.clip_high >= 0 and self.kl_coef >= 0
             and self.temperature > 0 and (self.clip_c is None or self.clip_c > 1)):
       raise ValueError("UpdateSpec needs prompt_width >= 1, clip_low, clip_high, kl_coef >= 0, temperature > 0 "
@@ -118,21 +112,6 @@ class UpdateMetrics:
   def mean_names(cls) -> tuple[str, ...]:
     """The metrics a step averages over its updates (a count and a flag are not averaged)."""
     return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("tokens", "finite"))
-
-
-# tokens per piece of the gradient scan on CPU (`UpdateSpec.piece_tokens`): toy-1m's update at 64 x 256
-# tokens 1.28x faster in pieces of 2048 than at once
-CPU_PIECE_TOKENS = 2048
-
-
-def pieces(batch: UpdateBatch, piece_tokens: int) -> UpdateBatch:
-  """[M, r, ...] -> [M * k, r / k, ...] with k the fewest pieces (dividing r) of at most
-  `piece_tokens` tokens each (0: k = 1). Piece j of a micro-batch takes rows j, j + k, ..., so rows
-  split over devices stay split."""
-  m, r, w = batch.tokens.shape
-  k = next((k for k in range(1, r + 1) if r % k == 0 and (r // k) * w <= piece_tokens), r) if piece_tokens else 1
-  cut = lambda x: x.reshape(m, r // k, k, *x.shape[2:]).swapaxes(1, 2).reshape(m * k, r // k, *x.shape[2:])
-  return jax.tree_util.tree_map(cut, batch)
 
 
 def cast_params(params, dtype):
@@ -252,9 +231,6 @@ def update_step(params, opt_state, batch: UpdateBatch | tuple[UpdateBatch, ...],
   groups = batch if isinstance(batch, tuple) else (batch,)
   prefixes = prefix if isinstance(prefix, tuple) else (prefix,) * len(groups)
   denominator = group_denominator([g.loss_mask for g in groups], spec.agg)
-  piece_tokens = spec.piece_tokens
-  if piece_tokens is None:
-    piece_tokens = CPU_PIECE_TOKENS if nnx.merge(graphdef, params).platform == "cpu" else 0
   grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
   carry = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.float32(0), LossSums.zeros())
   for group, group_prefix in zip(groups, prefixes):  # each group's shapes: its own scan
@@ -265,8 +241,7 @@ def update_step(params, opt_state, batch: UpdateBatch | tuple[UpdateBatch, ...],
       grads = jax.tree_util.tree_map(jnp.add, grads, g)
       return (grads, loss + l, jax.tree_util.tree_map(jnp.add, sums, s)), None
 
-    # sums over pieces equal sums over their micro-batch
-    carry, _ = jax.lax.scan(accumulate, carry, pieces(group, piece_tokens))
+    carry, _ = jax.lax.scan(accumulate, carry, group)
   grads, loss, sums = carry
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

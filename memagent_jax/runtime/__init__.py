@@ -1,7 +1,6 @@
 """The bottom layer (0): what any part of a run stands on and that knows nothing of models or agents.
 
   registry      name -> function registries that configs select from
-  cpu_host      XLA:CPU temporaries kept resident (glibc thresholds, synchronous CPU dispatch), set at import
   atomic_io     files and plots written under a temporary name, renamed on success
   orbax_quiet   orbax's log noise silenced, its errors on one line
   parallel      device mesh, logical-axis sharding rules, batch sharding, multi-host start

@@ -13,7 +13,6 @@ import os
 import warnings
 
 import jax
-from jax._src import clusters as jax_clusters  # jax's cluster detection: no public call only looks
 
 _log = logging.getLogger(__name__)
 
@@ -35,39 +34,23 @@ class DistributedSpec:
       raise ValueError(f"distributed.cluster={self.cluster!r}; choose one of {CLUSTER_CHOICES}")
 
 
-def detected_cluster() -> tuple[str, int] | None:
-  """(name, process count) of the cluster that `jax.distributed.initialize()` would join on its own
-  (Slurm, Cloud TPU VM / GKE metadata, Kubernetes, Open MPI), None outside one. The same list, in
-  the same order, as jax's detection: jax has no public call that only looks."""
-  for env in jax_clusters.ClusterEnv._cluster_types:
-    try:
-      with warnings.catch_warnings():  # e.g. "Kubernetes detected but the kubernetes package is missing"
-        warnings.simplefilter("ignore")
-        if not env.opt_in_only_method and env.is_env_present():
-          return env.name, int(env.get_process_count())
-    except Exception as e:  # noqa: BLE001 - a pod that is not a Job (k8s API 403): not a cluster to join
-      _log.info("not joining the %s cluster jax detected: %s", env.name, e)
-  return None
-
-
 def initialize_distributed(spec: DistributedSpec | None = None) -> bool:
   """Starts jax.distributed when more than one process is asked for; True if it runs.
 
   Takes `num_processes`, `coordinator_address`, `process_id` from `spec`, else from the env vars
   JAX_NUM_PROCESSES, JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID. When none of them gives the process
-  count and `spec.cluster` is "auto" (the default), a cluster jax detects (Slurm's SLURM_* variables,
-  a multi-host TPU VM, GKE) with more than one process is joined through
-  `jax.distributed.initialize()`'s own detection. Must run before any other JAX call; calling it
-  again is a no-op.
+  count and `spec.cluster` is "auto" (the default), `jax.distributed.initialize()` is called with no
+  arguments, so jax's own detection joins the cluster it finds (Slurm's SLURM_* variables, a TPU VM,
+  GKE); where it finds none it raises before starting anything, and the process runs alone. Must run
+  before any other JAX call; calling it again is a no-op.
   """
   if jax.distributed.is_initialized():
     return True
   spec = spec or DistributedSpec()
   either = lambda value, env: value if value is not None else os.environ.get(env)
   num = either(spec.num_processes, "JAX_NUM_PROCESSES")
-  if num is None and spec.cluster == "auto" and (found := detected_cluster()) and found[1] > 1:
-    _log.info("joining the %d processes of the %s cluster jax detected", found[1], found[0])
-    return _start(found[0], {})
+  if num is None and spec.cluster == "auto":
+    return _join_detected_cluster()
   num = int(1 if num is None else num)
   if num <= 1:
     return False
@@ -82,6 +65,24 @@ def initialize_distributed(spec: DistributedSpec | None = None) -> bool:
     raise ValueError(f"process_id={pid} must be in [0, num_processes={num})")
   return _start(f"coordinator {address}", dict(coordinator_address=str(address), num_processes=num,
                                                process_id=pid))
+
+
+def _join_detected_cluster() -> bool:
+  """`jax.distributed.initialize()` with jax's own cluster detection; False (one process, nothing started)
+  where jax detects no cluster, which it reports by a ValueError naming the missing coordinator."""
+  try:
+    with warnings.catch_warnings():  # e.g. "Kubernetes detected but the kubernetes package is missing"
+      warnings.simplefilter("ignore")
+      jax.distributed.initialize()
+  except ValueError as e:  # no cluster: jax could not fill the coordinator, the count or the id
+    _log.info("no cluster detected by jax (%s): one process", e)
+    return False
+  except RuntimeError as e:
+    raise RuntimeError(f"jax.distributed.initialize (the cluster jax detected) failed ({e}); it must run "
+                       "before any other JAX computation in the process; distributed.cluster='none' runs "
+                       "one process without looking") from e
+  _log.info("joined the cluster jax detected")
+  return True
 
 
 def _start(where: str, kwargs: dict) -> bool:

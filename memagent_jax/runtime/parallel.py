@@ -23,7 +23,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from memagent_jax.runtime.distributed import (CLUSTER_CHOICES, DistributedSpec,  # noqa: F401 - re-exported
-                                              detected_cluster, initialize_distributed)
+                                              initialize_distributed)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Rows of a batch are split over both data-parallel axes (FSDP is data parallel too).
