@@ -26,10 +26,9 @@ LOOKUP_DISTRACTORS = 3  # lookup world's warm-start and RL documents (1x: 128 to
 # RL data curricula for the lookup world (data.phases, "<until step>:<document options>;..."): every
 # distractor about another askable key first (the overwrite RL must unlearn is then offered by most
 # documents); then askable and other keys at even odds, as evaluated; then the same with every fact at
-# the end of its chunk, where overwrites are likeliest (docs/results/toy_lookup_error_hazards.md).
+# the end of its chunk, where overwrites are likeliest.
 # LOOKUP_CURRICULUM (200 + 100 + 100 steps) is make reproduce's RL stage, steadier across seeds than the
 # older LOOKUP_RL_PHASES (100 + 100 + 50, with --config.train.steps=250), which a second seed failed at 128x.
-# Their measured curves: docs/results/history.md.
 LOOKUP_RL_PHASES = "100:;200:distractor_keys=mixed;250:distractor_keys=mixed,late_fact_share=1.0"
 LOOKUP_CURRICULUM = "200:;300:distractor_keys=mixed;400:distractor_keys=mixed,late_fact_share=1.0"
 SCALES = ("full", "demo")
@@ -131,6 +130,6 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
         # (None: even odds; toy.make_sample refuses it with any other distractor_keys)
         c.data.options.askable_share = ml_collections.FieldReference(None, field_type=float)
         # for ablations: the chance that a fact sits at the end of its chunk, where overwrites are
-        # likeliest (docs/results/toy_lookup_error_hazards.md)
+        # likeliest
         c.data.options.late_fact_share = 0.0
   return c

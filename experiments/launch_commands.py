@@ -14,7 +14,7 @@ import shlex
 from absl import app, flags
 
 ENGINES = ("tpu-vm", "xpk", "slurm")
-# What jax reads on each engine to find the processes (jax/_src/clusters/*.py at jax 0.10.2).
+# What jax reads on each engine to find the processes (its cluster detection: Slurm, TPU VM / GKE).
 DETECTS = {
     "tpu-vm": "the TPU VM metadata server (worker number and worker hostnames)",
     "xpk": "TPU_WORKER_HOSTNAMES and TPU_WORKER_ID, set by the JobSet that xpk creates",

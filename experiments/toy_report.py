@@ -6,6 +6,7 @@ import inspect
 import json
 import os
 import platform
+import subprocess
 
 import numpy as np
 
@@ -148,6 +149,20 @@ def _sharing(rows) -> str:
           "by side finish about 1.3x sooner than one after the other).")
 
 
+def current_commit() -> str | None:
+  """The checkout's commit (with "+" when files differ from it), None outside a git checkout."""
+  run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, timeout=30,
+                                  cwd=os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = run("rev-parse", "--short=12", "HEAD")
+    dirty = run("status", "--porcelain", "--untracked-files=no")
+  except (OSError, subprocess.SubprocessError):
+    return None
+  if head.returncode:
+    return None
+  return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
 def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: int, eval_seed: int,
                  command: str, seconds: float, world: str = "one_key", seed: int = 0, perturb: float = 0.0) -> dict:
   from configs import toy_memagent
@@ -156,7 +171,8 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
   paths = {"table": base + ".md", "plot": base + ".png", "json": base + ".json"}
   with atomic_write(paths["json"]) as f:
     json.dump({"scale": scale, "world": world, "n": n, "eval_seed": eval_seed, "seed": seed, "perturb": perturb,
-               "rows": rows,
+               "command": command, "minutes": round(seconds / 60, 1), "commit": current_commit(),
+               "cpu_cores": os.cpu_count(), "rows": rows,
                "stages": {k: {"steps": v["steps"]} for k, v in stages.items()}}, f, indent=1)
   plot(rows, root, paths["plot"])
   lengths = sorted({r["length"] for r in rows})
@@ -199,8 +215,7 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
       "(compilation excluded by a warm-up). Peak RSS: the evaluating process's resident memory, "
       "sampled every 5 ms (it includes the loaded models and earlier allocations)." + _sharing(rows), "", *cost, "",
       f"![accuracy, time and reward]({os.path.basename(paths['plot'])})", "",
-      "How these settings were chosen (pretraining stage, asked keys, KL, curricula): `history.md`; "
-      "the learnability probe: `probe_recall.md`.", ""]
+      "The learnability probe behind the world's design: `probe_recall.md`.", ""]
   with atomic_write(paths["table"]) as f:
     f.write("\n".join(text))
   return paths

@@ -327,7 +327,7 @@ def main(argv):
   # warm start, then RL; one side process ("lane", one task at a time) trains full attention, then
   # sweeps it, then the warm start. RL's sweep ends the run: its longest length in a fresh process, the
   # rest in the lane once the baselines' sweeps are done. (Running both baseline sweeps beside RL
-  # training, three processes on 2 cores, ran RL at a third of its speed: reproduce_schedule.md.)
+  # training, three processes on 2 cores, ran RL at a third of its speed.)
   workers = _EVAL_WORKERS.value if jax.default_backend() == "cpu" else 1
   early = "eval" in _STAGES.value and workers > 1 and "rl" in _STAGES.value
   lane, end = (sweep_pool(1), sweep_pool(1)) if early else (None, None)

@@ -156,6 +156,12 @@ def write_table(todo: list[dict], commands: list[str], minutes: list[float | Non
   results = [(run, rows) for _, run, rows in done]
   with atomic_write(out + ".md") as f:
     f.write(markdown(results, commands, [minutes[i] for i, _, _ in done], os.path.basename(out) + ".png"))
+  with atomic_write(out + ".json") as f:  # what the README's sentence about seeds is generated from
+    json.dump({"tolerance_points": TOLERANCE, "commit": toy_report.current_commit(),
+               "runs": [{"label": run["label"], "seed": run["seed"], "perturb": run["perturb"],
+                         "minutes": minutes[i], "largest_drop_points": verdict(rows)[0],
+                         "accuracy": {str(r["length"]): r["accuracy"] for r in rows}}
+                        for i, run, rows in done]}, f, indent=1)
   plot(results, out + ".png")
   for run, rows in results:
     drop, ok = verdict(rows)

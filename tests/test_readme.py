@@ -105,3 +105,28 @@ def test_sweep_dry_run_prints_commands():
                         "--dry_run"], cwd=REPO, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr
   assert "experiments.train" in out.stdout and "clip_high" in out.stdout
+
+
+def test_readme_results_are_generated_from_the_result_files():
+  """Every table and number in the README's generated blocks is what docs/results' JSON files say now."""
+  from experiments import readme_results
+  text = open(os.path.join(REPO, "README.md")).read()
+  assert "<!-- generated:toy_reproduction -->" in text and "<!-- generated:demo -->" in text
+  assert readme_results.render(text) == text, "run: python -m experiments.readme_results"
+
+
+def test_readme_generator_follows_its_json(tmp_path):
+  """A changed result file changes the rendered block (the check above can fail)."""
+  import json
+  import shutil
+  from experiments import readme_results
+  os.makedirs(tmp_path / "docs" / "results")
+  src = os.path.join(REPO, "docs", "results", "toy_reproduction_lookup_demo.json")
+  shutil.copy(src, tmp_path / "docs" / "results")
+  block = "<!-- generated:demo -->\n<!-- /generated:demo -->"
+  before = readme_results.render(block, repo=str(tmp_path))
+  data = json.load(open(src))
+  data["rows"][0]["accuracy"] = 0.123
+  json.dump(data, open(tmp_path / "docs" / "results" / "toy_reproduction_lookup_demo.json", "w"))
+  after = readme_results.render(block, repo=str(tmp_path))
+  assert before != after and "12.3" in after

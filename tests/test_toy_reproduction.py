@@ -127,7 +127,7 @@ def test_committed_lookup_base_looks_facts_up_by_key():
   """The base `make demo` starts from answers held-out pretraining rows (a text with facts about
   several askable keys, then the question, plain text as the toy_recall teacher writes them) by
   matching the question's key, beyond the shortcut "latest askable key's fact" that an earlier base
-  learnt (docs/results/toy_lookup_world.md). A broken or shortcut checkpoint fails here."""
+  learnt. A broken or shortcut checkpoint fails here."""
   import re
   import memagent_jax as mj
   from configs import toy_memagent

@@ -193,7 +193,7 @@ def test_toy_memagent_worlds_pick_task_and_policy():
 
 
 def test_lookup_world_trains_on_distractor_dense_documents_with_a_flawed_teacher():
-  """Run 3 of toy_lookup_world.md: warm start and RL read documents with LOOKUP_DISTRACTORS distractors,
+  """The lookup world: warm start and RL read documents with LOOKUP_DISTRACTORS distractors,
   and the teacher overwrites on any distractor chunk, askable or not, so RL has a length-compounding
   flaw to remove; full-scale RL's distractors all name other askable keys; the one-key world keeps
   its documents."""

@@ -87,7 +87,7 @@ def memory_teacher(agent, question: str, context: str, *, rng: random.Random,
   askable_overwrite_prob: the overwrite probability instead on chunks holding a fact about another
   askable key (toy.ASKED_KEYS); None: overwrite_prob. At 0 the teacher's memory tells the asked key
   from the other askable ones, which a student can only copy by matching fact and question keys (at
-  0.5 a fitted model took the shortcut "keep any askable key": docs/results/toy_lookup_world.md)."""
+  0.5 a fitted model took the shortcut "keep any askable key")."""
   askable_p = overwrite_prob if askable_overwrite_prob is None else askable_overwrite_prob
   for name, p in (("overwrite_prob", overwrite_prob), ("askable_overwrite_prob", askable_p)):
     if not 0.0 <= p <= 1.0:
