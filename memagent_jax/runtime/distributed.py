@@ -78,9 +78,13 @@ def _join_detected_cluster() -> bool:
     _log.info("no cluster detected by jax (%s): one process", e)
     return False
   except RuntimeError as e:
-    raise RuntimeError(f"jax.distributed.initialize (the cluster jax detected) failed ({e}); it must run "
-                       "before any other JAX computation in the process; distributed.cluster='none' runs "
-                       "one process without looking") from e
+    if "must be called before" not in str(e):
+      raise RuntimeError(f"jax.distributed.initialize (the cluster jax detected) failed ({e}); "
+                         "distributed.cluster='none' runs one process without looking") from e
+    # JAX already ran in this process (a notebook, a test), so no cluster can be joined any more
+    _log.info("JAX started before the run looked for a cluster, so it runs as one process; a multi-host "
+                 "launch must build the run before any other JAX call (or set distributed.num_processes)")
+    return False
   _log.info("joined the cluster jax detected")
   return True
 
