@@ -67,3 +67,32 @@ def test_no_file_of_the_project_uses_jax_private_modules():
             if pattern.search(line):
               hits.append(f"{os.path.relpath(path, REPO)}:{n}: {line.strip()}")
   assert hits == []
+
+
+def test_libtpu_is_the_one_the_installed_jax_tpu_extra_pins():
+  """The Makefile's libtpu, the compile tool's install hint and jax's own `tpu` extra name one build."""
+  from importlib import metadata
+  from memagent_jax.runtime.tpu_targets import LIBTPU_REQUIREMENT
+  pins = [r.split(";")[0].replace(" ", "") for r in metadata.requires("jax") or []
+          if r.startswith("libtpu") and 'extra == "tpu"' in r]
+  assert pins == [LIBTPU_REQUIREMENT]
+  makefile = open(os.path.join(REPO, "Makefile")).read()
+  assert f"LIBTPU := {LIBTPU_REQUIREMENT}\n" in makefile
+
+
+def test_constraints_pin_versions_inside_setup_py_ranges():
+  """`make setup` installs constraints.txt's exact set; each pin must satisfy setup.py's declared range."""
+  from packaging.requirements import Requirement
+  import ast
+  tree = ast.parse(open(os.path.join(REPO, "setup.py")).read())
+  call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+  kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg in ("install_requires", "extras_require")}
+  ranges = {Requirement(r).name.lower().replace("_", "-"): Requirement(r).specifier
+            for r in kw["install_requires"] + sum(kw["extras_require"].values(), [])}
+  pins = [Requirement(line.strip()) for line in open(os.path.join(REPO, "constraints.txt"))
+          if line.strip() and not line.startswith("#")]
+  assert {p.name for p in pins} >= {"jax", "jaxlib", "flax"}
+  for pin in pins:
+    version = next(iter(pin.specifier)).version
+    name = pin.name.lower().replace("_", "-")
+    assert name in ranges and ranges[name].contains(version), (pin, ranges.get(name))

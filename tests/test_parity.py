@@ -100,7 +100,7 @@ def test_gguf_rotary_unpermute_inverts_llama_cpp_permute():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prefix_cache", ["auto", "on", "off"])
+@pytest.mark.parametrize("prefix_cache", ["on", "off"])  # "auto" is "on" here (asserted below)
 def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smollm_reference, prefix_cache):
   """Every conversation of one question (batch of ONE row: a one-row per-row template opening was once
   placed as if shared, and every key after its first slot was wrong) on a real SQuAD document: the
@@ -110,8 +110,10 @@ def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smo
   from memagent_jax.agent import MemAgent
   squad = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
   paragraphs = [p["context"] for a in json.load(open(squad))["data"] for p in a["paragraphs"]]
-  agent = MemAgent(smollm, chunk_tokens=96, memory_tokens=24, answer_tokens=16, template_prefix_cache=prefix_cache)
-  assert agent.reuse_prefix == (prefix_cache != "off")  # auto reuses it on this path
+  budgets = dict(chunk_tokens=96, memory_tokens=24, answer_tokens=16)
+  agent = MemAgent(smollm, **budgets, template_prefix_cache=prefix_cache)
+  assert agent.reuse_prefix == (prefix_cache == "on")
+  assert MemAgent(smollm, **budgets, template_prefix_cache="auto").reuse_prefix  # the default takes this path
   res = agent.answer("How many stories tall is the main library at Notre Dame?", paragraphs[2])
   assert res.num_chunks >= 2
   stops = list(smollm.default_stop_tokens())

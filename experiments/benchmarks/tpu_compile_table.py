@@ -44,6 +44,17 @@ ROWS = {
 }
 
 
+def _version(package: str) -> str:
+  """An installed distribution's version (libtpu lives in .venv/libtpu, outside site-packages: see the Makefile)."""
+  from importlib import metadata
+  try:
+    return metadata.version(package)
+  except metadata.PackageNotFoundError:
+    paths = [os.path.join(os.path.dirname(sys.executable), "..", "libtpu")]
+    found = list(metadata.distributions(name=package, path=paths))
+    return found[0].version if found else "unknown"
+
+
 def command(name: str, json_path: str) -> list[str]:
   cfg, topology, overrides, _ = ROWS[name]
   return ["memagent", "compile", f"--config={cfg}", f"--topology={topology}", *overrides, f"--json={json_path}"]
@@ -176,7 +187,8 @@ def main(argv):
   os.makedirs(args.folder, exist_ok=True)
   reports = {name: run_row(name, args.folder) for name in args.rows.split(",")}
   lines = ["# The RL step compiled for TPU pods on a 2-core CPU", "",
-           "Every number below comes from the real XLA TPU compiler (libtpu 0.0.42, jax 0.10.2) run on this "
+           f"Every number below comes from the real XLA TPU compiler (libtpu {_version('libtpu')}, jax "
+           f"{_version('jax')}) run on this "
            "CPU for compile-only devices: `memagent compile`, one command per row. Per chip; a compiler's "
            "estimate, not a measured run (see README, \"Will it fit my pod?\"). Regenerate with "
            "`python -m experiments.benchmarks.tpu_compile_table` (about an hour).", "",

@@ -1,6 +1,6 @@
 """TPU chips and topologies as pod users name them, and compile-only TPU devices on any host.
 
-libtpu (the `tpu` extra of jax: `pip install "libtpu==0.0.42.*"`) can describe a TPU slice
+libtpu (the `tpu` extra of jax: `pip install "libtpu==0.0.50.*"`) can describe a TPU slice
 without one: `jax.experimental.topologies.get_topology_desc` returns devices that XLA compiles
 for (memory and cost analysis, collectives, Mosaic kernels) but cannot run on.
 """
@@ -14,7 +14,7 @@ import re
 import sys
 
 GIB = 1024 ** 3
-LIBTPU_REQUIREMENT = "libtpu==0.0.42.*"  # the build jax 0.10.2's `tpu` extra pins
+LIBTPU_REQUIREMENT = "libtpu==0.0.50.*"  # the build jax 0.12.0.1's `tpu` extra pins
 
 
 @dataclasses.dataclass(frozen=True)
