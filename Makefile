@@ -27,11 +27,8 @@ $(STAMP): setup.py constraints.txt Makefile
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/libtpu "$(LIBTPU)"
 	touch $(STAMP)
 
-# two workers, one test file each at a time (module fixtures stay in one process): on 2 cores the suite
-# took 32.8 min against 40.4 min in one process (many tests already keep both cores busy); with one XLA
-# compile cache shared by the whole run (tests/conftest.py), written by every process of a multi-process
-# test too (tests/subprocess_site), a clean clone took 27.0 min, set-up included, against 28.9 min without
-# that last part on the same host
+# two workers, one test file each at a time (module fixtures stay in one process), one XLA compile cache
+# shared by the whole run (tests/conftest.py); the clean-clone time is in the README
 TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests

@@ -55,7 +55,7 @@ def _ran(result: dict) -> str:
     parts.append(f"{result['minutes']:.1f} min" + (f" on {result['cpu_cores']} CPU cores" if result.get("cpu_cores") else ""))
   if result.get("commit"):
     parts.append(f"commit {result['commit']}")
-  return ", ".join(parts) if parts else "run details not recorded in its JSON"
+  return ", ".join(parts) if parts else "an earlier tree's run (its JSON records no commit; not yet re-run on this one)"
 
 
 def toy_reproduction(repo: str) -> str:
