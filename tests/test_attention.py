@@ -6,7 +6,6 @@ No GPU or TPU here: the `cudnn` glue (row packing, lengths) runs with the XLA im
 (`AttentionSpec(emulate_kernels=True)`).
 """
 
-import re
 
 import jax
 import jax.numpy as jnp
@@ -278,7 +277,7 @@ def test_forward_logits_unchanged_by_padding_around_a_row():
 
 def test_whole_rows_fused_says_when_a_shared_prefix_would_cost_a_faster_path():
   from memagent_jax.models.attention import AttentionSpec
-  assert not AttentionSpec(backend="xla", platform="cpu").whole_rows_fused(jnp.float32)  # CPU blocks: prefix wins
+  assert not AttentionSpec(backend="xla", platform="cpu").whole_rows_fused(jnp.float32)  # xla: the prefix is reused
   assert not AttentionSpec(backend="xla", platform="gpu").whole_rows_fused(jnp.float32)
   assert AttentionSpec(backend="cudnn", platform="gpu", emulate_kernels=True).whole_rows_fused(jnp.bfloat16)
   assert AttentionSpec(backend="splash", platform="tpu", emulate_kernels=True).whole_rows_fused(jnp.bfloat16)

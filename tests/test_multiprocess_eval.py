@@ -2,8 +2,6 @@
 every batch (not the whole set on both), and the sampled answers and scores are those of one
 process, row for row."""
 
-import json
-import os
 import subprocess
 import sys
 import textwrap

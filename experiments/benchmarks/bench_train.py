@@ -10,7 +10,6 @@ PyTorch runs in this process, alternating with ours (so load hits both alike).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 

@@ -83,7 +83,7 @@ def _join_detected_cluster() -> bool:
                          "distributed.cluster='none' runs one process without looking") from e
     # JAX already ran in this process (a notebook, a test), so no cluster can be joined any more
     _log.info("JAX started before the run looked for a cluster, so it runs as one process; a multi-host "
-                 "launch must build the run before any other JAX call (or set distributed.num_processes)")
+              "launch must build the run before any other JAX call (or set distributed.num_processes)")
     return False
   _log.info("joined the cluster jax detected")
   return True
