@@ -50,8 +50,7 @@ def _version(package: str) -> str:
   try:
     return metadata.version(package)
   except metadata.PackageNotFoundError:
-    paths = [os.path.join(os.path.dirname(sys.executable), "..", "libtpu")]
-    found = list(metadata.distributions(name=package, path=paths))
+    found = list(metadata.distributions(name=package, path=[tpu_targets.LIBTPU_DIR]))
     return found[0].version if found else "unknown"
 
 
