@@ -51,8 +51,9 @@ demo: setup
 reproduce: setup
 	$(PY) -m experiments.toy_reproduction --scale=full $(TOY_BASE)
 
-# make reproduce's recipe with training seeds 0, 1, 2 and from a perturbed warm start (seed 0 is make
-# reproduce's run, reused): RL-MemAgent's four curves -> docs/results/toy_reproduction_seeds.{md,png}.
+# make reproduce's recipe with training seeds 0, 1, 2, from a perturbed warm start, and seed 0 on two
+# forced host devices (another float path); seed 0 is make reproduce's run, reused. RL-MemAgent's five
+# curves -> docs/results/toy_reproduction_seeds.{md,json,png}.
 seeds: setup
 	$(PY) -m experiments.toy_seeds
 

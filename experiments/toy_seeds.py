@@ -1,5 +1,6 @@
-"""Is the toy recipe robust or lucky? make reproduce's recipe with training seeds 0, 1, 2 and once
-more from a warm start perturbed at float rounding's size; RL-MemAgent's curve of each, one table.
+"""Is the toy recipe robust or lucky? make reproduce's recipe with training seeds 0, 1, 2, once
+more from a warm start perturbed at float rounding's size, and seed 0 once more on another float path
+(two host devices: every batch split over a data axis of 2); RL-MemAgent's curve of each, one table.
 
   python -m experiments.toy_seeds            # make seeds: 17-20 min a run on 2 cores, resumable
   python -m experiments.toy_seeds --dry_run  # the commands only
@@ -42,12 +43,14 @@ def define_flags():
 
 
 def runs(root: str) -> list[dict]:
-  """The four runs: label, workdir, seed, perturbation."""
+  """The five runs: label, workdir, seed, perturbation (and forced host devices, where not 1)."""
   return [dict(label="seed 0 (make reproduce)", workdir=REPRODUCE_ROOT, seed=0, perturb=0.0),
           dict(label=f"seed 0, warm start x (1 + {PERTURB:g} N(0, 1))", workdir=os.path.join(root, "perturbed"),
                seed=0, perturb=PERTURB),
           dict(label="seed 1", workdir=os.path.join(root, "seed1"), seed=1, perturb=0.0),
-          dict(label="seed 2", workdir=os.path.join(root, "seed2"), seed=2, perturb=0.0)]
+          dict(label="seed 2", workdir=os.path.join(root, "seed2"), seed=2, perturb=0.0),
+          dict(label="seed 0 on two host devices (data axis 2)", workdir=os.path.join(root, "two_devices"),
+               seed=0, perturb=0.0, host_devices=2)]
 
 
 def command(run: dict) -> list[str]:
@@ -56,6 +59,23 @@ def command(run: dict) -> list[str]:
           "--base=experiments/data/toy_base_lookup", "--stages=warm_start,rl,eval", "--eval_methods=rl",
           f"--workdir={run['workdir']}", f"--results_dir={os.path.join(run['workdir'], 'results')}",
           f"--seed={run['seed']}", f"--perturb={run['perturb']:g}"]
+
+
+def run_environment(run: dict) -> dict[str, str]:
+  """The run's process environment: forced host devices (another reduction order for every sum over
+  the batch) where the run asks for them."""
+  env = dict(os.environ)
+  if run.get("host_devices", 1) > 1:
+    flag = f"--xla_force_host_platform_device_count={run['host_devices']}"
+    env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flag) if f)
+  return env
+
+
+def shown_command(run: dict) -> str:
+  """The run's command as a user would type it (environment first)."""
+  prefix = [] if run.get("host_devices", 1) == 1 else [
+      f"XLA_FLAGS=--xla_force_host_platform_device_count={run['host_devices']}"]
+  return shlex.join([*prefix, "python", *command(run)[1:]])
 
 
 def reuse_warm_start(run: dict):
@@ -131,7 +151,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   todo = runs(FLAGS.root)
-  commands = [shlex.join(["python", *command(run)[1:]]) for run in todo]
+  commands = [shown_command(run) for run in todo]
   if FLAGS.dry_run:
     print("\n".join(commands))
     return
@@ -141,7 +161,7 @@ def main(argv):
       print(f"\n==== {run['label']}: {cmd}", flush=True)
       reuse_warm_start(run)
       t0 = time.perf_counter()
-      subprocess.run(command(run), check=True)
+      subprocess.run(command(run), check=True, env=run_environment(run))
       minutes[i] = (time.perf_counter() - t0) / 60
     write_table(todo, commands, minutes, FLAGS.out)  # after every run: a stopped command leaves the runs it finished
   print(f"\nTable: {FLAGS.out}.md\nPlot:  {FLAGS.out}.png")

@@ -23,12 +23,20 @@ def test_verdict_measures_the_drop_below_each_runs_own_1x():
   assert toy_seeds.verdict(_rows([90.0, 95.0, 92.0])) == (0.0, True)  # above 1x is no drop
 
 
-def test_four_runs_each_with_its_own_workdir_and_results():
-  """Seed 0 is make reproduce's run; the others never write docs/results or sweep other methods."""
+def test_five_runs_each_with_its_own_workdir_and_results(monkeypatch):
+  """Seed 0 is make reproduce's run; the others never write docs/results or sweep other methods; the
+  fifth runs seed 0 with two forced host devices, and only it changes the environment."""
   from experiments import toy_seeds
   runs = toy_seeds.runs("runs/x")
-  assert [(r["seed"], r["perturb"]) for r in runs] == [(0, 0.0), (0, 1e-6), (1, 0.0), (2, 0.0)]
-  assert runs[0]["workdir"] == "runs/toy_full_lookup" and len({r["workdir"] for r in runs}) == 4
+  assert [(r["seed"], r["perturb"]) for r in runs] == [(0, 0.0), (0, 1e-6), (1, 0.0), (2, 0.0), (0, 0.0)]
+  assert runs[0]["workdir"] == "runs/toy_full_lookup" and len({r["workdir"] for r in runs}) == 5
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+  for run in runs[:4]:
+    assert toy_seeds.run_environment(run)["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
+  assert toy_seeds.run_environment(runs[4])["XLA_FLAGS"] == (
+      "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2")
+  assert toy_seeds.shown_command(runs[4]).startswith("XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m")
+  assert toy_seeds.shown_command(runs[1]).startswith("python -m experiments.toy_reproduction")
   for run in runs:
     cmd = toy_seeds.command(run)
     assert f"--results_dir={run['workdir']}/results" in cmd and "--eval_methods=rl" in cmd
@@ -113,7 +121,7 @@ def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
     with open(os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json"), "w") as f:
       json.dump({"rows": rows}, f)
   out = str(tmp_path / "res" / "seeds")
-  toy_seeds.write_table(runs, ["a", "b", "c", "d"], [None, None, 12.0, None], out)
+  toy_seeds.write_table(runs, ["a", "b", "c", "d", "e"], [None, None, 12.0, None, None], out)
   text = open(out + ".md").read()
   assert [line.split(" |")[0] for line in text.splitlines() if line.startswith("| seed")] == [
       "| seed 0 (make reproduce)", "| seed 1"]
