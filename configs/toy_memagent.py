@@ -127,7 +127,7 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
         c.data.phases = LOOKUP_CURRICULUM
         c.data.options.distractor_keys = "askable"
         # for ablations with distractor_keys="mixed": the share of distractors about askable keys
-        # (None: even odds; toy.make_sample refuses it with any other distractor_keys)
+        # (None: even odds; toy.Makeup refuses it with any other distractor_keys)
         c.data.options.askable_share = ml_collections.FieldReference(None, field_type=float)
         # for ablations: the chance that a fact sits at the end of its chunk, where overwrites are
         # likeliest

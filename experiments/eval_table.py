@@ -48,7 +48,7 @@ def main(argv):
       t = time.perf_counter()
       try:
         s = evaluation.run_eval(reader, args.task, samples, out, batch_size=args.batch_size,
-                                temperature=0.0, top_p=1.0, seed=args.seed)  # greedy
+                                sampling=evaluation.Sampling(seed=args.seed))  # greedy
         rows.append((length, method, f"{s['score']:.3f}", s["mean_document_tokens"],
                      f"{time.perf_counter() - t:.0f}"))
       except ValueError as e:  # the direct reader past the context window

@@ -9,6 +9,7 @@ memagent_jax/runtime/parallel.py). docs/pods.md and the README print exactly thi
 (tests/test_pod_launch.py compares them with `print_commands()`, the defaults).
 """
 
+import dataclasses
 import shlex
 
 from absl import app, flags
@@ -27,19 +28,30 @@ def train_command(config: str, workdir: str) -> str:
   return f"python -m experiments.train --config={config} --workdir={workdir}"
 
 
-def launch_command(engine: str, *, config: str, workdir: str, name: str = "NAME", zone: str = "ZONE",
-                   tpu_type: str = "v5p-32", nodes: int = 2, gpus_per_node: int = 8,
-                   image: str = "IMAGE") -> str:
-  """One shell line starting `config` on every host of the cluster `engine` names."""
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """The cluster a launch line addresses: each engine's command reads only its own fields; the
+  defaults are the placeholders the README and docs/pods.md show."""
+  name: str = "NAME"  # tpu-vm, xpk: TPU VM or GKE cluster name
+  zone: str = "ZONE"  # tpu-vm, xpk: its zone
+  tpu_type: str = "v5p-32"  # xpk: the slice type
+  nodes: int = 2  # slurm: nodes
+  gpus_per_node: int = 8  # slurm: GPUs per node (one task each)
+  image: str = "IMAGE"  # xpk: container image holding the repository
+
+
+def launch_command(engine: str, *, config: str, workdir: str, cluster: Cluster = Cluster()) -> str:
+  """One shell line starting `config` on every host of `cluster`, run by the engine `engine` names."""
   train = train_command(config, workdir)
+  c = cluster
   if engine == "tpu-vm":
-    return (f"gcloud compute tpus tpu-vm ssh {name} --zone={zone} --worker=all "
+    return (f"gcloud compute tpus tpu-vm ssh {c.name} --zone={c.zone} --worker=all "
             f"--command={shlex.quote('cd memagent_jax && .venv/bin/' + train)}")
   if engine == "xpk":
-    return (f"xpk workload create --cluster={name} --zone={zone} --workload=memagent "
-            f"--tpu-type={tpu_type} --num-slices=1 --docker-image={image} --command={shlex.quote(train)}")
+    return (f"xpk workload create --cluster={c.name} --zone={c.zone} --workload=memagent "
+            f"--tpu-type={c.tpu_type} --num-slices=1 --docker-image={c.image} --command={shlex.quote(train)}")
   if engine == "slurm":  # one task per GPU: jax gives task SLURM_LOCALID that GPU of its node
-    return (f"srun --nodes={nodes} --ntasks-per-node={gpus_per_node} --gpus-per-node={gpus_per_node} "
+    return (f"srun --nodes={c.nodes} --ntasks-per-node={c.gpus_per_node} --gpus-per-node={c.gpus_per_node} "
             f".venv/bin/{train}")
   raise ValueError(f"engine {engine!r}: choose one of {ENGINES}")
 
@@ -69,8 +81,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
-  print_commands(f.engine, config=f.config, workdir=f.workdir, name=f.name, zone=f.zone, tpu_type=f.tpu_type,
-                 nodes=f.nodes, gpus_per_node=f.gpus_per_node, image=f.image)
+  print_commands(f.engine, config=f.config, workdir=f.workdir,
+                 cluster=Cluster(name=f.name, zone=f.zone, tpu_type=f.tpu_type, nodes=f.nodes,
+                                 gpus_per_node=f.gpus_per_node, image=f.image))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from absl import app, flags
 
 from configs import toy_memagent  # an installed package (setup.py)
 from memagent_jax.data import tasks, toy
-from memagent_jax.evaluation.length_sweep import sweep_lengths, wilson_interval
+from memagent_jax.evaluation.length_sweep import SweepSpec, sweep_lengths, wilson_interval
 from memagent_jax.evaluation.memory_errors import (CHUNK_KINDS, DISTRACTOR_SPLIT, HAZARD_FACTORS, KINDS,
                                                    distractor_hazards, error_table)
 from memagent_jax.experiment.assembly import load_reader
@@ -286,16 +286,17 @@ def sweep(export: str, name: str, world: str, multiples: list[int], *, n: int, t
   os.makedirs(out_dir, exist_ok=True)
   reader = load_reader(cfg, export, training=False)
   lengths = [toy.TRAIN_TOKENS * m for m in multiples]
-  rows = sweep_lengths(reader, name, cfg.data.task, lengths, n=n, seed=eval_seed, batch_size=n,
-                       temperature=temperature, top_p=cfg.eval.top_p, chunk_tokens=chunk,
-                       out_dir=out_dir, warmup_each_length=False,  # one warm-up, on 1x documents
-                       warmup_length=toy.TRAIN_TOKENS)  # (with --multiples=256 alone, not on 200 long ones)
+  spec = SweepSpec(task=cfg.data.task, lengths=tuple(lengths), n=n, seed=eval_seed, batch_size=n,
+                   temperature=temperature, top_p=cfg.eval.top_p, chunk_tokens=chunk,
+                   warmup_each_length=False,  # one warm-up, on 1x documents
+                   warmup_length=toy.TRAIN_TOKENS)  # (with --multiples=256 alone, not on 200 long ones)
+  rows = sweep_lengths(reader, name, spec, out_dir=out_dir)
   lines = []
   for length, row in zip(lengths, rows):
     table = error_table(*swept_documents(os.path.join(out_dir, name), length, eval_seed, world), chunk_tokens=chunk)
     kinds = {**table["per_chunk"], **{f"overwrite by {k}": v for k, v in table["distractor_split"].items()}}
-    lines.append(f"{name} {length // toy.TRAIN_TOKENS}x: {100 * row['accuracy']:.1f}% [{100 * row['ci_low']:.0f}, "
-                 f"{100 * row['ci_high']:.0f}], {row['seconds_per_doc']:.3f} s/doc; "
+    lines.append(f"{name} {length // toy.TRAIN_TOKENS}x: {100 * row.accuracy:.1f}% [{100 * row.ci_low:.0f}, "
+                 f"{100 * row.ci_high:.0f}], {row.seconds_per_doc:.3f} s/doc; "
                  + "; ".join(f"{k} {rate(*v)}" for k, v in kinds.items()))
     print(lines[-1], flush=True)
   return lines

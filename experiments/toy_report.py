@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -12,14 +13,31 @@ import numpy as np
 
 from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 from memagent_jax.data import curriculum, toy
+from memagent_jax.evaluation.length_sweep import SweepRow
 from memagent_jax.rl.metrics import read_jsonl
 
 LABELS = {"rl": "RL-MemAgent", "warm_start": "warm-start only", "full_attention": "full attention"}
 COLOURS = {"rl": "C0", "warm_start": "C1", "full_attention": "C3"}
 
 
-def _by(rows, method):
-  return sorted((r for r in rows if r["method"] == method), key=lambda r: r["length"])
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToyRun:
+  """Which toy reproduction run (its flags): where it lives, how its stages train and how it is evaluated;
+  one value for the sweep (pickled into its processes) and the report instead of the same arguments in every
+  call. Defined here, as experiments/toy_reproduction.py imports this module (not the reverse)."""
+  scale: str  # "full" or "demo" (toy_reproduction.SCALES)
+  root: str  # the run directory: <root>/<stage>/{checkpoints,export,logs}, <root>/eval
+  world: str = "one_key"  # configs/toy_memagent.py WORLDS: one_key or lookup
+  n: int  # evaluation documents per length
+  max_multiple: int  # the longest evaluated length / the training length (a power of 2)
+  eval_seed: int = 1000  # seed of the evaluation documents (+ length) and of their sampling
+  seed: int = 0  # training data and training seed of every trained stage
+  perturb: float = 0.0  # RL starts from the warm start with every weight times 1 + perturb * N(0, 1)
+  steps: dict = dataclasses.field(default_factory=dict)  # {stage: steps} overrides (--steps)
+
+
+def _by(rows: list[SweepRow], method: str) -> list[SweepRow]:
+  return sorted((r for r in rows if r.method == method), key=lambda r: r.length)
 
 
 def _curve(root: str, stage: str, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -57,12 +75,12 @@ def plot(rows, root: str, path: str):
     rs = _by(rows, method)
     if not rs:
       continue
-    x = np.array([r["length"] / toy.TRAIN_TOKENS for r in rs])
-    acc = np.array([r["accuracy"] for r in rs]) * 100
+    x = np.array([r.length / toy.TRAIN_TOKENS for r in rs])
+    acc = np.array([r.accuracy for r in rs]) * 100
     ax[0].plot(x, acc, "o-", color=COLOURS[method], label=LABELS[method])
-    ax[0].fill_between(x, [r["ci_low"] * 100 for r in rs], [r["ci_high"] * 100 for r in rs],
+    ax[0].fill_between(x, [r.ci_low * 100 for r in rs], [r.ci_high * 100 for r in rs],
                        color=COLOURS[method], alpha=0.15)
-    ax[1].plot(x, [r["seconds_per_doc"] for r in rs], "o-", color=COLOURS[method], label=LABELS[method])
+    ax[1].plot(x, [r.seconds_per_doc for r in rs], "o-", color=COLOURS[method], label=LABELS[method])
   for a in ax[:2]:  # beyond it the full-attention model reads a centre-truncated document
     a.axvline(16, color="C3", ls=":", lw=1, label="full-attention context window")
   ax[0].set_xscale("log", base=2), ax[0].set_ylim(-2, 102)
@@ -107,7 +125,7 @@ def _training_documents(world: str, scale: str, get_config=None) -> str:
   get_config = get_config or toy_memagent.get_config
   variant = "" if scale == "full" else f",{scale}"
   told = []
-  defaults = {k: p.default for k, p in inspect.signature(toy.generate).parameters.items()}
+  defaults = {k: p.default for k, p in inspect.signature(toy.Makeup).parameters.items()}
   shaping = lambda options: ", ".join(f"{k}={v}" for k, v in sorted(options.items())  # what shapes them
                                      if k not in defaults or v != defaults[k])
   for stage in ("warm_start", "rl"):
@@ -133,14 +151,14 @@ def report_name(scale: str, world: str) -> str:
   return "toy_reproduction" + ("" if world == "one_key" else f"_{world}") + ("" if scale == "full" else f"_{scale}")
 
 
-def acc_cell(r) -> str:
+def acc_cell(r: SweepRow) -> str:
   """A row's accuracy in % with its 95% Wilson interval."""
-  return f"{r['accuracy'] * 100:.1f} [{r['ci_low'] * 100:.0f}, {r['ci_high'] * 100:.0f}]"
+  return f"{r.accuracy * 100:.1f} [{r.ci_low * 100:.0f}, {r.ci_high * 100:.0f}]"
 
 
 def _sharing(rows) -> str:
   """How the evaluation shared the cores, when methods were swept side by side."""
-  k = max((r.get("concurrent_sweeps", 1) for r in rows), default=1)
+  k = max((r.concurrent_sweeps for r in rows), default=1)
   if k <= 1:
     return ""
   return (f" Sweeps ran in their own processes, at most {k} busy processes at a time on the {os.cpu_count()} "
@@ -163,21 +181,23 @@ def current_commit() -> str | None:
   return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
-def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: int, eval_seed: int,
-                 command: str, seconds: float, world: str = "one_key", seed: int = 0, perturb: float = 0.0) -> dict:
+def write_report(rows, stages, run: ToyRun, results_dir: str, *, command: str, seconds: float) -> dict:
+  """The run's table (markdown + JSON) and plot in results_dir; their paths."""
   from configs import toy_memagent
+  root, scale, world, n, eval_seed, seed, perturb = (run.root, run.scale, run.world, run.n, run.eval_seed,
+                                                      run.seed, run.perturb)
   os.makedirs(results_dir, exist_ok=True)
   base = os.path.join(results_dir, report_name(scale, world))
   paths = {"table": base + ".md", "plot": base + ".png", "json": base + ".json"}
   with atomic_write(paths["json"]) as f:
     json.dump({"scale": scale, "world": world, "n": n, "eval_seed": eval_seed, "seed": seed, "perturb": perturb,
                "command": command, "minutes": round(seconds / 60, 1), "commit": current_commit(),
-               "cpu_cores": os.cpu_count(), "rows": rows,
+               "cpu_cores": os.cpu_count(), "rows": [r.to_json() for r in rows],
                "stages": {k: {"steps": v["steps"]} for k, v in stages.items()}}, f, indent=1)
   plot(rows, root, paths["plot"])
-  lengths = sorted({r["length"] for r in rows})
-  get = {(r["method"], r["length"]): r for r in rows}
-  methods = [m for m in LABELS if any(r["method"] == m for r in rows)]
+  lengths = sorted({r.length for r in rows})
+  get = {(r.method, r.length): r for r in rows}
+  methods = [m for m in LABELS if any(r.method == m for r in rows)]
   acc = ["| length (tokens) | × training | " + " | ".join(LABELS[m] for m in methods) + " |",
          "|---|---|" + "---|" * len(methods)]
   cost = ["| length (tokens) | " + " | ".join(f"{LABELS[m]} s/doc" for m in methods) + " | "
@@ -186,8 +206,8 @@ def write_report(rows, stages, root: str, results_dir: str, *, scale: str, n: in
   for length in lengths:
     cells = [acc_cell(get[(m, length)]) if (m, length) in get else "-" for m in methods]
     acc.append(f"| {length} | {length // toy.TRAIN_TOKENS}x | " + " | ".join(cells) + " |")
-    t = [f"{get[(m, length)]['seconds_per_doc']:.4f}" if (m, length) in get else "-" for m in methods]
-    mem = [f"{get[(m, length)]['peak_rss_mib']:.0f}" if (m, length) in get else "-" for m in methods]
+    t = [f"{get[(m, length)].seconds_per_doc:.4f}" if (m, length) in get else "-" for m in methods]
+    mem = [f"{get[(m, length)].peak_rss_mib:.0f}" if (m, length) in get else "-" for m in methods]
     cost.append(f"| {length} | " + " | ".join(t) + " | " + " | ".join(mem) + " |")
   text = [
       f"# Toy-world reproduction of MemAgent's extrapolation curve ({scale}, world {world})", "",

@@ -31,9 +31,10 @@ from absl import app, flags, logging
 
 from configs import toy_memagent
 from experiments import toy_analysis, toy_report
+from experiments.toy_report import ToyRun
 from memagent_jax.runtime.atomic_io import atomic_write
 from memagent_jax.data import curriculum, toy
-from memagent_jax.evaluation.length_sweep import sweep_lengths
+from memagent_jax.evaluation.length_sweep import SweepRow, SweepSpec, sweep_lengths
 from memagent_jax.experiment.assembly import enable_compilation_cache, load_reader, train_phases
 from memagent_jax.models import safetensors_io
 from memagent_jax.policy.export import export_checkpoint
@@ -147,10 +148,10 @@ def train_stage(stage: str, scale: str, root: str, world: str, seed: int = 0, pe
   export_checkpoint(os.path.join(root, stage, "checkpoints"), export)
   if stage in ("pretrain", "warm_start"):  # what --base / --warm_start check before a later run starts from it
     with atomic_write(os.path.join(export, BASE_META)) as f:
-      json.dump({"world": world, "steps": out["step"], "model": cfg.model.source, "stage": stage, "scale": scale,
+      json.dump({"world": world, "steps": out.step, "model": cfg.model.source, "stage": stage, "scale": scale,
                  "seed": seed, "command": "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])},
                 f, indent=1)
-  return {"stage": stage, "steps": out["step"], "seconds": round(time.perf_counter() - t0, 1),
+  return {"stage": stage, "steps": out.step, "seconds": round(time.perf_counter() - t0, 1),
           "export": export, "seed": seed, **({"perturb": perturb} if stage == "rl" and perturb else {})}
 
 
@@ -200,26 +201,28 @@ def make_reader(stage: str, scale: str, root: str, world: str, steps: dict | Non
                      training=False)
 
 
-def sweep_stage(stage: str, *, scale: str, root: str, world: str, steps: dict, lengths: list[int], n: int,
-                seed: int, progress: bool = True, concurrent_sweeps: int = 1,
-                warmup_length: int | None = None) -> list[dict]:
-  """One method's accuracy-against-length rows (its own process when sweeps run side by side);
-  warmup_length: where a MemAgent reader compiles when `lengths` is only part of its sweep."""
+def sweep_stage(stage: str, run: ToyRun, *, lengths: list[int], progress: bool = True, concurrent_sweeps: int = 1,
+                warmup_length: int | None = None) -> list[SweepRow]:
+  """One method's accuracy-against-length rows at `lengths` (all or part of the run's, `eval_lengths`), in
+  its own process when sweeps run side by side; warmup_length: where a MemAgent reader compiles when
+  `lengths` is only part of its sweep."""
+  scale, root, world, steps = run.scale, run.root, run.world, run.steps
   enable_compilation_cache(compile_cache(root))  # before this process compiles anything
   rl_cfg = toy_memagent.get_config(f"rl,{scale},{world}")
   ev, agent = rl_cfg.eval, rl_cfg.agent
   reader = make_reader(stage, scale, root, world, steps)
   direct = stage == "full_attention"
   report = None if progress else lambda row: print(
-      f"  {dict(METHODS)[stage]}, {row['length']} tokens: {100 * row['accuracy']:.1f}% "
-      f"({row['seconds_per_doc']:.3f} s/doc)", flush=True)
+      f"  {dict(METHODS)[stage]}, {row.length} tokens: {100 * row.accuracy:.1f}% "
+      f"({row.seconds_per_doc:.3f} s/doc)", flush=True)
   # the same documents for every method: laid out in the MemAgent stages' chunk size
-  return sweep_lengths(reader, stage, rl_cfg.data.task, lengths, n=n, seed=seed,
-                       batch_size=DIRECT_BATCH if direct else SCALES[scale]["batch"], temperature=ev.temperature,
-                       top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, out_dir=os.path.join(root, "eval"),
-                       warmup_each_length=direct, reader_id=reader_digest(stage, scale, root, world, steps),
-                       progress=progress, on_row=report, warmup_length=warmup_length,
-                       extra={"concurrent_sweeps": concurrent_sweeps} if concurrent_sweeps > 1 else None)
+  spec = SweepSpec(task=rl_cfg.data.task, lengths=tuple(lengths), n=run.n, seed=run.eval_seed,
+                   batch_size=DIRECT_BATCH if direct else SCALES[scale]["batch"], temperature=ev.temperature,
+                   top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, warmup_each_length=direct,
+                   warmup_length=warmup_length)
+  return sweep_lengths(reader, stage, spec, out_dir=os.path.join(root, "eval"),
+                       reader_id=reader_digest(stage, scale, root, world, steps), progress=progress, on_row=report,
+                       concurrent_sweeps=concurrent_sweeps)
 
 
 def sweep_parts(stage: str, lengths: list[int], workers: int) -> list[list[int]]:
@@ -253,10 +256,9 @@ def stop_processes(pool):
     process.terminate()
 
 
-def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str,
-             trained: list[str], workers: int = 1, pools=None, started: dict | None = None,
-             sweep=sweep_stage) -> list[dict]:
-  """The sweep of every trained stage of METHODS (make demo trains no full-attention baseline).
+def evaluate(run: ToyRun, trained: list[str], workers: int = 1, pools=None, started: dict | None = None,
+             sweep=sweep_stage) -> list[SweepRow]:
+  """The run's sweep of every trained stage of METHODS (make demo trains no full-attention baseline).
 
   workers > 1 runs that many sweep tasks at once, each in its own process (a MemAgent method is two
   tasks, `sweep_parts`): on 2 cores two sweeps take about 0.75x the time of one after the other (one
@@ -268,13 +270,13 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
   if workers > 1 and jax.default_backend() != "cpu":
     print(f"--eval_workers={workers} ignored on {jax.default_backend()}: one process holds the device", flush=True)
     workers = 1
-  kw = sweep_kwargs(scale, root, n, max_multiple, seed, world)
+  lengths = eval_lengths(run.max_multiple)
   # a lone MemAgent method is still two tasks (`sweep_parts`): a seed run's RL sweep uses both cores
-  workers = min(workers, sum(len(sweep_parts(stage, kw["lengths"], workers)) for stage in stages))
-  print(f"\n== eval {', '.join(dict(METHODS)[s] for s in stages)}: {n} documents at {len(kw['lengths'])} lengths"
+  workers = min(workers, sum(len(sweep_parts(stage, lengths, workers)) for stage in stages))
+  print(f"\n== eval {', '.join(dict(METHODS)[s] for s in stages)}: {run.n} documents at {len(lengths)} lengths"
         + (f", {workers} at a time" if workers > 1 else ""), flush=True)
   if workers <= 1:
-    return [row for stage in stages for row in sweep(stage, **kw)]
+    return [row for stage in stages for row in sweep(stage, run, lengths=lengths)]
   started = started or {}
   own = pools is None
   pools = pools or [sweep_pool(workers)]
@@ -285,23 +287,17 @@ def evaluate(scale: str, root: str, n: int, max_multiple: int, seed: int, world:
         futures[stage] = [started[stage]]
         continue
       futures[stage] = []
-      for part in sweep_parts(stage, kw["lengths"], workers):
+      for part in sweep_parts(stage, lengths, workers):
         futures[stage].append(pools[dealt % len(pools)].submit(
-            sweep, stage, progress=False, concurrent_sweeps=workers, **{**kw, "lengths": part},
-            warmup_length=min(kw["lengths"])))
+            sweep, stage, run, lengths=part, progress=False, concurrent_sweeps=workers,
+            warmup_length=min(lengths)))
         dealt += 1
     return [row for stage in stages
-            for row in sorted((r for f in futures[stage] for r in f.result()), key=lambda r: r["length"])]
+            for row in sorted((r for f in futures[stage] for r in f.result()), key=lambda r: r.length)]
   finally:
     if own:
       for pool in pools:
         pool.shutdown()
-
-
-def sweep_kwargs(scale: str, root: str, n: int, max_multiple: int, seed: int, world: str) -> dict:
-  """sweep_stage's arguments shared by every method of a run."""
-  return dict(scale=scale, root=root, world=world, steps=steps_override(), lengths=eval_lengths(max_multiple),
-              n=n, seed=seed)
 
 
 def main(argv):
@@ -317,6 +313,9 @@ def main(argv):
   results_dir = _RESULTS.value or ("docs/results" if scale == "full" else os.path.join(root, "results"))
   n = _N.value or SCALES[scale]["n"]
   max_multiple = _MAX_MULTIPLE.value or SCALES[scale]["max_multiple"]
+  # --steps resolved here: a sweep's process has no parsed flags
+  run = ToyRun(scale=scale, root=root, world=world, n=n, max_multiple=max_multiple, eval_seed=_EVAL_SEED.value,
+               seed=_SEED.value, perturb=_PERTURB.value, steps=steps_override())
   if _FRESH.value and os.path.isdir(root):
     shutil.rmtree(root)
   os.makedirs(os.path.join(root, "eval"), exist_ok=True)
@@ -333,8 +332,8 @@ def main(argv):
   lane, end = (sweep_pool(1), sweep_pool(1)) if early else (None, None)
   started, training = {}, {}  # stage -> future of its sweep / of its training in the lane
   order = ("pretrain", "full_attention", "warm_start", "rl") if early else TRAIN_STAGES
-  baseline_sweep = lambda stage: lane.submit(sweep_stage, stage, progress=False, concurrent_sweeps=workers,
-                                             **sweep_kwargs(scale, root, n, max_multiple, _EVAL_SEED.value, world))
+  baseline_sweep = lambda stage: lane.submit(sweep_stage, stage, run, lengths=eval_lengths(max_multiple),
+                                             progress=False, concurrent_sweeps=workers)
   in_order = lambda: {s: stages[s] for s in TRAIN_STAGES if s in stages}  # as a serial run writes stages.json
 
   def report_failure(future, stage: str):  # at once: settle raises it only when the current stage ends
@@ -384,8 +383,7 @@ def main(argv):
     stages = in_order()  # the report's order
     if "eval" not in _STAGES.value:
       return
-    rows = evaluate(scale, root, n, max_multiple, _EVAL_SEED.value, world,
-                    trained=[s for s in stages if s in _EVAL_METHODS.value], workers=workers, started=started,
+    rows = evaluate(run, trained=[s for s in stages if s in _EVAL_METHODS.value], workers=workers, started=started,
                     pools=[end, lane] if early else None)
   except BaseException:
     for pool in (lane, end):  # a queued or running side task must not outlive the run's failure
@@ -396,9 +394,8 @@ def main(argv):
       if pool is not None:
         pool.shutdown(cancel_futures=True)
   command = "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])
-  paths = toy_report.write_report(rows, stages, root, results_dir, scale=scale, n=n, eval_seed=_EVAL_SEED.value,
-                                  command=command.strip(), seconds=time.perf_counter() - t0, world=world,
-                                  seed=_SEED.value, perturb=_PERTURB.value)
+  paths = toy_report.write_report(rows, stages, run, results_dir, command=command.strip(),
+                                  seconds=time.perf_counter() - t0)
   errors = os.path.join(results_dir, toy_report.report_name(scale, world).replace("toy_reproduction", "memory_errors")
                         + ".md")  # where the MemAgent memories went wrong
   with atomic_write(errors) as f:

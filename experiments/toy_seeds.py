@@ -25,6 +25,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import toy_report
+from memagent_jax.evaluation.length_sweep import SweepRow
 from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 
 REPRODUCE_ROOT = "runs/toy_full_lookup"  # make reproduce's workdir: seed 0
@@ -86,27 +87,27 @@ def reuse_warm_start(run: dict):
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("export_perturbed_*"))
 
 
-def rl_rows(run: dict) -> list[dict] | None:
+def rl_rows(run: dict) -> list[SweepRow] | None:
   """RL-MemAgent's rows of a finished run, by length (None: the run has not finished)."""
   path = os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json")
   if not os.path.isfile(path):
     return None
   with open(path) as f:
     rows = json.load(f)["rows"]
-  return sorted((r for r in rows if r["method"] == "rl"), key=lambda r: r["length"])
+  return sorted((SweepRow.from_json(r) for r in rows if r["method"] == "rl"), key=lambda r: r.length)
 
 
-def verdict(rows: list[dict]) -> tuple[float, bool]:
+def verdict(rows: list[SweepRow]) -> tuple[float, bool]:
   """(largest drop below the run's own 1x accuracy in points, whether every length is within TOLERANCE)."""
-  acc = np.array([100 * r["accuracy"] for r in rows])
+  acc = np.array([100 * r.accuracy for r in rows])
   drop = float(np.max(acc[0] - acc))
   return drop, drop <= TOLERANCE
 
 
-def markdown(results: list[tuple[dict, list[dict]]], commands: list[str], minutes: list[float | None],
+def markdown(results: list[tuple[dict, list[SweepRow]]], commands: list[str], minutes: list[float | None],
              plot_name: str = "toy_reproduction_seeds.png") -> str:
   """The finished runs' table; minutes[i] None: run i was finished before this command."""
-  lengths = [r["length"] for r in results[0][1]]
+  lengths = [r.length for r in results[0][1]]
   head = ("| run | " + " | ".join(f"{length // lengths[0]}x" for length in lengths)
           + " | largest drop below 1x (points) | within 5 points at every length | wall min |")
   lines = [head, "|---|" + "---|" * (len(lengths) + 3)]
@@ -126,16 +127,16 @@ def markdown(results: list[tuple[dict, list[dict]]], commands: list[str], minute
       f"![RL-MemAgent across seeds]({plot_name})", ""])
 
 
-def plot(results: list[tuple[dict, list[dict]]], path: str):
+def plot(results: list[tuple[dict, list[SweepRow]]], path: str):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4.2))
   for run, rows in results:
-    x = np.array([r["length"] / rows[0]["length"] for r in rows])
-    acc = np.array([100 * r["accuracy"] for r in rows])
+    x = np.array([r.length / rows[0].length for r in rows])
+    acc = np.array([100 * r.accuracy for r in rows])
     line, = ax.plot(x, acc, "o-", label=run["label"])
-    ax.fill_between(x, [100 * r["ci_low"] for r in rows], [100 * r["ci_high"] for r in rows],
+    ax.fill_between(x, [100 * r.ci_low for r in rows], [100 * r.ci_high for r in rows],
                     color=line.get_color(), alpha=0.12)
   ax.set_xscale("log", base=2)
   ax.set_xlabel("document length / training length")
@@ -180,7 +181,7 @@ def write_table(todo: list[dict], commands: list[str], minutes: list[float | Non
     json.dump({"tolerance_points": TOLERANCE, "commit": toy_report.current_commit(),
                "runs": [{"label": run["label"], "seed": run["seed"], "perturb": run["perturb"],
                          "minutes": minutes[i], "largest_drop_points": verdict(rows)[0],
-                         "accuracy": {str(r["length"]): r["accuracy"] for r in rows}}
+                         "accuracy": {str(r.length): r.accuracy for r in rows}}
                         for i, run, rows in done]}, f, indent=1)
   plot(results, out + ".png")
   for run, rows in results:

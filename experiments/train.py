@@ -36,7 +36,7 @@ def main(argv):
   cfg = _CONFIG.value
   try:
     out = train_phases(cfg, workdir=_WORKDIR.value)  # one run, or its data.phases one after another
-    trainer = out["trainer"]
+    trainer = out.trainer
   except Preempted as e:  # SIGTERM / SIGINT: the step reached is saved
     print(f"train: {e}", file=sys.stderr, flush=True)
     sys.exit(e.exit_code)
@@ -47,9 +47,10 @@ def main(argv):
       raise
     print(f"train: error: {' '.join(str(e).split())}", file=sys.stderr)
     sys.exit(2)
-  last = out["history"][-1] if out["history"] else {}
-  summary = {"step": out["step"], "workdir": trainer.workdir,
-             **{k: last[k] for k in ("reward_mean", "accuracy", "kept_group_frac") if k in last}}
+  last = out.history[-1].rollout if out.history else None
+  summary = {"step": out.step, "workdir": trainer.workdir,
+             **({} if last is None else dict(reward_mean=last.reward_mean, accuracy=last.accuracy,
+                                             kept_group_frac=last.kept_group_frac))}
   print(json.dumps(summary))
 
 

@@ -115,7 +115,7 @@ def cmd_eval(args, *, make_samples=tasks.make_samples, make_reader=_reader) -> i
   reader = make_reader(args, policy)
   args.partial = evaluation.partial_path(out)  # named by the main thread if interrupted
   summary = evaluation.run_eval(reader, args.task, samples, out, batch_size=args.batch_size,
-                                temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                                sampling=evaluation.Sampling(args.temperature, args.top_p, args.seed),
                                 progress=not args.quiet)
   summary.update(method=args.method, length=args.length, model=args.model, predictions=out)
   print(json.dumps(summary))

@@ -185,7 +185,7 @@ def test_next_block_is_dispatched_before_the_last_is_fetched(tiny_agent_policy, 
   agent.memory_block = recorded_block
   monkeypatch.setattr(memagent_module, "answer_block", lambda *a, **k: events.append("answers") or run_answers(*a, **k))
   monkeypatch.setattr(memagent_module.RowPlacement, "local",
-                      lambda self, tree, **k: events.append(f"fetch {tree['active'].shape[0]} steps") or fetch(self, tree, **k))
+                      lambda self, tree, **k: events.append(f"fetch {tree.active.shape[0]} steps") or fetch(self, tree, **k))
   doc = " ".join(f"word{i}" for i in range(40))
   blocks = -(-agent.answer("Which word?", doc).num_chunks // 2)
   assert blocks >= 3

@@ -20,8 +20,8 @@ def test_a_tiny_sweep_times_each_length_and_splits_the_whole_into_parts():
   make_samples = tasks.make_samples
   rows, parts = bench_length_sweep.timed_sweep("experiments/data/toy_base_lookup", [128, 256], n=2)
   assert tasks.make_samples is make_samples
-  assert [r["length"] for r in rows] == [128, 256] and all(r["n"] == 2 for r in rows)
-  assert all(r["seconds_per_doc"] > 0 for r in rows)
+  assert [r.length for r in rows] == [128, 256] and all(r.n == 2 for r in rows)
+  assert all(r.seconds_per_doc > 0 for r in rows)
   assert parts["documents"] > 0 and parts["reading"] > 0 and parts["other"] > 0  # the warm-up compiles
   assert parts["whole"] == pytest.approx(parts["reading"] + parts["documents"] + parts["other"])
   text = bench_length_sweep.table(rows, parts, process=parts["whole"] + 1)

@@ -23,7 +23,7 @@ HF_CONFIG = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_s
                  max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
 
 
-GREEDY_EVAL = dict(temperature=0.0, top_p=1.0, seed=0, progress=False)
+GREEDY_EVAL = dict(sampling=evaluation.Sampling(), progress=False)
 
 
 def fails(capsys, argv, code=2, commands=None) -> str:

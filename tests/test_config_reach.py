@@ -28,6 +28,7 @@ from memagent_jax.agent.results import AgentResult, Conversation, slots_from_res
 from memagent_jax.data import pipeline, toy
 from memagent_jax.experiment import assembly
 from memagent_jax.rl import losses, rollout, toy_teacher
+from reference_rows import host_rows
 
 
 def config(**overrides) -> ml_collections.ConfigDict:
@@ -76,9 +77,9 @@ class ScriptedAgent:
                              document_tokens=len(doc.split())))
     return out
 
-  def rollout_slots(self, questions, documents, *, prompt_width, response_width, **kw):
-    return slots_from_results(self.answer_batch(questions, documents, **kw), self.pad_id, prompt_width=prompt_width,
-                              response_width=response_width)
+  def rollout_slots(self, questions, documents, *, decode, prompt_width, response_width, **kw):
+    results = self.answer_batch(questions, documents, temperature=decode.temperature, top_p=decode.top_p, **kw)
+    return slots_from_results(results, self.pad_id, prompt_width=prompt_width, response_width=response_width)
 
 
 class Run:
@@ -106,9 +107,9 @@ class Run:
         return {"calls": c.agent.calls, "outcome": "DynamicSamplingError"}
       finally:
         calls, c.agent = c.agent.calls, real
-      rows, m = (None if roll.rows is None else roll.rows.host_rows()), roll.metrics
+      rows, m = (None if roll.rows is None else host_rows(roll.rows)), roll.metrics
       return {"calls": calls, "outcome": f"{roll.num_questions} groups",
-              "accuracy": m["accuracy"], "reward_mean": round(m["reward_mean"], 6), "gen_batches": m["gen_batches"],
+              "accuracy": m.accuracy, "reward_mean": round(m.reward_mean, 6), "gen_batches": m.gen_batches,
               "advantages": None if rows is None else np.round(rows.advantages, 6).tolist(),
               "loss_tokens": None if rows is None else int(rows.loss_mask.sum())}
     return self._once("rollout", go)
@@ -117,7 +118,7 @@ class Run:
     """One collect() of the built TeacherCollector (teachers write rows without the model)."""
     def go():
       roll = self.trainer.collector.collect(self.trainer.batches, lambda gen, sub: 1000 + gen)
-      rows = roll.rows.host_rows()
+      rows = host_rows(roll.rows)
       return {"memories": [r.memories for r in roll.results], "prompt_width": rows.prompt_width,
               "tokens": hashlib.sha256(np.ascontiguousarray(rows.tokens).tobytes()).hexdigest()}
     return self._once("teacher", go)
@@ -129,9 +130,9 @@ class Run:
       c, seen = self.trainer.collector, []
       saved = c.agent, self.trainer.programs
 
-      def logprobs(params, tokens, valid, *, prompt_width, **_):
+      def logprobs(params, tokens, valid, *, spec, **_):
         seen.append(tuple(tokens.shape))
-        return np.zeros(tokens.shape[:2] + (tokens.shape[2] - prompt_width,), np.float32)
+        return np.zeros(tokens.shape[:2] + (tokens.shape[2] - spec.prompt_width,), np.float32)
 
       def update(*a, **k):
         raise _Stop
@@ -407,8 +408,8 @@ def test_every_key_of_base_is_read_by_the_run(tmp_path, monkeypatch):
   exp = assembly.build_experiment(rl_cfg)  # no workdir argument: train.workdir is read
   exp.trainer.collector.agent = ScriptedAgent(exp.agent)
   exp.evaluator.reader = ScriptedAgent(exp.evaluator.reader)
-  history = assembly.train_phases(rl_cfg, build=lambda c, w: exp.trainer)["history"]  # reads data.phases
-  assert history[0]["updates"] == 1 and history[0]["kept_groups"] == 2 and "eval_score" in history[0]
+  history = assembly.train_phases(rl_cfg, build=lambda c, w: exp.trainer).history  # reads data.phases
+  assert history[0].updates == 1 and history[0].rollout.kept_groups == 2 and "score" in history[0].eval
   teacher_cfg = rec.watch(config(**{**TEACHER, "teacher.prompt_loss": True}))
   assembly.build_experiment(teacher_cfg, workdir=str(tmp_path / "teacher"))
   direct_cfg = rec.watch(config(**DIRECT))

@@ -15,7 +15,7 @@ from test_trainer import tiny
 NAN, INF = float("nan"), float("inf")
 
 # (key, bad value): nan / inf everywhere, plus 0, negatives and out-of-range values per key.
-BAD = [(key, v) for key, integer, *_ in RANGES for v in ((NAN, INF, -INF) if not integer else (NAN, 1.5))]
+BAD = [(key, v) for key, valid in RANGES.items() for v in ((NAN, INF, -INF) if not valid.integer else (NAN, 1.5))]
 BAD += [
     ("optim.lr", 0.0), ("optim.lr", -1e-3), ("rl.temperature", 0.0), ("rl.temperature", -1.0),
     ("rl.top_p", 0.0), ("rl.top_p", 1.5), ("rl.top_p", -0.1), ("rl.clip_low", 1.0), ("rl.clip_low", -0.1),
@@ -84,7 +84,7 @@ def test_combinations_and_divisibility():
 def test_every_numeric_field_of_base_has_a_range():
   """A numeric field added to configs/base.py without a range here would escape validation."""
   from configs import base
-  ranged = {key for key, *_ in RANGES} | set(config_checks.BOOLS)
+  ranged = set(RANGES) | set(config_checks.BOOLS)
 
   def numeric(node, prefix=""):
     for k, v in node.items():

@@ -9,6 +9,7 @@ from configs import toy_cpu, toy_memagent
 from memagent_jax.data import curriculum, toy
 from memagent_jax.experiment import assembly, phase_configs
 from memagent_jax.experiment.config_checks import validate_config
+from memagent_jax.rl.trainer import TrainResult
 
 LOOKUP_RL = "rl,full,lookup"
 
@@ -59,8 +60,8 @@ def test_phase_config_changes_only_its_options():
   assert out.data.options.distractor_keys == "mixed" and out.data.options.late_fact_share == 1.0
   assert cfg.data.options.distractor_keys == "askable" and cfg.data.options.late_fact_share == 0.0
   # the options reach the generator: the phase's documents differ from the first phase's
-  first = toy.generate(4, **{k: v for k, v in cfg.data.options.items()})
-  later = toy.generate(4, **{k: v for k, v in out.data.options.items()})
+  first = toy.generate(4, makeup=toy.Makeup(**{k: v for k, v in cfg.data.options.items()}))
+  later = toy.generate(4, makeup=toy.Makeup(**{k: v for k, v in out.data.options.items()}))
   assert [s["context"] for s in first] != [s["context"] for s in later]
 
 
@@ -88,9 +89,9 @@ class _FakeTrainer:
   def train(self, until=None):
     until = until or self.cfg.train.steps
     _FakeTrainer.runs.append((self.state.step, until, self.cfg.data.options.to_dict()))
-    history = [{"step": s} for s in range(self.state.step + 1, until + 1)]
+    history = [types.SimpleNamespace(step=s) for s in range(self.state.step + 1, until + 1)]  # as StepMetrics
     _FakeTrainer.saved = self.state.step = max(until, self.state.step)
-    return {"history": history, "step": self.state.step}
+    return TrainResult(step=self.state.step, history=history)
 
 
 def test_train_phases_runs_each_phase_on_its_documents_and_resumes_in_its_phase():
@@ -99,7 +100,7 @@ def test_train_phases_runs_each_phase_on_its_documents_and_resumes_in_its_phase(
   out = assembly.train_phases(cfg, build=lambda c, w: _FakeTrainer(c))
   assert [(a, b, o["distractor_keys"], o["late_fact_share"]) for a, b, o in _FakeTrainer.runs] == [
       (0, 200, "askable", 0.0), (200, 300, "mixed", 0.0), (300, 400, "mixed", 1.0)]
-  assert [h["step"] for h in out["history"]] == list(range(1, 401)) and out["step"] == 400
+  assert [h.step for h in out.history] == list(range(1, 401)) and out.step == 400
   # a run killed at step 250 resumes in the second phase, on its documents
   _FakeTrainer.saved, _FakeTrainer.runs = 250, []
   assembly.train_phases(cfg, build=lambda c, w: _FakeTrainer(c))
@@ -118,10 +119,10 @@ def test_a_real_run_switches_documents_at_the_phase_end(tmp_path, caplog):
     c.data.task = toy.TASK
     c.data.phases = "1:;2:distractor_keys=mixed"
   out = assembly.train_phases(c, workdir=str(tmp_path / "phased"))
-  assert out["step"] == 2 and [h["step"] for h in out["history"]] == [1, 2]
+  assert out.step == 2 and [h.step for h in out.history] == [1, 2]
   with caplog.at_level("WARNING"):
     again = assembly.train_phases(c, workdir=str(tmp_path / "phased"))
-  assert again["step"] == 2 and again["history"] == []
+  assert again.step == 2 and again.history == []
   assert not [r for r in caplog.records if "taking over the workdir lock" in r.getMessage()]
   # by hand: step 1 on the first options, then a resumed run on the second's
   first = phase_configs.phase_config(c, {})
@@ -135,7 +136,7 @@ def test_a_real_run_switches_documents_at_the_phase_end(tmp_path, caplog):
   assert [l["step"] for l in phased] == [1, 2]
   assert phased[-1]["train/reward_mean"] == by_hand[-1]["train/reward_mean"]
   assert phased[-1]["train/loss"] == by_hand[-1]["train/loss"]
-  assert hand["step"] == 2
+  assert hand.step == 2
 
 
 def test_the_report_names_each_phase_documents():

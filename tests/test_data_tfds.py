@@ -150,3 +150,23 @@ def test_prepared_source_by_name(tmp_path):
     tb.prepared_source("memagent_toy_kv/x3", split="test", data_dir=str(tmp_path))
   with pytest.raises(ValueError, match="no split 'train'"):
     tb.prepared_source("memagent_toy_kv/x1", split="train", data_dir=str(tmp_path))
+
+
+def test_question_batch_is_what_a_rollout_step_draws():
+  """The training iterator's batches are typed (question, context, answers), their state still grain's."""
+  from memagent_jax.data.tasks import QuestionBatch
+  samples = [{"question": f"q{i}", "context": f"doc {i}", "answers": [f"a{i}", "alt"], "index": i} for i in range(6)]
+  ds = pipeline.make_dataset(samples, 2, seed=0, num_epochs=None, drop_remainder=True)
+  it = pipeline.iterate(ds.map(QuestionBatch.from_columns))
+  first = next(it)
+  assert isinstance(first, QuestionBatch) and len(first) == 2
+  assert all(q.replace("q", "doc ") == c for q, c in zip(first.question, first.context))
+  assert all(a[1] == "alt" and a[0] == "a" + q[1:] for q, a in zip(first.question, first.answers))
+  state = it.get_state()
+  again = pipeline.iterate(ds.map(QuestionBatch.from_columns))
+  again.set_state(state)
+  assert next(again) == next(it)  # resumes at the same batch
+  assert QuestionBatch.of(samples[:2]) == QuestionBatch(question=("q0", "q1"), context=("doc 0", "doc 1"),
+                                                        answers=(("a0", "alt"), ("a1", "alt")))
+  with pytest.raises(ValueError, match="one context and one answer list per question"):
+    QuestionBatch(question=("q",), context=(), answers=((),))

@@ -1,5 +1,5 @@
 """Rows gathered on device from conversation slots equal the host-built rows, mini-batch by
-mini-batch (rl/device_rows.py against rl/batching.py + rl/update.split_micro)."""
+mini-batch (rl/device_rows.py against the host reference, reference_rows.py + rl/update.split_micro)."""
 
 import os
 import subprocess
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch, ConversationSlots
+from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.rl import device_rows
 from memagent_jax.rl import update as upd
-from memagent_jax.rl.batching import mini_batches, rows_from_conversations
+from reference_rows import language_model_rows, mini_batches, prefix_fits, rows_from_conversations
 
 P, N, PAD = 10, 6, 0
 
@@ -67,10 +68,9 @@ def test_device_rows_equal_host_rows(mask_truncated, micro_batches, multiple):
 
 
 def test_prefix_check_and_prompt_loss_on_device_match_the_host():
-  """The gather's shared-prefix check agrees with `update.prefix_fits` (rows that start with the
-  prefix, rows padded past it, a row that breaks it), and loss_on_prompt gives
-  `teacher_rows.language_model_rows`."""
-  from memagent_jax.rl.teacher_rows import language_model_rows
+  """The gather's shared-prefix check agrees with the host `prefix_fits` (rows that start with the
+  prefix, rows padded past it, a row that breaks it), and loss_on_prompt gives the host
+  `language_model_rows`."""
   results = _results(5, trajectories=4)
   prefix = np.asarray([3, 4, 5], np.int32)
   for r in results:
@@ -84,8 +84,8 @@ def test_prefix_check_and_prompt_loss_on_device_match_the_host():
   for pref in (prefix, prefix[:2], np.asarray([3, 9], np.int32)):
     _, fits = device_rows.gather_update_batch(_slots(batch), plan, micro_batches=1, mask_truncated=False, pad_id=PAD,
                                               prefix=pref)
-    assert bool(fits) == upd.prefix_fits(host.tokens, host.valid, pref, P), pref
-  assert upd.prefix_fits(host.tokens, host.valid, prefix, P)  # the case that matters is covered
+    assert bool(fits) == prefix_fits(host.tokens, host.valid, pref, P), pref
+  assert prefix_fits(host.tokens, host.valid, prefix, P)  # the case that matters is covered
   got, _ = device_rows.gather_update_batch(_slots(batch), plan, micro_batches=1, mask_truncated=False, pad_id=PAD,
                                            loss_on_prompt=True)
   want = language_model_rows(host)
@@ -107,7 +107,7 @@ from memagent_jax.runtime import parallel
 from memagent_jax.rl import device_rows
 import test_device_rows as t
 from memagent_jax.agent.results import ConversationBatch
-from memagent_jax.rl.batching import mini_batches, rows_from_conversations
+from reference_rows import mini_batches, rows_from_conversations
 from memagent_jax.rl import update as upd
 mesh = parallel.make_mesh(parallel.MeshSpec(data=2, fsdp=2, tensor=1))
 results = t._results(3, trajectories=8)
@@ -153,7 +153,8 @@ def test_reader_slots_hold_the_conversations_answer_batch_returns():
   p, n = row_widths(agent, 16)
   kw = dict(temperature=1.0, top_p=0.9, seed=11, row_ids=[4, 9, 2])
   results = agent.answer_batch(questions, docs, **kw)
-  got = agent.rollout_slots(questions, docs, prompt_width=p, response_width=n, **kw)
+  got = agent.rollout_slots(questions, docs, decode=DecodeSpec(temperature=1.0, top_p=0.9), seed=11, row_ids=[4, 9, 2],
+                            prompt_width=p, response_width=n)
   want = ConversationBatch.from_results(results, agent.pad_id, prompt_width=p, response_width=n)
   assert got.answers == [r.answer for r in results] and got.predictions == [r.prediction for r in results]
   assert got.num_chunks.tolist() == [r.num_chunks for r in results] and len(set(got.num_chunks.tolist())) > 1

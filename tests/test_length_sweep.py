@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from memagent_jax.evaluation.length_sweep import PeakRSS, sweep_lengths, wilson_interval
+from memagent_jax.evaluation.length_sweep import PeakRSS, SweepRow, SweepSpec, sweep_lengths, wilson_interval
 
 
 def test_wilson_interval_matches_hand_computed_values():
@@ -51,19 +51,21 @@ class _Oracle:
 @pytest.mark.parametrize("each", [True, False])
 def test_sweep_rows_follow_the_reader(each):
   reader = _Oracle(limit=200)
-  rows = sweep_lengths(reader, "oracle", "toy_kv", [128, 256, 512], n=8, seed=3, batch_size=4,
-                       temperature=0.0, top_p=1.0, chunk_tokens=64, warmup_each_length=each, progress=False)
-  assert [r["accuracy"] for r in rows] == [1.0, 0.0, 0.0]
-  assert [r["doc_tokens"] for r in rows] == [128, 256, 512]
-  assert all(r["n"] == 8 and r["seconds_per_doc"] >= 0 and r["peak_rss_mib"] > 10 for r in rows)
+  spec = SweepSpec(task="toy_kv", lengths=(128, 256, 512), n=8, seed=3, batch_size=4, temperature=0.0, top_p=1.0,
+                   chunk_tokens=64, warmup_each_length=each)
+  rows = sweep_lengths(reader, "oracle", spec, progress=False)
+  assert [r.accuracy for r in rows] == [1.0, 0.0, 0.0]
+  assert [r.doc_tokens for r in rows] == [128, 256, 512]
+  assert all(r.n == 8 and r.seconds_per_doc >= 0 and r.peak_rss_mib > 10 and r.method == "oracle" for r in rows)
+  assert rows[0].ci_low < 1.0 == rows[0].ci_high and SweepRow.from_json(rows[0].to_json()) == rows[0]
   assert reader.calls == 3 * 2 + (3 if each else 1)  # 2 batches per length + warm-ups
 
 
 def test_finished_lengths_are_reused_only_for_the_same_reader_and_settings(tmp_path):
   reader = _Oracle(limit=200)
-  sweep = lambda **kw: sweep_lengths(reader, "oracle", "toy_kv", [128, 256], n=4, seed=3, batch_size=4,
-                                     temperature=0.0, top_p=1.0, chunk_tokens=64, warmup_each_length=False,
-                                     progress=False, out_dir=str(tmp_path), **kw)
+  spec = SweepSpec(task="toy_kv", lengths=(128, 256), n=4, seed=3, batch_size=4, temperature=0.0, top_p=1.0,
+                   chunk_tokens=64, warmup_each_length=False)
+  sweep = lambda **kw: sweep_lengths(reader, "oracle", spec, progress=False, out_dir=str(tmp_path), **kw)
   first = sweep(reader_id="weights-a")
   assert reader.calls == 1 + 2  # one warm-up, one batch per length
   assert sweep(reader_id="weights-a") == first and reader.calls == 3  # read back, nothing run
@@ -81,6 +83,7 @@ def test_a_sweep_of_long_lengths_only_warms_up_on_the_given_length():
   """A sweep split into pool tasks (toy_reproduction.sweep_parts) compiles on short documents, not
   by reading one batch of its longest length twice."""
   reader = _Oracle(limit=200)
-  rows = sweep_lengths(reader, "oracle", "toy_kv", [512], n=4, seed=3, batch_size=4, temperature=0.0, top_p=1.0,
-                       chunk_tokens=64, warmup_each_length=False, progress=False, warmup_length=128)
-  assert reader.lengths == [128, 512] and [r["length"] for r in rows] == [512]
+  spec = SweepSpec(task="toy_kv", lengths=(512,), n=4, seed=3, batch_size=4, temperature=0.0, top_p=1.0,
+                   chunk_tokens=64, warmup_each_length=False, warmup_length=128)
+  rows = sweep_lengths(reader, "oracle", spec, progress=False)
+  assert reader.lengths == [128, 512] and [r.length for r in rows] == [512]

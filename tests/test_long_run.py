@@ -30,7 +30,7 @@ def test_memory_flat_over_a_run_with_evaluation_and_saves(tmp_path):
   early = _live()
   out = t.train(keep_history=5)
   assert _live() == early  # device memory: the same arrays, to the byte
-  assert out["step"] == STEPS and [h["step"] for h in out["history"]] == list(range(STEPS - 4, STEPS + 1))
+  assert out.step == STEPS and [h.step for h in out.history] == list(range(STEPS - 4, STEPS + 1))
   lines = [json.loads(l) for l in open(tmp_path / "logs" / "metrics.jsonl")]
   train = {l["step"]: l for l in lines if "train/perf/host_rss_bytes" in l}
   assert sorted(train) == list(range(1, STEPS + 1))

@@ -95,7 +95,7 @@ def test_all_masked_is_zero_not_nan():
   assert float(val) == 0.0 and np.all(np.asarray(grad) == 0.0)
   terms = jax.jit(losses.policy_loss_terms, static_argnames=("clip_low", "clip_high", "clip_c"))
   _, metrics = terms(logp, logp, np.ones(3), mask, clip_low=0.2, clip_high=0.28, clip_c=3.0)
-  assert all(float(v) == 0.0 for v in metrics.values())
+  assert all(float(v) == 0.0 for v in metrics)
 
 
 def _single(ratio, adv, **kw):
@@ -131,8 +131,8 @@ def test_dual_clip_binds_only_for_negative_advantages():
   np.testing.assert_allclose(plain, [[-1.5 * 1.28, 2.0 * np.exp(10.0), 2.0, -0.9]], rtol=1e-5)
   np.testing.assert_allclose(dual[0, [0, 2, 3]], plain[0, [0, 2, 3]], rtol=RTOL)  # unchanged
   assert dual[0, 1] == np.float32(2.0 * 3.0)  # exactly -A * clip_c
-  assert float(m0["clipfrac_lower"]) == 0.0
-  np.testing.assert_allclose(float(m3["clipfrac_lower"]), 0.25, rtol=RTOL)
+  assert float(m0.dual_clip_frac) == 0.0
+  np.testing.assert_allclose(float(m3.dual_clip_frac), 0.25, rtol=RTOL)
 
 
 @pytest.mark.parametrize("clip_c", [1.0, 0.5])
@@ -140,6 +140,8 @@ def test_dual_clip_constant_must_exceed_one(clip_c):
   with pytest.raises(ValueError, match="clip_c must be > 1"):
     losses.policy_loss(np.zeros((1, 1)), np.zeros((1, 1)), np.ones(1), np.ones((1, 1)),
                        clip_c=clip_c)
+  with pytest.raises(ValueError, match="clip_c must be > 1"):
+    losses.ClipSpec(dual=clip_c)  # what the registered losses take
 
 
 def test_row_advantages_broadcast_like_full_matrix():
@@ -165,9 +167,9 @@ def test_clip_fraction_and_ppo_kl_on_hand_case():
   mask = np.array([[1, 1, 1, 1, 0]], np.float64)  # last token clipped but masked out
   logp, old = _ratio_logps(ratios)
   _, m = losses.policy_loss_terms(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, clip_c=None)
-  np.testing.assert_allclose(float(m["clipfrac"]), 2.0 / 4.0, rtol=RTOL)  # tokens 0 and 2
+  np.testing.assert_allclose(float(m.clip_frac), 2.0 / 4.0, rtol=RTOL)  # tokens 0 and 2
   ref_kl = np.mean(-np.log(ratios[0, :4]))
-  np.testing.assert_allclose(float(m["ppo_kl"]), ref_kl, rtol=1e-5)
+  np.testing.assert_allclose(float(m.approx_kl_old), ref_kl, rtol=1e-5)
 
 
 @pytest.mark.parametrize("denominator", [None, 10.0])
@@ -280,16 +282,17 @@ def test_policy_loss_registry_is_policy_loss_and_sft_loss(agg, denominator):
   logp = rng.normal(scale=0.3, size=MASK.shape) - 2.0
   old = rng.normal(scale=0.3, size=MASK.shape) - 2.0
   adv = np.array([1.0, -0.5, 2.0, -1.5])
-  kw = dict(clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg, denominator=denominator)
+  kw = dict(clip=losses.ClipSpec(0.2, 0.28, 3.0), agg=agg, denominator=denominator)
   loss, metrics = losses.get_policy_loss("ppo_clip")(logp, old, adv, MASK, **kw)
   assert float(loss) == float(losses.policy_loss(logp, old, adv, MASK, 0.2, 0.28, 3.0, agg,
                                                  denominator=denominator))
-  assert {"clipfrac", "clipfrac_lower", "ppo_kl"} <= set(metrics)
+  terms = losses.policy_loss_terms(logp, old, adv, MASK, clip_low=0.2, clip_high=0.28, clip_c=3.0)[1]
+  assert metrics == terms and float(metrics.clip_frac) > 0 and float(metrics.nll) == 0.0
   loss, metrics = losses.get_policy_loss("sft")(logp, old, adv, MASK, **kw)
   assert float(loss) == float(losses.sft_loss(logp, MASK, agg=agg, denominator=denominator))
   if denominator is None:
     np.testing.assert_allclose(float(loss), _ref_agg(-logp, MASK, agg), rtol=RTOL)
-  np.testing.assert_allclose(float(metrics["nll"]), _ref_agg(-logp, MASK, "token-mean"),
+  np.testing.assert_allclose(float(metrics.nll), _ref_agg(-logp, MASK, "token-mean"),
                              rtol=RTOL)
   with pytest.raises(KeyError, match="ppo_clip.*sft"):
     losses.get_policy_loss("dpo")

@@ -100,30 +100,38 @@ def test_gguf_rotary_unpermute_inverts_llama_cpp_permute():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prefix_cache", ["on", "off"])  # "auto" is "on" here (asserted below)
-def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smollm_reference, prefix_cache):
+def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smollm_reference):
   """Every conversation of one question (batch of ONE row: a one-row per-row template opening was once
-  placed as if shared, and every key after its first slot was wrong) on a real SQuAD document: the
-  agent's greedy response ids are transformers' greedy `generate` of the agent's own prompt ids, and their
-  log-probs are transformers' (the ids alone can survive a wrong cache: here the error moved logits by 3
-  without changing the argmax)."""
+  placed as if shared, and every key after its first slot was wrong) on a real SQuAD document, with the
+  template prefix cache on ("auto" takes it here, asserted) and off: the agent's greedy response ids are
+  transformers' greedy `generate` of the agent's own prompt ids, and their log-probs are transformers'
+  (the ids alone can survive a wrong cache: here the error moved logits by 3 without changing the argmax).
+  transformers runs once per distinct prompt: both settings must reach the same prompts."""
   from memagent_jax.agent import MemAgent
   squad = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
   paragraphs = [p["context"] for a in json.load(open(squad))["data"] for p in a["paragraphs"]]
   budgets = dict(chunk_tokens=96, memory_tokens=24, answer_tokens=16)
-  agent = MemAgent(smollm, **budgets, template_prefix_cache=prefix_cache)
-  assert agent.reuse_prefix == (prefix_cache == "on")
   assert MemAgent(smollm, **budgets, template_prefix_cache="auto").reuse_prefix  # the default takes this path
-  res = agent.answer("How many stories tall is the main library at Notre Dame?", paragraphs[2])
-  assert res.num_chunks >= 2
   stops = list(smollm.default_stop_tokens())
-  for conv in res.conversations:
-    n = agent.answer_tokens if conv.is_final else agent.memory_tokens
-    with torch.no_grad():
-      ref = smollm_reference.generate(torch.tensor(conv.prompt_ids[None].astype(np.int64)), max_new_tokens=n,
-                                      do_sample=False, eos_token_id=stops, pad_token_id=stops[0])
-    assert conv.response_ids.tolist() == ref[0, len(conv.prompt_ids):].tolist()
-    ids = np.concatenate([conv.prompt_ids, conv.response_ids])[None]
-    logp = torch.log_softmax(torch.tensor(torch_logits(smollm_reference, ids)[0, len(conv.prompt_ids) - 1:-1]), -1)
-    want = logp[torch.arange(len(conv.response_ids)), torch.tensor(conv.response_ids.astype(np.int64))].numpy()
-    np.testing.assert_allclose(conv.response_logprobs, want, atol=2e-3)
+  reference = {}  # prompt ids -> (transformers' greedy ids, their log-probs)
+
+  def transformers_greedy(prompt, n):
+    if prompt.tobytes() not in reference:
+      with torch.no_grad():
+        ref = smollm_reference.generate(torch.tensor(prompt[None].astype(np.int64)), max_new_tokens=n,
+                                        do_sample=False, eos_token_id=stops, pad_token_id=stops[0])
+      ids = ref[0, len(prompt):].numpy()
+      logp = torch.log_softmax(torch.tensor(torch_logits(smollm_reference, ref.numpy())[0, len(prompt) - 1:-1]), -1)
+      reference[prompt.tobytes()] = ids, logp[torch.arange(len(ids)), torch.tensor(ids)].numpy()
+    return reference[prompt.tobytes()]
+
+  for prefix_cache in ("on", "off"):
+    agent = MemAgent(smollm, **budgets, template_prefix_cache=prefix_cache)
+    assert agent.reuse_prefix == (prefix_cache == "on")
+    res = agent.answer("How many stories tall is the main library at Notre Dame?", paragraphs[2])
+    assert res.num_chunks >= 2
+    for conv in res.conversations:
+      ids, logp = transformers_greedy(conv.prompt_ids, agent.answer_tokens if conv.is_final else agent.memory_tokens)
+      assert conv.response_ids.tolist() == ids.tolist(), prefix_cache
+      np.testing.assert_allclose(conv.response_logprobs, logp, atol=2e-3, err_msg=prefix_cache)
+  assert len(reference) == len(res.conversations)  # "on" and "off" read the same prompts

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from memagent_jax.agent.results import AgentResult, Conversation, slots_from_results
+from memagent_jax.data.tasks import QuestionBatch
 from memagent_jax.rl import rollout
-from memagent_jax.rl.batching import bucket_rows, mini_batches
+from memagent_jax.rl.device_rows import bucket_rows
+from reference_rows import host_rows, mini_batches
 
 
 def test_overlong_penalty_by_hand():
@@ -55,9 +57,9 @@ class FakeAgent:
                              conversations=convs, num_chunks=n_mem, document_tokens=10))
     return out
 
-  def rollout_slots(self, questions, documents, *, prompt_width, response_width, **kw):
-    return slots_from_results(self.answer_batch(questions, documents, **kw), self.pad_id, prompt_width=prompt_width,
-                              response_width=response_width)
+  def rollout_slots(self, questions, documents, *, decode, prompt_width, response_width, **kw):
+    results = self.answer_batch(questions, documents, temperature=decode.temperature, top_p=decode.top_p, **kw)
+    return slots_from_results(results, self.pad_id, prompt_width=prompt_width, response_width=response_width)
 
 
 def _cfg(**kw):
@@ -68,8 +70,8 @@ def _cfg(**kw):
 def _batches(specs):
   """Iterator of question batches; specs: list of lists of "i:word,word"."""
   for batch in specs:
-    yield {"question": [f"q{s}" for s in batch], "context": ["doc"] * len(batch),
-           "answers": [["yes"]] * len(batch)}
+    yield QuestionBatch(question=tuple(f"q{s}" for s in batch), context=("doc",) * len(batch),
+                        answers=(("yes",),) * len(batch))
 
 
 def _collect(cfg, specs):
@@ -81,7 +83,7 @@ def _collect(cfg, specs):
 
 def _host(out):
   """The step's rows as host arrays (gathered on device, as the trainer gathers them)."""
-  return out.rows.host_rows()
+  return host_rows(out.rows)
 
 
 def test_every_row_gets_its_trajectory_advantage():
@@ -94,14 +96,14 @@ def test_every_row_gets_its_trajectory_advantage():
   np.testing.assert_allclose(rows.advantages, want, rtol=1e-6)
   np.testing.assert_array_equal(rows.question, [0, 0, 0, 0, 1, 1, 1, 1, 1, 1])
   assert rows.tokens.shape == (10, 16) and rows.prompt_width == 8
-  assert out.metrics["reward_mean"] == 0.75 and out.metrics["kept_group_frac"] == 1.0
+  assert out.metrics.reward_mean == 0.75 and out.metrics.kept_group_frac == 1.0
 
 
 def test_dynamic_sampling_drops_equal_groups_and_refills():
   cfg = _cfg(dynamic_sampling=True, max_extra_gen_batches=2)
   out, agent = _collect(cfg, [["0:yes,yes", "1:no,no"], ["2:yes,no", "3:no,no"], ["4:no,yes", "5:yes,no"]])
   assert out.num_questions == 2  # q2 and q4 kept; q5 beyond the step's need is dropped
-  assert out.metrics["gen_batches"] == 3 and out.metrics["kept_group_frac"] == pytest.approx(3 / 6)
+  assert out.metrics.gen_batches == 3 and out.metrics.kept_group_frac == pytest.approx(3 / 6)
   assert len(agent.calls) == 3 and len({seed for seed, _ in agent.calls}) == 3  # a fresh seed per batch
   assert all(rows == [0, 1, 2, 3] for _, rows in agent.calls)  # row id = question * G + trajectory
   without, _ = _collect(_cfg(), [["0:yes,yes", "1:no,no"]])
@@ -123,9 +125,9 @@ def test_overlong_shaping_uses_final_answer_tokens():
   plain, _ = _collect(_cfg(), [["0:yes,yesyesy", "1:yes,yes"]])
   shaped, _ = _collect(_cfg(overlong=rollout.OverlongSpec(max_tokens=8, cache_tokens=4)),
                        [["0:yes,yesyesy", "1:yes,yes"]])
-  assert plain.metrics["reward_mean"] == 0.75
-  assert shaped.metrics["reward_mean"] == pytest.approx((1 + (0 - 0.75) + 1 + 1) / 4)
-  assert shaped.metrics["accuracy"] == plain.metrics["accuracy"] == 0.75
+  assert plain.metrics.reward_mean == 0.75
+  assert shaped.metrics.reward_mean == pytest.approx((1 + (0 - 0.75) + 1 + 1) / 4)
+  assert shaped.metrics.accuracy == plain.metrics.accuracy == 0.75
 
 
 def test_mask_truncated_removes_capped_conversations_from_the_loss():
@@ -163,12 +165,12 @@ def test_training_rows_reproduce_the_sampler_logprobs():
   p, n = row_widths(agent, 16)
   col = rollout.RolloutCollector(agent, _cfg(reward="string_match_part"), prompt_width=p, response_width=n)
   samples = toy.generate(2, 80, seed=1)
-  batch = {"question": [s["question"] for s in samples], "context": [s["context"] for s in samples],
-           "answers": [s["answers"] for s in samples]}
+  batch = QuestionBatch.of(samples)
   out = col.collect(itertools.repeat(batch), lambda g, s: 7)
   rows = _host(out)
   assert len(rows) > 4  # several memory updates per trajectory
   got = upd.batch_logprobs(policy.state, jnp.asarray(rows.tokens[None]), jnp.asarray(rows.valid[None]),
-                           graphdef=policy.graphdef, prompt_width=p, temperature=1.0, compute_dtype="float32")[0]
+                           graphdef=policy.graphdef,
+                           spec=upd.LogprobSpec(prompt_width=p, temperature=1.0, compute_dtype="float32"))[0]
   m = rows.loss_mask
   np.testing.assert_allclose(np.asarray(got)[m], rows.old_logp[m], atol=2e-4)

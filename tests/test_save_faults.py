@@ -2,7 +2,7 @@
 stops the run with one line and exit 2, keeps the previous step readable, and resumes once space
 is freed; one of two processes killed (SIGKILL) while orbax writes asynchronously leaves an
 incomplete step that is never taken as complete, and the restart finishes equal to an
-uninterrupted run."""
+uninterrupted run (which is also the plain two-process save and resume test)."""
 
 import errno
 import json
@@ -13,6 +13,8 @@ import sys
 import textwrap
 import time
 
+import jax
+import numpy as np
 import pytest
 
 from test_parallel import REPO, _clean_env, _collect, _free_port
@@ -117,11 +119,14 @@ KILL_SCRIPT = textwrap.dedent("""
           os.kill(os.getpid(), signal.SIGKILL)
         return started
       t.checkpointer.save = save_then_die
-    start = t.state.step
+    def checksum(tree):
+      full = multihost_utils.process_allgather(tree, tiled=True)
+      return float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(full)))
+    start, start_sum, rng = t.state.step, checksum(t.state.params), np.asarray(t.state.rng).tolist()
     t.train()
-    full = multihost_utils.process_allgather(t.state.params, tiled=True)
-    checksum = float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(full)))
-    print(json.dumps({"process": jax.process_index(), "start": start, "step": t.state.step, "checksum": checksum}))
+    print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(), "start": start,
+                      "start_checksum": start_sum, "rng": rng, "step": t.state.step,
+                      "checksum": checksum(t.state.params)}))
 """)
 
 
@@ -137,7 +142,20 @@ def _spawn_both(workdir, **extra) -> list[subprocess.Popen]:
 
 @pytest.mark.slow
 def test_one_of_two_processes_killed_during_an_async_save(tmp_path):
+  """Also the plain two-process save and resume: the uninterrupted run's checkpoints (written by two
+  processes, read by one) hold the step counter and PRNG key as global arrays (host-local ones could
+  not be saved with several processes), and the killed run resumes from step 1's saved params."""
   ref = _collect(_spawn_both(tmp_path / "uninterrupted"), timeout=600)
+  assert [o["process"] for o in ref] == [0, 1] and all(o["processes"] == 2 for o in ref)
+  assert all(o["start"] == 0 and o["step"] == 3 for o in ref)
+  assert ref[0]["checksum"] == ref[1]["checksum"] != ref[0]["start_checksum"]  # params moved, equally
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "uninterrupted" / "checkpoints"))
+  assert ckpt.all_steps() == [2, 3]  # keep_checkpoints=2
+  saved, meta = ckpt.restore()  # one process reads what two wrote
+  assert meta["step"] == 3 and int(saved["step"]) == 3
+  assert np.array_equal(np.asarray(saved["rng"]), np.asarray(jax.random.PRNGKey(0)))
+  saved_sum = float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(saved["params"])))
+  assert abs(saved_sum - ref[0]["checksum"]) <= 1e-6 * saved_sum
   workdir = tmp_path / "killed"
   procs = _spawn_both(workdir, KILL_AT="2")
   try:
@@ -158,6 +176,7 @@ def test_one_of_two_processes_killed_during_an_async_save(tmp_path):
   resumed = _collect(_spawn_both(workdir), timeout=600)  # the same command, both restarted
   print(f"restart after the kill: {time.monotonic() - t0:.1f} s to finish steps 2-3")  # reported, not asserted
   assert [o["start"] for o in resumed] == [1, 1] and [o["step"] for o in resumed] == [3, 3]
+  assert [o["rng"] for o in resumed] == [[0, 0], [0, 0]]  # the saved key came back to each process
   assert resumed[0]["checksum"] == resumed[1]["checksum"] == ref[0]["checksum"]  # as if never killed
   assert checkpointing.Checkpointer(str(workdir / "checkpoints")).all_steps() == [2, 3]
   assert not (workdir / "run.lock").exists()  # held once by the pair, released at the end

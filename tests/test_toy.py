@@ -41,7 +41,7 @@ def test_vocabulary_is_small_sorted_and_matches_the_presets(tok):
 
 
 def test_round_trip_of_generated_texts(tok):
-  for s in toy.generate(4, 300, seed=3, override_prob=0.7):
+  for s in toy.generate(4, 300, seed=3, makeup=toy.Makeup(override_prob=0.7)):
     for text in (s["context"], s["question"]):
       ids = tok.encode(text)
       assert tok.unk_token_id not in ids
@@ -133,17 +133,17 @@ def test_deterministic_and_independent_of_n():
 
 @pytest.mark.parametrize("num_tokens", [70, 71, 72, 100, 257, 1000, 4096])
 def test_document_length_is_exact(num_tokens):
-  for s in toy.generate(3, num_tokens, seed=1, num_distractors=3, max_overrides=2):
+  for s in toy.generate(3, num_tokens, seed=1, makeup=toy.Makeup(num_distractors=3, max_overrides=2)):
     assert len(s["context"].split(" ")) == num_tokens == s["num_tokens"]
 
 
 def test_too_short_a_document_is_an_error():
   with pytest.raises(ValueError, match="too short"):
-    toy.generate(1, 20, seed=0, num_distractors=3)
+    toy.generate(1, 20, seed=0, makeup=toy.Makeup(num_distractors=3))
 
 
 def test_answer_is_the_last_fact_about_the_key():
-  for s in toy.generate(30, 400, seed=2, override_prob=0.5):
+  for s in toy.generate(30, 400, seed=2, makeup=toy.Makeup(override_prob=0.5)):
     about_key = [v for k, v in s["facts"] if k == s["key"]]
     assert s["answers"] == [about_key[-1]]
     assert len(about_key) == 1 + s["num_overrides"]
@@ -159,22 +159,22 @@ def test_answer_is_the_last_fact_about_the_key():
 
 
 def test_override_probability():
-  always = toy.generate(20, 300, seed=0, override_prob=1.0, max_overrides=2)
+  always = toy.generate(20, 300, seed=0, makeup=toy.Makeup(override_prob=1.0, max_overrides=2))
   assert all(s["num_overrides"] == 2 for s in always)
-  never = toy.generate(20, 300, seed=0, override_prob=0.0)
+  never = toy.generate(20, 300, seed=0, makeup=toy.Makeup(override_prob=0.0))
   assert all(s["num_overrides"] == 0 for s in never)
   assert all(sum(k == s["key"] for k, _ in s["facts"]) == 1 for s in never)
 
 
 def test_number_of_distractors():
   for d in (0, 3, 10):
-    for s in toy.generate(5, 400, seed=4, num_distractors=d, override_prob=0.0):
+    for s in toy.generate(5, 400, seed=4, makeup=toy.Makeup(num_distractors=d, override_prob=0.0)):
       assert len(s["facts"]) == 1 + d and s["num_distractors"] == d
       assert sum(k != s["key"] for k, _ in s["facts"]) == d
-  s = toy.generate(1, 4000, seed=0, distractor_density=5.0)[0]
+  s = toy.generate(1, 4000, seed=0, makeup=toy.Makeup(distractor_density=5.0))[0]
   assert s["num_distractors"] == 20
   with pytest.raises(ValueError):
-    toy.generate(1, 400, num_distractors=2, distractor_density=1.0)
+    toy.generate(1, 400, makeup=toy.Makeup(num_distractors=2, distractor_density=1.0))
 
 
 def test_values_are_unambiguous_under_substring_matching():
@@ -195,10 +195,10 @@ def test_registered_in_evaluation(tok):
 
 
 def test_data_options_reach_the_toy_generator_and_other_tasks_refuse_them(tok):
-  """data.options (a config's toy document makeup) changes the documents as toy.generate's keyword
+  """data.options (a config's toy document makeup) changes the documents as that toy.Makeup field
   would; an option a task does not take is an error naming it, never silently ignored."""
   dense = tasks.make_samples(toy.TASK, 128, 3, 0, tok, chunk_tokens=64, options={"distractor_density": 32.0})
-  assert dense == toy.generate(3, 128, 0, distractor_density=32.0)
+  assert dense == toy.generate(3, 128, 0, makeup=toy.Makeup(distractor_density=32.0))
   assert {s["num_distractors"] for s in dense} == {4}  # round(32 * 128 / 1000); the default world: 1
   assert {s["num_distractors"] for s in tasks.make_samples(toy.TASK, 128, 3, 0, tok, chunk_tokens=64)} == {1}
   never = tasks.make_samples(toy.ONE_KEY_TASK, 128, 8, 0, tok, chunk_tokens=64, options={"override_prob": 0.0})
@@ -212,24 +212,24 @@ def test_data_options_reach_the_toy_generator_and_other_tasks_refuse_them(tok):
 def test_askable_distractors_defeat_the_latest_askable_fact_shortcut():
   """distractor_keys="askable": every distractor names another askable key, so "answer the latest
   askable key's fact" (what a base pretrained on the default rows learnt) is mostly wrong."""
-  samples = toy.generate(400, 72, 0, num_distractors=3, distractor_keys="askable")
+  samples = toy.generate(400, 72, 0, makeup=toy.Makeup(num_distractors=3, distractor_keys="askable"))
   for s in samples:
     others = [k for k, _ in s["facts"] if k != s["key"]]
     assert len(others) == 3 and set(others) <= set(toy.ASKED_KEYS) - {s["key"]}
   shortcut = sum([v for k, v in s["facts"] if k in toy.ASKED_KEYS][-1] == s["answers"][0] for s in samples)
   assert shortcut / len(samples) < 0.5
-  default = toy.generate(400, 72, 0, num_distractors=3)
+  default = toy.generate(400, 72, 0, makeup=toy.Makeup(num_distractors=3))
   assert sum(k not in toy.ASKED_KEYS for s in default for k, _ in s["facts"]) > 500  # mostly unaskable keys
   with pytest.raises(ValueError, match="distractor_keys='some'"):
-    toy.generate(1, 72, 0, distractor_keys="some")
+    toy.generate(1, 72, 0, makeup=toy.Makeup(distractor_keys="some"))
   with pytest.raises(ValueError, match="no askable key other than 'oslo'"):
-    toy.generate(1, 72, 0, asked_keys=toy.ONE_KEY, distractor_keys="askable")
+    toy.generate(1, 72, 0, makeup=toy.Makeup(asked_keys=toy.ONE_KEY, distractor_keys="askable"))
 
 
 def test_mixed_distractors_name_both_kinds_of_key():
   """distractor_keys="mixed": each distractor names another askable key or an unaskable one with
   even odds, so RL documents offer both overwrites the evaluation's documents offer."""
-  samples = toy.generate(400, 72, 0, num_distractors=3, distractor_keys="mixed")
+  samples = toy.generate(400, 72, 0, makeup=toy.Makeup(num_distractors=3, distractor_keys="mixed"))
   others = [k for s in samples for k, _ in s["facts"] if k != s["key"]]  # [1200] distractor keys
   assert len(others) == 1200
   askable = sum(k in toy.ASKED_KEYS for k in others)
@@ -237,41 +237,43 @@ def test_mixed_distractors_name_both_kinds_of_key():
   unaskable = {k for k in others if k not in toy.ASKED_KEYS}
   assert unaskable == set(toy.KEYS) - set(toy.ASKED_KEYS)  # all 16 unaskable keys drawn
   with pytest.raises(ValueError, match="'mixed' but no askable key other than 'oslo'"):
-    toy.generate(1, 72, 0, asked_keys=toy.ONE_KEY, distractor_keys="mixed")
+    toy.generate(1, 72, 0, makeup=toy.Makeup(asked_keys=toy.ONE_KEY, distractor_keys="mixed"))
   with pytest.raises(ValueError, match="'mixed' but every key is askable"):
-    toy.generate(1, 72, 0, asked_keys=None, distractor_keys="mixed")
+    toy.generate(1, 72, 0, makeup=toy.Makeup(asked_keys=None, distractor_keys="mixed"))
 
 
 def test_mixed_distractors_follow_askable_share():
   """askable_share weights "mixed" towards one kind of key; 0.5 is the default's draw, and the share
   is refused without "mixed" or outside [0, 1]."""
   def share_of_askable(**kw):
-    samples = toy.generate(400, 72, 0, num_distractors=3, distractor_keys="mixed", **kw)
+    samples = toy.generate(400, 72, 0, makeup=toy.Makeup(num_distractors=3, distractor_keys="mixed", **kw))
     others = [k for s in samples for k, _ in s["facts"] if k != s["key"]]  # [1200]
     return sum(k in toy.ASKED_KEYS for k in others) / len(others)
   assert 0.70 < share_of_askable(askable_share=0.75) < 0.80  # sd 0.0125
   assert share_of_askable(askable_share=1.0) == 1.0 and share_of_askable(askable_share=0.0) == 0.0
-  assert toy.generate(20, 72, 0, num_distractors=3, distractor_keys="mixed", askable_share=0.5) == \
-      toy.generate(20, 72, 0, num_distractors=3, distractor_keys="mixed")
+  even = toy.Makeup(num_distractors=3, distractor_keys="mixed", askable_share=0.5)
+  assert toy.generate(20, 72, 0, makeup=even) == \
+      toy.generate(20, 72, 0, makeup=toy.Makeup(num_distractors=3, distractor_keys="mixed"))
   with pytest.raises(ValueError, match="askable_share=0.75 needs distractor_keys='mixed'"):
-    toy.generate(1, 72, 0, distractor_keys="askable", askable_share=0.75)
+    toy.generate(1, 72, 0, makeup=toy.Makeup(distractor_keys="askable", askable_share=0.75))
   with pytest.raises(ValueError, match=r"askable_share=1.5 .* in \[0, 1\]"):
-    toy.generate(1, 72, 0, distractor_keys="mixed", askable_share=1.5)
+    toy.generate(1, 72, 0, makeup=toy.Makeup(distractor_keys="mixed", askable_share=1.5))
 
 
 def test_late_fact_share_puts_facts_at_chunk_ends():
   """late_fact_share moves facts into the last two fact lengths of their chunk (where the residual
   overwrites sit), no fact crossing a boundary; 0 keeps the uniform placement."""
   def late_frac(**kw):
-    docs = toy.generate(300, 128, 0, num_distractors=3, chunk_tokens=64, distractor_keys="askable", **kw)
+    makeup = toy.Makeup(num_distractors=3, chunk_tokens=64, distractor_keys="askable", **kw)
+    docs = toy.generate(300, 128, 0, makeup=makeup)
     starts = [s for d in docs for s in d["fact_starts"]]
     assert all(s // 64 == (s + toy.FACT_TOKENS - 1) // 64 for s in starts)
     return sum(s % 64 >= 64 - 2 * toy.FACT_TOKENS for s in starts) / len(starts)
   assert late_frac() < 0.25 and late_frac(late_fact_share=1.0) > 0.45  # at most 2 such places per chunk
   with pytest.raises(ValueError, match="late_fact_share=1.5"):
-    toy.generate(1, 128, 0, late_fact_share=1.5)
+    toy.generate(1, 128, 0, makeup=toy.Makeup(late_fact_share=1.5))
   with pytest.raises(ValueError, match="late_fact_share=0.5 needs chunks"):
-    toy.generate(1, 128, 0, chunk_tokens=None, late_fact_share=0.5)
+    toy.generate(1, 128, 0, makeup=toy.Makeup(chunk_tokens=None, late_fact_share=0.5))
 
 
 # sha256 of json.dumps(samples, sort_keys=True) for 4 samples of 128 tokens (seed 0) and 2 of 1024
@@ -321,8 +323,8 @@ def test_no_fact_crosses_a_chunk_boundary_and_distractors_scale_with_length():
         assert start // toy.CHUNK_TOKENS == (start + toy.FACT_TOKENS - 1) // toy.CHUNK_TOKENS
       assert s["num_distractors"] == max(1, round(toy.DISTRACTOR_DENSITY * length / 1000))
   # Without alignment some facts do cross (the option is what prevents it).
-  crossing = [st for s in toy.generate(50, 512, seed=9, chunk_tokens=None) for st in s["fact_starts"]
-              if st // 64 != (st + toy.FACT_TOKENS - 1) // 64]
+  crossing = [st for s in toy.generate(50, 512, seed=9, makeup=toy.Makeup(chunk_tokens=None))
+              for st in s["fact_starts"] if st // 64 != (st + toy.FACT_TOKENS - 1) // 64]
   assert crossing
   with pytest.raises(ValueError, match="shorter than one fact"):
-    toy.generate(1, 128, seed=0, chunk_tokens=4)
+    toy.generate(1, 128, seed=0, makeup=toy.Makeup(chunk_tokens=4))

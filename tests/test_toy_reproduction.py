@@ -191,8 +191,9 @@ def test_eval_sweeps_only_the_trained_stages(tmp_path):
   """make demo trains no full-attention baseline: the sweep skips it instead of failing on a missing export."""
   from experiments import toy_reproduction
   swept = []
-  toy_reproduction.evaluate("demo", str(tmp_path), 4, 2, 1000, "lookup", trained=["pretrain", "warm_start", "rl"],
-                            sweep=lambda stage, lengths, **kw: swept.append((stage, lengths)) or [])
+  run = toy_reproduction.ToyRun(scale="demo", root=str(tmp_path), world="lookup", n=4, max_multiple=2)
+  toy_reproduction.evaluate(run, trained=["pretrain", "warm_start", "rl"],
+                            sweep=lambda stage, run, lengths, **kw: swept.append((stage, lengths)) or [])
   assert swept == [("rl", [128, 256]), ("warm_start", [128, 256])]
 
 
@@ -215,18 +216,18 @@ def test_side_by_side_sweeps_give_the_rows_of_sequential_ones(tmp_path):
   for stage in ("rl", "warm_start"):  # the committed base stands in for both trained policies
     shutil.copytree(BASE, tmp_path / "run" / stage / "export")
   rows = {}
+  run = toy_reproduction.ToyRun(scale="demo", root=str(tmp_path / "run"), world="lookup", n=6, max_multiple=2)
   for workers in (1, 2):
     shutil.rmtree(tmp_path / "run" / "eval", ignore_errors=True)  # nothing read back from the other run
-    rows[workers] = toy_reproduction.evaluate("demo", str(tmp_path / "run"), 6, 2, 1000, "lookup",
-                                              trained=["warm_start", "rl"], workers=workers)
-  strip = lambda rs: [(r["method"], r["length"], r["n"], r["accuracy"]) for r in rs]
+    rows[workers] = toy_reproduction.evaluate(run, trained=["warm_start", "rl"], workers=workers)
+  strip = lambda rs: [(r.method, r.length, r.n, r.accuracy) for r in rs]
   assert strip(rows[2]) == strip(rows[1])
-  assert [r["method"] for r in rows[2]] == ["rl", "rl", "warm_start", "warm_start"]
-  assert all(r["concurrent_sweeps"] == 2 for r in rows[2]) and "concurrent_sweeps" not in rows[1][0]
+  assert [r.method for r in rows[2]] == ["rl", "rl", "warm_start", "warm_start"]
+  assert all(r.concurrent_sweeps == 2 for r in rows[2]) and rows[1][0].concurrent_sweeps == 1
   # one method alone (a seed run sweeps RL only) still runs its two tasks side by side
   shutil.rmtree(tmp_path / "run" / "eval")
-  alone = toy_reproduction.evaluate("demo", str(tmp_path / "run"), 6, 2, 1000, "lookup", trained=["rl"], workers=2)
-  assert strip(alone) == strip(rows[1])[:2] and all(r["concurrent_sweeps"] == 2 for r in alone)
+  alone = toy_reproduction.evaluate(run, trained=["rl"], workers=2)
+  assert strip(alone) == strip(rows[1])[:2] and all(r.concurrent_sweeps == 2 for r in alone)
 
 
 def test_toy_sweep_reports_accuracy_and_per_chunk_rates(tmp_path):

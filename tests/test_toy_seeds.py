@@ -1,5 +1,6 @@
 """The seed-robustness runs (experiments/toy_seeds.py) and the toy reproduction's --seed / --perturb."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -7,12 +8,14 @@ import shutil
 import numpy as np
 import pytest
 
+from memagent_jax.evaluation.length_sweep import SweepRow
 from memagent_jax.models import safetensors_io
 from test_toy_reproduction import BASE, _run
 
 
 def _rows(accs, lengths=(128, 256, 512)):
-  return [dict(method="rl", length=l, accuracy=a / 100, ci_low=a / 100 - 0.03, ci_high=min(1, a / 100 + 0.02))
+  return [SweepRow(method="rl", length=l, n=200, accuracy=a / 100, ci_low=a / 100 - 0.03,
+                   ci_high=min(1, a / 100 + 0.02), seconds_per_doc=0.01, peak_rss_mib=700.0, doc_tokens=float(l))
           for l, a in zip(lengths, accs)]
 
 
@@ -117,7 +120,7 @@ def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
   runs = toy_seeds.runs(str(tmp_path))
   for run, accs in ((runs[0], [99.0, 98.0, 97.0]), (runs[2], [99.5, 93.0, 99.0])):
     os.makedirs(os.path.join(run["workdir"], "results"))
-    rows = _rows(accs) + [dict(_rows([50.0])[0], method="warm_start")]  # other methods are ignored
+    rows = [r.to_json() for r in _rows(accs) + [dataclasses.replace(_rows([50.0])[0], method="warm_start")]]  # ignored
     with open(os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json"), "w") as f:
       json.dump({"rows": rows}, f)
   out = str(tmp_path / "res" / "seeds")

@@ -11,7 +11,7 @@ from memagent_jax.agent import ConversationBatch
 from memagent_jax.data import tasks, toy
 from memagent_jax.rl.toy_teacher import TEACHERS, asked_key, facts_in, memory_text
 from memagent_jax.rl import rewards
-from memagent_jax.rl.batching import rows_from_conversations
+from reference_rows import language_model_rows, rows_from_conversations
 from memagent_jax.experiment.assembly import build_trainer
 
 
@@ -137,7 +137,6 @@ def test_recall_teacher_writes_plain_text_rows():
 
 
 def test_prompt_loss_makes_every_real_token_a_target(agent):
-  from memagent_jax.rl.teacher_rows import language_model_rows
   results = [_teacher(agent, s, 0.5) for s in toy.generate(2, toy.TRAIN_TOKENS, seed=6)]
   conv = ConversationBatch.from_results(results, agent.pad_id, prompt_width=200, response_width=16)
   rows = language_model_rows(rows_from_conversations(conv, row_advantages=np.ones(len(conv.trajectory)),
@@ -160,10 +159,10 @@ def _sft_config(stage, tmp_path, steps):
 @pytest.mark.parametrize("stage", ["pretrain", "warm_start", "full_attention"])
 def test_supervised_steps_run_through_the_trainer_and_lower_the_loss(tmp_path, stage):
   out = build_trainer(_sft_config(stage, tmp_path, 8)).train()
-  losses = [h["loss"] for h in out["history"]]
-  assert out["step"] == 8 and np.isfinite(losses).all()
+  losses = [h.update.loss for h in out.history]
+  assert out.step == 8 and np.isfinite(losses).all()
   assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:2]), losses
-  assert out["history"][0]["teacher_accuracy"] > 0.5
+  assert out.history[0].rollout.teacher_accuracy > 0.5
 
 
 def test_bad_stage_combinations_fail_up_front(tmp_path):
@@ -202,7 +201,7 @@ def test_lookup_world_trains_on_distractor_dense_documents_with_a_flawed_teacher
       c = toy_memagent.get_config(f"{stage},lookup{scale}")
       askable = stage == "rl" and not scale  # full-scale RL: every distractor names another askable key
       expected = {"num_distractors": toy_memagent.LOOKUP_DISTRACTORS}
-      # full-scale RL also carries the ablation options at their no-op values (toy.generate's defaults)
+      # full-scale RL also carries the ablation options at their no-op values (toy.Makeup's defaults)
       ablations = {"askable_share": None, "late_fact_share": 0.0}
       assert c.data.options.to_dict() == ({**expected, "distractor_keys": "askable", **ablations} if askable
                                           else expected)
@@ -222,4 +221,4 @@ def test_prompt_loss_trains_through_the_trainer(tmp_path):
   trainer = build_trainer(c)
   assert trainer.update_spec.prompt_width == 1
   out = trainer.train()
-  assert np.isfinite([h["loss"] for h in out["history"]]).all()
+  assert np.isfinite([h.update.loss for h in out.history]).all()

@@ -1,5 +1,6 @@
 """The training loop: metrics, bad configs, NaN stopping, knobs, and SIGKILL resume (bit exact)."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ def _trained(workdir, steps: int) -> dict:
   """The tiny config trained `steps` steps in `workdir`: its history, initial and final params."""
   t = assembly.build_trainer(tiny(**{"train.steps": steps}), workdir=str(workdir))
   init = _leaves(t.state.params)
-  history = t.train()["history"]
+  history = t.train().history
   return {"workdir": workdir, "history": history, "init": init, "params": _leaves(t.state.params),
           "ref_params": t.state.ref_params}
 
@@ -62,7 +63,8 @@ def base2(tmp_path_factory):
 def test_tiny_run_logs_every_metric_and_saves(tmp_path):
   t = assembly.build_trainer(tiny(**{"train.steps": 2, "eval.every": 2}), workdir=str(tmp_path))
   out = t.train()
-  assert out["step"] == 2
+  assert out.step == 2 and [h.step for h in out.history] == [1, 2]
+  assert out.history[0].eval is None and set(out.history[1].eval) >= {"score"}  # held-out scores on step 2 only
   lines = [json.loads(l) for l in open(tmp_path / "logs" / "metrics.jsonl")]
   train = [l for l in lines if "train/reward_mean" in l]
   assert [l["step"] for l in train] == [1, 2]
@@ -70,6 +72,7 @@ def test_tiny_run_logs_every_metric_and_saves(tmp_path):
                "memory_tokens", "update_tokens_per_s", "rollout_tokens_per_s", "step_seconds", "lr",
                "perf/host_rss_bytes"):
     assert f"train/{name}" in train[-1], name
+  assert {f"train/{k}" for k in out.history[-1].scalars()} == set(train[-1]) - {"step"}  # what was logged
   assert [l["step"] for l in lines if "eval/score" in l] == [0, 2]  # the starting policy, then every 2
   events = os.listdir(tmp_path / "logs" / "tensorboard")
   assert events and os.path.getsize(tmp_path / "logs" / "tensorboard" / events[0]) > 0
@@ -161,10 +164,10 @@ def test_recompute_old_logprobs_knob(tmp_path):
       batch_logprobs=lambda *a, **k: calls.append(1) or upd.batch_logprobs(*a, **k),
       update_step=lambda *a, **k: specs.append((k["spec"], len(a[2]))) or upd.update_step(*a, **k))
   t = assembly.build_trainer(tiny(**{"train.steps": 1}), workdir=str(tmp_path / "on"), programs=counting)
-  history = t.train()["history"]
+  history = t.train().history
   assert [s.old_is_current for s, _ in specs] == [True, False]  # two mini-batches
   assert len(calls) == specs[1][1] >= 1  # one pass per width group of the second
-  assert history[0]["prefix_shared_frac"] == 0.5  # one of each mini-batch's two width groups
+  assert history[0].prefix_shared_frac == 0.5  # one of each mini-batch's two width groups
   calls.clear(), specs.clear()
   assembly.build_trainer(tiny(**{"train.steps": 1, "rl.recompute_old_logprobs": False}),
                          workdir=str(tmp_path / "off"), programs=counting).train()
@@ -183,14 +186,14 @@ def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2):
       cfg = tiny(**{"train.steps": 2, "rl.kl_coef": coef, "rl.reward": "answer_parity", "rl.ppo_mini_batch": 4})
       t = assembly.build_trainer(cfg, workdir=str(tmp_path / f"kl{coef}"))
       init = _leaves(t.state.params)
-      history = t.train()["history"]
+      history = t.train().history
       runs[coef] = dict(init=init, params=_leaves(t.state.params), ref=t.state.ref_params, history=history)
   on, off = runs[5.0], runs[0.0]
   assert all(np.array_equal(a, b) for a, b in zip(on["init"], _leaves(on["ref"])))  # frozen
   assert off["ref"] is None and base2["ref_params"] is None
-  assert off["history"][0]["grad_norm"] > 0  # the reward moves the policy
-  assert [h["updates"] for h in on["history"]] == [1, 1]
-  assert on["history"][0]["kl"] == 0 and on["history"][1]["kl"] > 0  # equal at first, apart after a step
+  assert off["history"][0].update.grad_norm > 0  # the reward moves the policy
+  assert [h.updates for h in on["history"]] == [1, 1]
+  assert on["history"][0].update.kl == 0 and on["history"][1].update.kl > 0  # equal at first, apart after a step
   diff = max(float(np.max(np.abs(x - y))) for x, y in zip(off["params"], on["params"]))
   assert diff > 1e-6
 
@@ -199,8 +202,8 @@ def test_max_chunks_truncates_training_documents_only(tmp_path):
   run = assembly.build_experiment(tiny(**{"train.steps": 1, "agent.max_chunks": 1, "agent.chunk_tokens": 32}),
                                   workdir=str(tmp_path))
   t = run.trainer
-  m = t.train()["history"][0]
-  assert m["chunks_per_doc"] == 1.0
+  m = t.train().history[0]
+  assert m.rollout.chunks_per_doc == 1.0
   assert run.evaluator is None and run.agent.max_chunks == 1
   assert assembly.build_reader(run.cfg.agent, t.policy, training=False).max_chunks is None
 
@@ -208,9 +211,9 @@ def test_max_chunks_truncates_training_documents_only(tmp_path):
 @pytest.mark.parametrize("knob", ["train.seed", "data.seed", "model.seed"])
 def test_seeds_change_the_run(tmp_path, knob, base1):
   a = base1["history"][0]
-  b = assembly.build_trainer(tiny(**{"train.steps": 1, knob: 7}), workdir=str(tmp_path / "b")).train()["history"][0]
+  b = assembly.build_trainer(tiny(**{"train.steps": 1, knob: 7}), workdir=str(tmp_path / "b")).train().history[0]
   keys = ("rollout_tokens", "memory_tokens", "answer_tokens", "entropy", "loss")
-  assert any(a[k] != b[k] for k in keys)
+  assert any(a.scalars()[k] != b.scalars()[k] for k in keys)
 
 
 @pytest.mark.parametrize("knob,value", [
@@ -323,6 +326,14 @@ def test_resume_truncates_metrics_in_place(tmp_path):
 
 
 def test_progress_bar_loss_says_none_when_no_update_ran():
-  assert trainer_lib.loss_text({"updates": 0}) == "none"  # dynamic sampling kept no group
-  assert trainer_lib.loss_text({"updates": 1, "loss": 0.25}) == "0.25"
-  assert trainer_lib.loss_text({"updates": 1, "loss": float("nan")}) == "nan"  # a real non-finite loss shows
+  from memagent_jax.rl.rollout import RolloutMetrics
+  from memagent_jax.rl.update import UpdateMetrics
+  roll = RolloutMetrics(reward_mean=0.0, accuracy=0.0, kept_group_frac=0.0, memory_tokens=0.0, chunks_per_doc=1.0,
+                        rollout_tokens=0.0, rollout_seconds=0.0)
+  step = trainer_lib.StepMetrics(step=1, lr=1e-5, rollout=roll)
+  losses = lambda loss: UpdateMetrics(**{n: 0.0 for n in UpdateMetrics.mean_names()} | {"loss": loss},
+                                      tokens=1.0, finite=True)
+  assert trainer_lib.loss_text(step) == "none"  # dynamic sampling kept no group
+  assert "loss" not in step.scalars() and step.scalars()["updates"] == 0
+  assert trainer_lib.loss_text(dataclasses.replace(step, update=losses(0.25), updates=1)) == "0.25"
+  assert trainer_lib.loss_text(dataclasses.replace(step, update=losses(float("nan")), updates=1)) == "nan"

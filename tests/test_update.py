@@ -14,6 +14,7 @@ from memagent_jax.models.config import get_preset
 from memagent_jax.models.decoder import Decoder, forward_logits, positions_from_mask
 from memagent_jax.rl import losses
 from memagent_jax.rl import update as upd
+from reference_rows import prefix_fits
 
 P, N, R = 12, 6, 8
 # Every knob of the update, explicit (the library has no defaults; configs/base.py holds the run's).
@@ -300,7 +301,7 @@ def test_shared_prefix_gives_the_same_logprobs_and_update(make_model, remat):
   per-row computation's log-probs, gradients and update, on rows that start with it at any
   padding and on rows (padding >= L) that do not."""
   rows = _prefixed_rows()
-  assert upd.prefix_fits(rows["tokens"], rows["valid"], PREFIX, P)
+  assert prefix_fits(rows["tokens"], rows["valid"], PREFIX, P)
   first = rows["valid"].argmax(1)
   assert (first < len(PREFIX)).any() and (first >= len(PREFIX)).any()  # both kinds of row
   t = jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"])
@@ -319,23 +320,22 @@ def test_shared_prefix_gives_the_same_logprobs_and_update(make_model, remat):
   grad = lambda new: jax.tree_util.tree_map(lambda x, y: x - y, new, params)
   assert _rel(grad(b), grad(a)) < 1e-4
   assert abs(float(mb.loss) - float(ma.loss)) < 1e-5
-  ref = upd.batch_logprobs(params, batch.tokens, batch.valid, graphdef=gd, prompt_width=P,
-                           temperature=1.0, compute_dtype="float32")
-  ref_shared = upd.batch_logprobs(params, batch.tokens, batch.valid, graphdef=gd, prompt_width=P,
-                                  temperature=1.0, compute_dtype="float32", prefix=jnp.asarray(PREFIX))
+  spec = upd.LogprobSpec(prompt_width=P, temperature=1.0, compute_dtype="float32")
+  ref = upd.batch_logprobs(params, batch.tokens, batch.valid, graphdef=gd, spec=spec)
+  ref_shared = upd.batch_logprobs(params, batch.tokens, batch.valid, graphdef=gd, spec=spec, prefix=jnp.asarray(PREFIX))
   mask = np.asarray(batch.loss_mask)
   assert np.abs(np.asarray(ref) - np.asarray(ref_shared))[mask].max() < 1e-4
 
 
 def test_prefix_fits_only_rows_it_stands_for():
   rows = _prefixed_rows()
-  assert upd.prefix_fits(rows["tokens"], rows["valid"], PREFIX, P)
-  assert not upd.prefix_fits(rows["tokens"], rows["valid"], None, P)
-  assert not upd.prefix_fits(rows["tokens"], rows["valid"], PREFIX, len(PREFIX))  # the loss would start inside it
+  assert prefix_fits(rows["tokens"], rows["valid"], PREFIX, P)
+  assert not prefix_fits(rows["tokens"], rows["valid"], None, P)
+  assert not prefix_fits(rows["tokens"], rows["valid"], PREFIX, len(PREFIX))  # the loss would start inside it
   i = int(np.argmin(rows["valid"].argmax(1)))  # a row whose opening sits in the first L slots
   bad = rows["tokens"].copy()
   bad[i, rows["valid"][i].argmax() + 1] += 1
-  assert not upd.prefix_fits(bad, rows["valid"], PREFIX, P)
+  assert not prefix_fits(bad, rows["valid"], PREFIX, P)
 
 
 def test_old_log_probs_from_the_same_pass_equal_recomputed_ones():

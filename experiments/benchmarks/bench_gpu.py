@@ -334,10 +334,9 @@ def bench_rl(spec: str, steps: int) -> str:
         spent.clear()
         m = trainer.train_step()
         trainer.state.step += 1
-        update = m.get("update_seconds", 0.0) - sum(spent)
-        rows.append([i + 1] + [f"{x:.3f}" for x in (m["rollout_seconds"], sum(spent), update, m["step_seconds"])]
-                    + [m.get("updates", 0)] + [f"{m.get(k, 0):,.0f}" for k in ("rollout_tokens_per_s",
-                                                                               "update_tokens_per_s")])
+        update = m.update_seconds - sum(spent)
+        rows.append([i + 1] + [f"{x:.3f}" for x in (m.rollout.rollout_seconds, sum(spent), update, m.step_seconds)]
+                    + [m.updates] + [f"{x:,.0f}" for x in (m.rollout_tokens_per_s, m.update_tokens_per_s)])
         print(rows[-1], flush=True)
     finally:
       trainer.checkpointer.wait()

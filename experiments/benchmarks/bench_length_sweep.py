@@ -97,22 +97,22 @@ def timed_sweep(source: str, lengths: list[int], n: int) -> tuple[list[dict], di
   tasks.make_samples = timed_make_samples
   try:
     start = time.perf_counter()
-    rows = length_sweep.sweep_lengths(reader, "rl", cfg.data.task, lengths, n=n, seed=EVAL_SEED, batch_size=n,
-                                      temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-                                      chunk_tokens=cfg.agent.chunk_tokens, warmup_each_length=False,
-                                      progress=False)
+    spec = length_sweep.SweepSpec(task=cfg.data.task, lengths=tuple(lengths), n=n, seed=EVAL_SEED, batch_size=n,
+                                  temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
+                                  chunk_tokens=cfg.agent.chunk_tokens, warmup_each_length=False)
+    rows = length_sweep.sweep_lengths(reader, "rl", spec, progress=False)
     whole = time.perf_counter() - start
   finally:
     tasks.make_samples = make_samples
-  reading = sum(r["seconds_per_doc"] * r["n"] for r in rows)
+  reading = sum(r.seconds_per_doc * r.n for r in rows)
   return rows, dict(whole=whole, reading=reading, documents=making[0], other=whole - reading - making[0])
 
 
-def table(rows: list[dict], parts: dict, process: float) -> str:
+def table(rows: list[length_sweep.SweepRow], parts: dict, process: float) -> str:
   lines = ["| length | documents | reading, s | s / document | accuracy |", "|---|---|---|---|---|"]
   for r in rows:
-    lines.append(f"| {r['length'] // toy.TRAIN_TOKENS}x ({r['length']} tokens) | {r['n']} | "
-                 f"{r['seconds_per_doc'] * r['n']:.2f} | {r['seconds_per_doc']:.4f} | {100 * r['accuracy']:.1f}% |")
+    lines.append(f"| {r.length // toy.TRAIN_TOKENS}x ({r.length} tokens) | {r.n} | "
+                 f"{r.seconds_per_doc * r.n:.2f} | {r.seconds_per_doc:.4f} | {100 * r.accuracy:.1f}% |")
   lines.append(f"\nwhole sweep {parts['whole']:.1f} s: reading {parts['reading']:.1f} s, making the documents "
                f"{parts['documents']:.1f} s, warm-up (compiling) and the rest {parts['other']:.1f} s; "
                f"the process {process:.1f} s from its first import")

@@ -19,6 +19,7 @@ own ("rest ...").
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import os
 import shlex
@@ -39,8 +40,9 @@ from experiments.toy_reproduction import SCALES
 from memagent_jax.agent import recurrence
 from memagent_jax.agent.recurrence import pack_left
 from memagent_jax.data import tasks, toy
-from memagent_jax.evaluation.evaluate import run_eval
+from memagent_jax.evaluation.evaluate import Sampling, run_eval
 from memagent_jax.experiment.assembly import build_experiment, load_reader
+from memagent_jax.models.kv_cache import KVCache
 from memagent_jax.policy import sampling
 from memagent_jax.rl import losses
 from memagent_jax.rl import update as upd
@@ -147,7 +149,7 @@ class AgentProbe:
       t = time.perf_counter()
       rows, outs = jax.block_until_ready(block(*args, **kw))
       self.s["memory_block"] += time.perf_counter() - t
-      active, length = jax.device_get((outs["active"], outs["response_len"]))  # [K, B]
+      active, length = jax.device_get((outs.active, outs.response_len))  # [K, B]
       for k in np.flatnonzero(active.any(axis=1)):
         self.n["mem_steps"] += 1
         self.n["mem_iters"] += int(length[k][active[k]].max())  # the loop runs until its last row stops
@@ -203,9 +205,19 @@ def _picks(logits, keys, decode, *, n):
   return jax.lax.fori_loop(0, n, body, (logits, jnp.zeros(logits.shape[:1], jnp.int32)))
 
 
-def generation_parts(graphdef, state, tokens, valid, *, keys, decode, n, prefix, repeats):
-  """Isolated seconds of one prompt batch [B, P]: its prefill, and per new token the model's decode
-  step and the sampling pick."""
+@dataclasses.dataclass(frozen=True)
+class PromptBatch:
+  """One packed batch of prompts, as the agent prefills it: what `generation_parts` times (the memory
+  block's and the answer block's prompts differ in all three)."""
+  tokens: jax.Array  # [B, P] left-padded prompt ids (`pack_left`)
+  valid: jax.Array  # [B, P] True on real tokens
+  prefix: KVCache | None = None  # `sampling.prefix_cache` of the ids every row starts with, or None
+
+
+def generation_parts(graphdef, state, prompts: PromptBatch, *, keys, decode, n, repeats):
+  """Isolated seconds of one prompt batch [B, P]: its prefill, and per new token (n of them) the model's
+  decode step and the sampling pick."""
+  tokens, valid, prefix = prompts.tokens, prompts.valid, prompts.prefix
   b, p = tokens.shape
   prefill = median_seconds(lambda: _prefill(graphdef, state, tokens, valid, prefix, cache_size=p + n), repeats)
   logits, cache = _prefill(graphdef, state, tokens, valid, prefix, cache_size=p + n)
@@ -239,7 +251,7 @@ def generation_iso(probe: AgentProbe, mesh, repeats: int) -> dict:
     whole = lambda: recurrence.memory_block(gd, state, **kw)
     mb_s = median_seconds(whole, repeats)
     outs = whole()[1]
-    active, length = jax.device_get((outs["active"], outs["response_len"]))
+    active, length = jax.device_get((outs.active, outs.response_len))
     steps = [k for k in range(active.shape[0]) if active[k].any()]
     iters = sum(int(length[k][active[k]].max()) for k in steps)
     prefix = sampling.prefix_cache(nnx.merge(gd, state), pieces[0]) if spec.reuse_prefix else None
@@ -247,16 +259,16 @@ def generation_iso(probe: AgentProbe, mesh, repeats: int) -> dict:
                                (rows.memory, rows.mem_len), _fixed(pieces[2], b),
                                (block.chunks[:, 0], block.lengths[:, 0]), _fixed(pieces[3], b)], spec.pad_id)
     keys = sampling.fold_rows(rows.keys, jnp.uint32(0))
-    mem = generation_parts(gd, state, tokens, valid, keys=keys, decode=decode, n=spec.memory_tokens,
-                           prefix=prefix, repeats=repeats)
+    mem = generation_parts(gd, state, PromptBatch(tokens, valid, prefix), keys=keys, decode=decode,
+                           n=spec.memory_tokens, repeats=repeats)
     final, out = agent._final_pieces, probe.last_block["rows_out"]
     answer = lambda: recurrence.answer_block(gd, state, pieces=final, rows=out, decode=decode, spec=spec)
     ab_s = median_seconds(answer, repeats)
     ab_iters = int(answer()[2].steps)
     tokens, valid = pack_left([_fixed(final[0], b), (out.question, out.q_len), _fixed(final[1], b),
                                (out.memory, out.mem_len), _fixed(final[2], b)], spec.pad_id)
-    ans = generation_parts(gd, state, tokens, valid, keys=keys, decode=decode, n=spec.answer_tokens,
-                           prefix=None, repeats=repeats)
+    ans = generation_parts(gd, state, PromptBatch(tokens, valid), keys=keys, decode=decode,
+                           n=spec.answer_tokens, repeats=repeats)
   mem_parts = dict(prefill=mem["prefill"] * len(steps), decode=mem["decode"] * iters, sampling=mem["sampling"] * iters)
   ans_parts = dict(prefill=ans["prefill"], decode=ans["decode"] * ab_iters, sampling=ans["sampling"] * ab_iters)
   return dict(memory=mem, answer=ans, memory_block_s=mb_s, answer_block_s=ab_s, memory_steps=len(steps),
@@ -364,7 +376,7 @@ def profile_rl(cfg, *, measured_steps: int, repeats: int) -> dict:
       m = trainer.train_step()
       wall = time.perf_counter() - t0
       trainer.state.step += 1  # as Trainer.train does
-      if m.get("updates", 0) == 0:
+      if m.updates == 0:
         raise ValueError("the profiled step ran no update: set --config.rl.dynamic_sampling=false")
       print(f"RL step {i + 1}: {wall:.1f} s", flush=True)
       rec = dict(wall=wall, compile=clock.seconds - c0, metrics=m, s=dict(s), n=dict(probe.n), ps=dict(probe.s))
@@ -381,12 +393,12 @@ def profile_rl(cfg, *, measured_steps: int, repeats: int) -> dict:
     for rec in steps:
       m = rec["metrics"]
       rows = rollout_rows(rec["ps"], rec["n"], iso)
-      rows["collector_host"] = m["rollout_seconds"] - rec["ps"]["agent_call"]
+      rows["collector_host"] = m.rollout.rollout_seconds - rec["ps"]["agent_call"]
       rows["logprobs"] = rec["s"].get("logprobs", 0.0)
-      rows["update_host"] = m["update_seconds"] - rows["logprobs"] - rec["s"]["update_step"]
-      rows["after"] = m["step_seconds"] - m["rollout_seconds"] - m["update_seconds"]
+      rows["update_host"] = m.update_seconds - rows["logprobs"] - rec["s"]["update_step"]
+      rows["after"] = m.step_seconds - m.rollout.rollout_seconds - m.update_seconds
       rows["update_step"] = rec["s"]["update_step"]
-      rows["step_seconds"], rows["wall"] = m["step_seconds"], rec["wall"]
+      rows["step_seconds"], rows["wall"] = m.step_seconds, rec["wall"]
       for k, v in rows.items():
         totals[k] += v / len(steps)
     details = rollout_details(steps[-1]["n"], steps[-1]["ps"], iso)
@@ -398,7 +410,7 @@ def profile_rl(cfg, *, measured_steps: int, repeats: int) -> dict:
     details.update(update_batch=" + ".join(f"{b.tokens.shape[0]} x [{b.tokens.shape[1]}, {b.tokens.shape[2]}]"
                                            for b in groups) + " tokens",
                    compile_step_wall=first["wall"], compile_seconds=first["compile"], measured=len(steps),
-                   rollout_tokens=steps[-1]["metrics"]["rollout_tokens"])
+                   rollout_tokens=steps[-1]["metrics"].rollout.rollout_tokens)
     trainer.checkpointer.wait()
     trainer.lock.release()
   return dict(rows=dict(totals), total=totals["step_seconds"], wall=totals["wall"], details=details)
@@ -423,8 +435,8 @@ def profile_sweep(cfg, source: str, *, length: int, batch: int, seed: int, repea
   generate = time.perf_counter() - t0
   probe.reset()
   c0, t0 = clock.seconds, time.perf_counter()
-  summary = run_eval(reader, task, samples, None, batch_size=batch, temperature=ev.temperature, top_p=ev.top_p,
-                     seed=seed, progress=False)
+  summary = run_eval(reader, task, samples, None, batch_size=batch,
+                     sampling=Sampling(ev.temperature, ev.top_p, seed), progress=False)
   wall, compiled = time.perf_counter() - t0, clock.seconds - c0
   print(f"sweep batch: {wall:.1f} s", flush=True)
   iso = generation_iso(probe, None, repeats)

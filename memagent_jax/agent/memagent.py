@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 
 from memagent_jax.agent import chunking
 from memagent_jax.agent.placement import RowPlacement
-from memagent_jax.agent.recurrence import ChunkBlock, MemoryRows, RecurrenceSpec, answer_block, memory_block
+from memagent_jax.agent.recurrence import (ChunkBlock, MemoryRows, RecurrenceSpec, StepOutputs, answer_block,
+                                           memory_block)
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationSlots, RolloutSlots
 from memagent_jax.runtime import parallel
 from memagent_jax.runtime.device_clock import DeviceClock
@@ -175,12 +176,9 @@ class MemAgent:
                           stop_tokens=self.stop_tokens, pad_id=self.pad_id, keep_prompts=keep_prompts,
                           reuse_prefix=self.reuse_prefix)
 
-  def _read(self, questions, documents, *, decode: DecodeSpec, seed: int, row_ids, from_files: bool,
-            keep_prompts: bool, progress: bool, fetch: Callable):
-    """Runs the recurrence over every document; yields ("block", fetch(outs), chunk lengths [b, K]) per
-    block of K memory updates and ("final", fetch(final outs), None) last. fetch gets each program's
-    device outputs [K, B, ...] (global rows) and returns what the caller keeps: it runs inside the
-    device clock's section, so any wait for the outputs counts as device time."""
+  @staticmethod
+  def _row_keys(questions, documents, seed: int, row_ids) -> np.ndarray:
+    """Each row's PRNG key [b, 2], fold_in(PRNGKey(seed), row_ids[i]), after checking the batch."""
     if isinstance(questions, str) or isinstance(documents, str):
       raise TypeError("answer_batch takes lists; use answer() for a single document")
     if len(questions) != len(documents) or not questions:
@@ -189,6 +187,16 @@ class MemAgent:
     row_ids = np.arange(b) if row_ids is None else np.asarray(row_ids, np.int64)
     if row_ids.shape != (b,) or (b and (row_ids.min() < 0 or row_ids.max() >= 2 ** 32)):
       raise ValueError(f"row_ids must be {b} integers in [0, 2**32) (one per question); got {row_ids}")
+    return np.asarray(row_keys(jax.random.PRNGKey(seed), row_ids))
+
+  def _read(self, questions, documents, *, decode: DecodeSpec, keys: np.ndarray, from_files: bool,
+            keep_prompts: bool, progress: bool, fetch: Callable):
+    """Runs the recurrence over every document, row i sampling with keys[i] (`_row_keys`); yields
+    ("block", fetch(outs), chunk lengths [b, K]) per block of K memory updates and ("final",
+    fetch(final outs), None) last. fetch gets each program's device StepOutputs [K, B, ...] (global
+    rows) and returns what the caller keeps: it runs inside the device clock's section, so any wait
+    for the outputs counts as device time."""
+    b = len(questions)
     spec = self._spec(keep_prompts)
     place = RowPlacement(self.mesh, b)
     question, q_len = self._question_ids(questions, place)
@@ -197,7 +205,7 @@ class MemAgent:
     memory[:, :len(self.initial_memory)] = self.initial_memory
     rows = MemoryRows(question=place.put(question), q_len=place.put(q_len), memory=place.put(memory),
                       mem_len=place.put(np.full((b,), len(self.initial_memory), np.int32)),
-                      keys=place.put(np.asarray(row_keys(jax.random.PRNGKey(seed), row_ids))))  # keys [b, 2]
+                      keys=place.put(keys))  # keys [b, 2]
     pol = self.policy
     bar = tqdm(desc="reading", unit="tok", unit_scale=True, disable=not progress, leave=False)
 
@@ -227,11 +235,8 @@ class MemAgent:
     with self._trace_mesh(), self.device_clock.section():
       prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, rows=rows,
                                         decode=decode, spec=spec)
-      final = dict(response=gen.tokens, logprobs=gen.logprobs, sample_logprobs=gen.sample_logprobs,
-                   response_len=gen.lengths, stopped=gen.stopped, prompt_len=jnp.sum(valid, axis=1),
-                   active=gen.lengths >= 0)  # every row answers (an elementwise op keeps the row split)
-      if keep_prompts:
-        final["prompt"] = prompt
+      # every row answers (an elementwise op keeps the row split)
+      final = StepOutputs.of(gen, valid, gen.lengths >= 0, prompt if keep_prompts else None)
       final = jax.tree.map(lambda x: x[None], final)  # as one more step: [1, B, ...]
     if in_flight is not None:  # the last memory block, fetched while the answers are computed
       yield "block", self._fetched(fetch, place, in_flight[0]), in_flight[1]
@@ -257,9 +262,9 @@ class MemAgent:
     doc_tokens = np.zeros(b, np.int64)
     decode = DecodeSpec(temperature=temperature, top_p=top_p, top_k=top_k)
     to_host = lambda outs, place: place.local(outs, row_axis=1)  # every output to the host: waits for the block
-    for kind, outs, lengths in self._read(questions, documents, decode=decode, seed=seed, row_ids=row_ids,
-                                          from_files=from_files, keep_prompts=keep_prompts, progress=progress,
-                                          fetch=to_host):
+    keys = self._row_keys(questions, documents, seed, row_ids)
+    for kind, outs, lengths in self._read(questions, documents, decode=decode, keys=keys, from_files=from_files,
+                                          keep_prompts=keep_prompts, progress=progress, fetch=to_host):
       self._collect(outs, conversations, memories=memories if kind == "block" else None, is_final=kind == "final")
       if lengths is not None:
         doc_tokens += lengths.sum(axis=1)
@@ -272,9 +277,8 @@ class MemAgent:
           conversations=conversations[i], num_chunks=len(memories[i]), document_tokens=int(doc_tokens[i])))
     return results
 
-  def rollout_slots(self, questions: Sequence[str], documents: Sequence[str], *, temperature: float, top_p: float,
-                    seed: int, prompt_width: int, response_width: int, row_ids: Sequence[int] | None = None,
-                    top_k: int = 0) -> RolloutSlots:
+  def rollout_slots(self, questions: Sequence[str], documents: Sequence[str], *, decode: DecodeSpec, seed: int,
+                    prompt_width: int, response_width: int, row_ids: Sequence[int] | None = None) -> RolloutSlots:
     """Sampled trajectories for RL (row ids and keys as `answer_batch`): every conversation stays on
     device as a slot of prompt_width / response_width columns; only counts and the final answers'
     tokens come to the host."""
@@ -285,40 +289,42 @@ class MemAgent:
                        f"reader's conversations (up to {need_p} / {need_n} tokens)")
     steps = []  # per program: the slot fields, device arrays [K, B, ...]
 
-    def fetch(outs, place):
-      steps.append({k: outs[k] for k in _SLOT_FIELDS})
-      names = _COUNTS + (("response",) if outs["active"].shape[0] == 1 else ())  # the answer's tokens, for rewards
-      return place.local({k: outs[k] for k in names}, row_axis=1)
+    def fetch(outs: StepOutputs, place):
+      steps.append(outs._replace(sample_logprobs=None, active=None))
+      is_answer = outs.active.shape[0] == 1
+      return place.local(outs.counts()._replace(response=outs.response if is_answer else None),  # answers: for rewards
+                         row_axis=1)
 
-    decode = DecodeSpec(temperature=temperature, top_p=top_p, top_k=top_k)
-    counts = [c for _, c, _ in self._read(questions, documents, decode=decode, seed=seed, row_ids=row_ids,
-                                          from_files=False, keep_prompts=True, progress=False, fetch=fetch)]
-    host = {k: np.concatenate([c[k] for c in counts]).swapaxes(0, 1) for k in _COUNTS}  # [b, T]
+    keys = self._row_keys(questions, documents, seed, row_ids)
+    counts = [c for _, c, _ in self._read(questions, documents, decode=decode, keys=keys, from_files=False,
+                                          keep_prompts=True, progress=False, fetch=fetch)]
+    joined = lambda field: np.concatenate([getattr(c, field) for c in counts]).swapaxes(0, 1)  # [b, T]
+    active, prompt_len, response_len, stopped = map(joined, ("active", "prompt_len", "response_len", "stopped"))
     with self._trace_mesh(), self.device_clock.section():
       slots = _slot_table(tuple(steps), prompt_width=prompt_width, response_width=response_width, pad_id=self.pad_id)
-    b, t = host["active"].shape
-    final_ids = counts[-1]["response"][0]  # [b, N]
-    texts = [self.tokenizer.decode_response(final_ids[i, :host["response_len"][i, -1]]) for i in range(b)]
+    b, t = active.shape
+    final_ids = counts[-1].response[0]  # [b, N]
+    texts = [self.tokenizer.decode_response(final_ids[i, :response_len[i, -1]]) for i in range(b)]
     is_final = np.zeros((b, t), bool)
     is_final[:, -1] = True
-    return RolloutSlots(slots=slots, active=host["active"], is_final=is_final, prompt_len=host["prompt_len"],
-                        response_len=host["response_len"], truncated=~host["stopped"], answers=texts,
+    return RolloutSlots(slots=slots, active=active, is_final=is_final, prompt_len=prompt_len,
+                        response_len=response_len, truncated=~stopped, answers=texts,
                         predictions=[answer_text_to_prediction(a, self.final_template) for a in texts],
-                        num_chunks=host["active"][:, :-1].sum(1).astype(np.int32))
+                        num_chunks=active[:, :-1].sum(1).astype(np.int32))
 
-  def _collect(self, outs, conversations, *, memories, is_final: bool):
-    """Per-step stacked outputs [K, B, ...] -> Conversations of the active rows, in order."""
-    k_steps, b = outs["active"].shape
+  def _collect(self, outs: StepOutputs, conversations, *, memories, is_final: bool):
+    """Per-step stacked outputs [K, B, ...] (on the host) -> Conversations of the active rows, in order."""
+    k_steps, b = outs.active.shape
     for k in range(k_steps):
       for i in range(b):
-        if not outs["active"][k, i]:
+        if not outs.active[k, i]:
           continue
-        n, p = int(outs["response_len"][k, i]), int(outs["prompt_len"][k, i])
+        n, p = int(outs.response_len[k, i]), int(outs.prompt_len[k, i])
         conv = Conversation(
-            prompt_ids=outs["prompt"][k, i, outs["prompt"].shape[2] - p:] if "prompt" in outs else None,
-            response_ids=outs["response"][k, i, :n], response_logprobs=outs["logprobs"][k, i, :n],
-            sample_logprobs=outs["sample_logprobs"][k, i, :n],
-            truncated=not bool(outs["stopped"][k, i]), is_final=is_final)
+            prompt_ids=None if outs.prompt is None else outs.prompt[k, i, outs.prompt.shape[2] - p:],
+            response_ids=outs.response[k, i, :n], response_logprobs=outs.logprobs[k, i, :n],
+            sample_logprobs=outs.sample_logprobs[k, i, :n],
+            truncated=not bool(outs.stopped[k, i]), is_final=is_final)
         conversations[i].append(conv)
         if memories is not None:
           memories[i].append(self.tokenizer.decode_response(conv.response_ids))
@@ -331,12 +337,10 @@ class MemAgent:
 
 
 
-_SLOT_FIELDS = ("prompt", "prompt_len", "response", "response_len", "logprobs", "stopped")
-_COUNTS = ("active", "prompt_len", "response_len", "stopped")
-
 
 @functools.partial(jax.jit, static_argnames=("prompt_width", "response_width", "pad_id"))
-def _slot_table(steps, *, prompt_width: int, response_width: int, pad_id: int) -> ConversationSlots:
+def _slot_table(steps: tuple[StepOutputs, ...], *, prompt_width: int, response_width: int,
+                pad_id: int) -> ConversationSlots:
   """The recurrence's per-program outputs (each [K, B, ...]: memory blocks, then the final answer)
   -> ConversationSlots [B x T, ...], row-major (slot r x T + t), so the row split over the mesh stays
   a split of slots; prompts left-padded to prompt_width, responses right-padded to response_width."""
@@ -346,11 +350,11 @@ def _slot_table(steps, *, prompt_width: int, response_width: int, pad_id: int) -
     return jnp.pad(x, pad, constant_values=value)
 
   cat = lambda f: jnp.concatenate([f(s) for s in steps])  # [T, B, ...]
-  fields = dict(prompt=cat(lambda s: widen(s["prompt"], prompt_width, True, pad_id)),
-                prompt_len=cat(lambda s: s["prompt_len"]),
-                response=cat(lambda s: widen(s["response"], response_width, False, pad_id)),
-                response_len=cat(lambda s: s["response_len"]),
-                logprobs=cat(lambda s: widen(s["logprobs"], response_width, False, 0.0)),
-                truncated=cat(lambda s: ~s["stopped"]))
+  fields = dict(prompt=cat(lambda s: widen(s.prompt, prompt_width, True, pad_id)),
+                prompt_len=cat(lambda s: s.prompt_len),
+                response=cat(lambda s: widen(s.response, response_width, False, pad_id)),
+                response_len=cat(lambda s: s.response_len),
+                logprobs=cat(lambda s: widen(s.logprobs, response_width, False, 0.0)),
+                truncated=cat(lambda s: ~s.stopped))
   flat = lambda x: jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[2:])
   return ConversationSlots(**{k: flat(v) for k, v in fields.items()})

@@ -50,6 +50,29 @@ class ChunkBlock(NamedTuple):
   first: jax.Array  # [] int32 index in the document of this block's chunk 0
 
 
+class StepOutputs(NamedTuple):
+  """What each memory update (or the final answer) produced, stacked over steps [K, B, ...]."""
+  response: jax.Array | None  # [K, B, N] int32 generated ids, the stop token included
+  logprobs: jax.Array | None  # [K, B, N] float32 log p under the model (temperature 1)
+  sample_logprobs: jax.Array | None  # [K, B, N] float32 log p under the sampling distribution
+  response_len: jax.Array  # [K, B] int32
+  stopped: jax.Array  # [K, B] bool: ended with a stop token (else truncated at the cap)
+  prompt_len: jax.Array  # [K, B] int32 real prompt tokens
+  active: jax.Array  # [K, B] bool: the row read a chunk at this step (its document had not ended)
+  prompt: jax.Array | None = None  # [K, B, P] int32 left-padded prompts (None: not kept)
+
+  @classmethod
+  def of(cls, gen: Generation, valid, active, prompt=None) -> "StepOutputs":
+    """One step's outputs [B, ...] from its generation and prompt mask valid [B, P]."""
+    return cls(response=gen.tokens, logprobs=gen.logprobs, sample_logprobs=gen.sample_logprobs,
+               response_len=gen.lengths, stopped=gen.stopped, prompt_len=jnp.sum(valid, axis=1),
+               active=active, prompt=prompt)
+
+  def counts(self) -> "StepOutputs":
+    """Only the per-step counts (what a rollout brings to the host); token arrays dropped."""
+    return self._replace(response=None, logprobs=None, sample_logprobs=None, prompt=None)
+
+
 def pack_left(parts, pad_id: int):
   """Concatenates ragged parts row by row into left-padded tokens, valid [B, W].
 
@@ -86,13 +109,17 @@ def _empty_generation(b: int, n: int, pad_id: int) -> Generation:
                     jnp.zeros((b,), bool), jnp.int32(0))
 
 
-def _sample(model, tokens, valid, *, keys, inactive, n: int, decode: DecodeSpec, spec: RecurrenceSpec,
-            prefix=None):
-  """Up to n new tokens for left-padded prompts tokens, valid [B, P]; inactive [B] rows generate none.
-  prefix: the KV of the template piece every prompt starts with (`sampling.prefix_cache`) or None."""
+def _prompt_rows(tokens, valid, keys, inactive, spec: RecurrenceSpec) -> PromptRows:
+  """Left-padded prompts tokens, valid [B, P] with their keys [B, 2], the stop tokens of every row;
+  inactive [B] rows generate nothing."""
   b = tokens.shape[0]
   stops = jnp.broadcast_to(jnp.asarray(spec.stop_tokens or (-1,), jnp.int32)[None], (b, max(1, len(spec.stop_tokens))))
-  rows = PromptRows(tokens=tokens, valid=valid, keys=keys, stop_tokens=stops, inactive=inactive)
+  return PromptRows(tokens=tokens, valid=valid, keys=keys, stop_tokens=stops, inactive=inactive)
+
+
+def _sample(model, rows: PromptRows, *, n: int, decode: DecodeSpec, spec: RecurrenceSpec, prefix=None):
+  """Up to n new tokens for each row. prefix: the KV of the template piece every prompt starts with
+  (`sampling.prefix_cache`) or None."""
   return sample_from_prompts(model, rows, decode, max_new_tokens=n, pad_id=spec.pad_id, prefix=prefix)
 
 
@@ -111,7 +138,7 @@ def memory_block(graphdef, state, *, pieces, rows: MemoryRows, block: ChunkBlock
   """K memory updates in one scan: pieces are the 4 template pieces [L_i]. Chunk block.first + k of
   row r samples with fold_in(rows.keys[r], block.first + k), so a row's trajectory depends on its
   own key alone (not on the batch, the block size or the device count).
-  Returns (rows with the new memories, per-step outputs stacked [K, B, ...])."""
+  Returns (rows with the new memories, StepOutputs stacked [K, B, ...])."""
   model = nnx.merge(graphdef, state)
   b, m = rows.memory.shape
   n = spec.memory_tokens
@@ -127,18 +154,13 @@ def memory_block(graphdef, state, *, pieces, rows: MemoryRows, block: ChunkBlock
                                _fixed(pieces[3], b)], spec.pad_id)
     gen = jax.lax.cond(
         jnp.any(active),
-        lambda: _sample(model, tokens, valid, keys=step_keys, inactive=~active, n=n, decode=decode, spec=spec,
+        lambda: _sample(model, _prompt_rows(tokens, valid, step_keys, ~active, spec), n=n, decode=decode, spec=spec,
                         prefix=prefix),
         lambda: _empty_generation(b, n, spec.pad_id))
     new_memory, new_len = _strip_stop(gen, m, spec.pad_id)
     memory = jnp.where(active[:, None], new_memory, memory)
     mem_len = jnp.where(active, new_len, mem_len)
-    out = dict(response=gen.tokens, logprobs=gen.logprobs, sample_logprobs=gen.sample_logprobs,
-               response_len=gen.lengths, stopped=gen.stopped, prompt_len=jnp.sum(valid, axis=1),
-               active=active)
-    if spec.keep_prompts:
-      out["prompt"] = tokens
-    return (memory, mem_len), out
+    return (memory, mem_len), StepOutputs.of(gen, valid, active, tokens if spec.keep_prompts else None)
 
   xs = (jnp.swapaxes(block.chunks, 0, 1), jnp.swapaxes(block.lengths, 0, 1), jnp.arange(block.chunks.shape[1]))
   (memory, mem_len), outs = jax.lax.scan(step, (rows.memory, rows.mem_len), xs)
@@ -153,6 +175,7 @@ def answer_block(graphdef, state, *, pieces, rows: MemoryRows, decode: DecodeSpe
   b = rows.question.shape[0]
   tokens, valid = pack_left([_fixed(pieces[0], b), (rows.question, rows.q_len), _fixed(pieces[1], b),
                              (rows.memory, rows.mem_len), _fixed(pieces[2], b)], spec.pad_id)
-  gen = _sample(model, tokens, valid, keys=fold_rows(rows.keys, jnp.uint32(FINAL_STREAM)), inactive=jnp.zeros((b,), bool),
-                n=spec.answer_tokens, decode=decode, spec=spec)
+  keys = fold_rows(rows.keys, jnp.uint32(FINAL_STREAM))
+  gen = _sample(model, _prompt_rows(tokens, valid, keys, jnp.zeros((b,), bool), spec), n=spec.answer_tokens,
+                decode=decode, spec=spec)
   return tokens, valid, gen

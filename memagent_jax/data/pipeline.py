@@ -66,15 +66,15 @@ def make_dataset(source, batch_size: int, seed: int = 0, num_epochs: int | None 
   return ds.repeat(num_epochs)
 
 
-def make_iterator(source, batch_size: int, seed: int = 0, num_epochs: int | None = 1,
-                  shuffle: bool = True, drop_remainder: bool = False, shard_index: int = 0,
-                  shard_count: int = 1, num_threads: int = 2,
-                  prefetch: int = 8) -> grain.DatasetIterator:
-  """An iterator over batches with `get_state()` / `set_state()` for checkpointing.
+def iterate(ds: grain.MapDataset, num_threads: int = 2, prefetch: int = 8) -> grain.DatasetIterator:
+  """An iterator over ds with `get_state()` / `set_state()` for checkpointing.
 
   Long-context samples are large, so reading threads and the prefetch buffer stay small.
   """
-  ds = make_dataset(source, batch_size, seed, num_epochs, shuffle, drop_remainder,
-                    shard_index, shard_count)
   options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
   return iter(ds.to_iter_dataset(options))
+
+
+def make_iterator(source, batch_size: int, **dataset_options) -> grain.DatasetIterator:
+  """`iterate(make_dataset(source, batch_size, **dataset_options))`: batches of dicts of lists."""
+  return iterate(make_dataset(source, batch_size, **dataset_options))

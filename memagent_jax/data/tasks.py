@@ -6,15 +6,44 @@ the same data everywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from memagent_jax.data import longqa, ruler, toy
 
 QA_TASKS = ("squad", "hotpotqa")
 QA_FILES = {"squad": ("dev-v1.1.json", "train-v1.1.json"),
             "hotpotqa": ("hotpot_dev_distractor_v1.json", "hotpot_train_v1.1.json")}
+
+
+@dataclasses.dataclass(frozen=True)
+class QuestionBatch:
+  """The questions a rollout step draws: each with its document and its reference answers."""
+  question: tuple[str, ...]
+  context: tuple[str, ...]  # the document read chunk by chunk
+  answers: tuple[tuple[str, ...], ...]  # every accepted answer (the verifier reads the first)
+
+  def __post_init__(self):
+    if not len(self.question) == len(self.context) == len(self.answers):
+      raise ValueError(f"a question batch needs one context and one answer list per question; got "
+                       f"{len(self.question)} questions, {len(self.context)} contexts, {len(self.answers)} answer lists")
+
+  def __len__(self) -> int:
+    return len(self.question)
+
+  @classmethod
+  def of(cls, samples: Sequence[Mapping]) -> "QuestionBatch":
+    """From samples ({"question", "context", "answers", ...}; other fields are not rollout inputs)."""
+    return cls(question=tuple(s["question"] for s in samples), context=tuple(s["context"] for s in samples),
+               answers=tuple(tuple(s["answers"]) for s in samples))
+
+  @classmethod
+  def from_columns(cls, columns: Mapping[str, Sequence]) -> "QuestionBatch":
+    """From a pipeline batch (`pipeline.collate`: one list per field)."""
+    return cls(question=tuple(columns["question"]), context=tuple(columns["context"]),
+               answers=tuple(tuple(a) for a in columns["answers"]))
 
 
 def task_names() -> list[str]:
@@ -47,8 +76,8 @@ def make_samples(task: str, length: int, n: int, seed: int, tokenizer, data_dir:
   chunk_tokens: the reader's chunk size. The toy world places no fact across a boundary of it
   (so a config's agent.chunk_tokens shapes its documents; None: facts anywhere); other tasks
   ignore it.
-  options: generator keyword arguments (toy tasks: TOY_OPTIONS); an option a task does not take is
-  an error, never ignored."""
+  options: generator options (toy tasks: TOY_OPTIONS, fields of toy.Makeup); an option a task does not
+  take is an error, never ignored."""
   options = dict(options or {})
   allowed = TOY_OPTIONS if task in toy.TASKS else ()
   unknown = sorted(set(options) - set(allowed))
@@ -58,10 +87,10 @@ def make_samples(task: str, length: int, n: int, seed: int, tokenizer, data_dir:
   if task in ruler.TASKS:
     return ruler.generate(task, length, n, seed, tokenizer=tokenizer)
   if task == toy.TASK:  # lengths in toy (word) tokens, whatever the tokenizer
-    return toy.generate(n, length, seed, chunk_tokens=chunk_tokens, **options)
+    return toy.generate(n, length, seed, makeup=toy.Makeup(chunk_tokens=chunk_tokens, **options))
   if task == toy.ONE_KEY_TASK:
-    return [{**s, "task": task} for s in toy.generate(n, length, seed, chunk_tokens=chunk_tokens,
-                                                      asked_keys=toy.ONE_KEY, **options)]
+    makeup = toy.Makeup(chunk_tokens=chunk_tokens, asked_keys=toy.ONE_KEY, **options)
+    return [{**s, "task": task} for s in toy.generate(n, length, seed, makeup=makeup)]
   if task not in QA_TASKS:
     raise ValueError(f"unknown task {task!r}; known: {', '.join(task_names())}")
   path = _qa_file(task, data_dir)

@@ -24,6 +24,7 @@ holds proportionally more chances to overwrite the memory with the wrong fact.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 TASK = "toy_kv"  # the name tasks.make_samples knows this task by
@@ -130,51 +131,80 @@ def _fact_starts(rng: random.Random, num_tokens: int, num_facts: int, chunk_toke
   return sorted(out)
 
 
-def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
-                override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
-                chunk_tokens: int | None = CHUNK_TOKENS, asked_keys: tuple[str, ...] | None = ASKED_KEYS,
-                distractor_keys: str = "any", askable_share: float | None = None,
-                late_fact_share: float = 0.0) -> dict:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Makeup:
+  """The document makeup of the toy world: how many distractors, how many overrides of the asked key,
+  the chunk boundaries facts keep inside, which keys are asked and what distractors are about."""
+  num_distractors: int | None = None  # a fixed number of distractor facts per document
+  distractor_density: float | None = None  # instead, per 1000 tokens (None: DISTRACTOR_DENSITY); give one
+  override_prob: float = OVERRIDE_PROB  # chance of each further override of the asked key, in [0, 1]
+  max_overrides: int = MAX_OVERRIDES  # cap on overrides of the asked key
+  chunk_tokens: int | None = CHUNK_TOKENS  # no fact crosses a boundary of it (None: facts anywhere)
+  asked_keys: tuple[str, ...] | None = ASKED_KEYS  # keys a question may ask about (None: any of KEYS)
+  distractor_keys: str = "any"  # one of DISTRACTOR_KEYS: which keys distractors are about (make_sample)
+  askable_share: float | None = None  # with "mixed": chance a distractor names an askable key (None: 0.5)
+  late_fact_share: float = 0.0  # chance a fact sits at the end of its chunk (_fact_starts), in [0, 1]
+
+  def __post_init__(self):
+    if self.num_distractors is not None and self.distractor_density is not None:
+      raise ValueError("give num_distractors or distractor_density, not both")
+    if self.distractor_density is not None and self.distractor_density < 0:
+      raise ValueError(f"distractor_density={self.distractor_density} must be >= 0")
+    if self.distractor_keys not in DISTRACTOR_KEYS:
+      raise ValueError(f"distractor_keys={self.distractor_keys!r}: choose one of {DISTRACTOR_KEYS}")
+    if self.askable_share is not None and (self.distractor_keys != "mixed"
+                                           or not 0.0 <= self.askable_share <= 1.0):
+      raise ValueError(f"askable_share={self.askable_share} needs distractor_keys='mixed' (given "
+                       f"{self.distractor_keys!r}) and a value in [0, 1]")
+    if not 0.0 <= self.late_fact_share <= 1.0 or (self.late_fact_share and self.chunk_tokens is None):
+      raise ValueError(f"late_fact_share={self.late_fact_share} needs chunks (chunk_tokens="
+                       f"{self.chunk_tokens}) and a value in [0, 1]")
+    if not 0.0 <= self.override_prob <= 1.0:
+      raise ValueError(f"override_prob={self.override_prob} must lie in [0, 1]")
+    if (self.num_distractors is not None and self.num_distractors < 0) or self.max_overrides < 0:
+      raise ValueError(f"num_distractors={self.num_distractors} and max_overrides={self.max_overrides} "
+                       "must be >= 0")
+    if self.chunk_tokens is not None and self.chunk_tokens < FACT_TOKENS:
+      raise ValueError(f"chunk_tokens={self.chunk_tokens} is shorter than one fact ({FACT_TOKENS} tokens)")
+    asked = self.asked_keys
+    if asked is not None and (not asked or set(asked) - set(KEYS)):
+      raise ValueError(f"asked_keys={asked!r} must be a non-empty subset of toy.KEYS")
+    if self.distractor_keys != "any" and asked and len(set(asked)) == 1:  # no other askable key
+      raise ValueError(f"distractor_keys={self.distractor_keys!r} but no askable key other than {asked[0]!r}")
+    if self.distractor_keys == "mixed" and not set(KEYS) - set(asked or KEYS):
+      raise ValueError("distractor_keys='mixed' but every key is askable")
+
+  def distractors(self, num_tokens: int) -> int:
+    """Distractor facts in a document of `num_tokens` tokens: num_distractors, else the density's
+    share (rounded, at least one; none at density 0)."""
+    if self.num_distractors is not None:
+      return self.num_distractors
+    density = DISTRACTOR_DENSITY if self.distractor_density is None else self.distractor_density
+    return max(1, round(density * num_tokens / 1000)) if density > 0 else 0
+
+
+def make_sample(rng: random.Random, num_tokens: int, makeup: Makeup) -> dict:
   """One document of exactly `num_tokens` toy tokens, its question and answer.
 
-  distractor_keys: "any" (distractors about any other key), "askable" (only about the other
+  makeup.distractor_keys: "any" (distractors about any other key), "askable" (only about the other
   askable keys: rows where "keep the latest askable fact" fails and only matching the question's key
   to the fact's key answers right, what a lookup pretraining needs), or "mixed" (each distractor
-  about another askable key with probability askable_share, default 0.5, else about an unaskable
-  one: both kinds of tempting overwrite).
-  late_fact_share: the chance that a fact sits at the end of its chunk (_fact_starts)."""
-  if distractor_keys not in DISTRACTOR_KEYS:
-    raise ValueError(f"distractor_keys={distractor_keys!r}: choose one of {DISTRACTOR_KEYS}")
-  if askable_share is not None and (distractor_keys != "mixed" or not 0.0 <= askable_share <= 1.0):
-    raise ValueError(f"askable_share={askable_share} needs distractor_keys='mixed' (given "
-                     f"{distractor_keys!r}) and a value in [0, 1]")
-  if not 0.0 <= late_fact_share <= 1.0 or (late_fact_share and chunk_tokens is None):
-    raise ValueError(f"late_fact_share={late_fact_share} needs chunks (chunk_tokens={chunk_tokens}) and a "
-                     "value in [0, 1]")
-  if not 0.0 <= override_prob <= 1.0:
-    raise ValueError(f"override_prob={override_prob} must lie in [0, 1]")
-  if num_distractors < 0 or max_overrides < 0:
-    raise ValueError(f"num_distractors={num_distractors} and max_overrides={max_overrides} "
-                     "must be >= 0")
-  if chunk_tokens is not None and chunk_tokens < FACT_TOKENS:
-    raise ValueError(f"chunk_tokens={chunk_tokens} is shorter than one fact ({FACT_TOKENS} tokens)")
-  if asked_keys is not None and (not asked_keys or set(asked_keys) - set(KEYS)):
-    raise ValueError(f"asked_keys={asked_keys!r} must be a non-empty subset of toy.KEYS")
+  about another askable key with probability makeup.askable_share, default 0.5, else about an
+  unaskable one: both kinds of tempting overwrite).
+  makeup.late_fact_share: the chance that a fact sits at the end of its chunk (_fact_starts)."""
+  num_distractors = makeup.distractors(num_tokens)
+  asked_keys, distractor_keys = makeup.asked_keys, makeup.distractor_keys
   key = rng.choice(asked_keys or KEYS)
   overrides = 0
-  while overrides < max_overrides and rng.random() < override_prob:
+  while overrides < makeup.max_overrides and rng.random() < makeup.override_prob:
     overrides += 1
   asked = rng.sample(VALUES, 1 + overrides)  # distinct: only the last fact holds the answer
   answer = asked[-1]
   other_keys = [k for k in (KEYS if distractor_keys == "any" or not asked_keys else asked_keys) if k != key]
-  if not other_keys:
-    raise ValueError(f"distractor_keys={distractor_keys!r} but no askable key other than {key!r}")
   other_values = [v for v in VALUES if v != answer]
   if distractor_keys == "mixed":
     unaskable = [k for k in KEYS if k not in (asked_keys or KEYS)]
-    if not unaskable:
-      raise ValueError("distractor_keys='mixed' but every key is askable")
-    share = 0.5 if askable_share is None else askable_share
+    share = 0.5 if makeup.askable_share is None else makeup.askable_share
     pools = [other_keys if rng.random() < share else unaskable for _ in range(num_distractors)]
   else:
     pools = [other_keys] * num_distractors
@@ -183,7 +213,7 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
   if FACT_TOKENS * num_facts > num_tokens:
     raise ValueError(f"num_tokens={num_tokens} is too short for {num_facts} facts of "
                      f"{FACT_TOKENS} tokens each")
-  starts = _fact_starts(rng, num_tokens, num_facts, chunk_tokens, late_fact_share)
+  starts = _fact_starts(rng, num_tokens, num_facts, makeup.chunk_tokens, makeup.late_fact_share)
   # The asked key's facts take random slots among the sorted ones and keep their order.
   asked_at = set(rng.sample(range(num_facts), len(asked)))
   asked_iter, distractor_iter = iter(asked), iter(distractors)
@@ -207,45 +237,28 @@ def make_sample(rng: random.Random, num_tokens: int, num_distractors: int,
   }
 
 
-def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0,
-             num_distractors: int | None = None, distractor_density: float | None = None,
-             override_prob: float = OVERRIDE_PROB, max_overrides: int = MAX_OVERRIDES,
-             chunk_tokens: int | None = CHUNK_TOKENS,
-             asked_keys: tuple[str, ...] | None = ASKED_KEYS, distractor_keys: str = "any",
-             askable_share: float | None = None, late_fact_share: float = 0.0) -> list[dict]:
+def generate(n: int, num_tokens: int = TRAIN_TOKENS, seed: int = 0, makeup: Makeup = Makeup()) -> list[dict]:
   """n toy samples with documents of exactly `num_tokens` toy tokens.
 
   Args:
     n: number of samples (indices 0..n-1; sample i does not depend on n).
     num_tokens: document length in toy tokens (question excluded).
-    seed: dataset seed; same (num_tokens, seed, index) and options -> same sample.
-    num_distractors: a fixed number of distractor facts per document.
-    distractor_density: instead, distractor facts per 1000 tokens (rounded, at least one;
-      default DISTRACTOR_DENSITY), so longer documents hold proportionally more. Give one.
-    override_prob: chance of each further override of the asked key (0: never, 1: always
-      max_overrides).
-    max_overrides: cap on overrides of the asked key.
-    distractor_keys: "any", "askable" or "mixed" (make_sample).
-    askable_share: with "mixed", the chance that a distractor names an askable key (default 0.5).
-    late_fact_share: the chance that a fact is placed at the end of its chunk, where a place is free.
+    seed: dataset seed; same (num_tokens, seed, index) and makeup -> same sample.
+    makeup: what the documents hold (Makeup, validated on construction): the number of distractor facts
+      (num_distractors, or distractor_density per 1000 tokens, rounded, at least one; default
+      DISTRACTOR_DENSITY, so longer documents hold proportionally more), overrides of the asked key
+      (override_prob each, up to max_overrides), the chunk boundaries no fact crosses (chunk_tokens),
+      the keys questions ask about (asked_keys), which keys distractors name (distractor_keys,
+      askable_share) and how often a fact sits at the end of its chunk (late_fact_share).
 
   Returns:
     dicts with question, context, answers ([value of the last fact about key]), key, facts,
     num_tokens, num_overrides, num_distractors, task, length, seed and index (RULER's fields).
   """
-  if num_distractors is not None and distractor_density is not None:
-    raise ValueError("give num_distractors or distractor_density, not both")
-  if num_distractors is None:
-    density = DISTRACTOR_DENSITY if distractor_density is None else distractor_density
-    if density < 0:
-      raise ValueError(f"distractor_density={density} must be >= 0")
-    num_distractors = max(1, round(density * num_tokens / 1000)) if density > 0 else 0
   if num_tokens <= 0:
     raise ValueError(f"num_tokens must be a positive number of tokens, got {num_tokens}")
   out = []
   for i in range(n):
-    s = make_sample(sample_rng(num_tokens, seed, i), num_tokens, num_distractors, override_prob,
-                    max_overrides, chunk_tokens, asked_keys, distractor_keys, askable_share,
-                    late_fact_share)
+    s = make_sample(sample_rng(num_tokens, seed, i), num_tokens, makeup)
     out.append({**s, "task": TASK, "length": num_tokens, "seed": seed, "index": i})
   return out

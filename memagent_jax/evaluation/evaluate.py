@@ -9,6 +9,7 @@ beside it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -79,9 +80,16 @@ def _row(task: str, s: dict, r, scores: dict) -> str:
                      "memories": list(r.memories)}) + "\n"  # every chunk's: where a memory went wrong
 
 
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """How an evaluation samples its answers (greedy by default; the paper's validation: 0.7 / 0.95)."""
+  temperature: float = 0.0
+  top_p: float = 1.0
+  seed: int = 0  # batch b samples with seed + b
+
+
 def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, batch_size: int,
-             temperature: float, top_p: float, seed: int, progress: bool = True,
-             split_over_processes: bool = False) -> dict:
+             sampling: Sampling = Sampling(), progress: bool = True, split_over_processes: bool = False) -> dict:
   """Runs `reader` (MemAgent or DirectReader) over samples; one JSON line per sample.
 
   Each finished batch is appended to `<out_path>.partial` (started afresh) as it completes, so
@@ -115,7 +123,8 @@ def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, ba
         mine = this_process_share(len(batch), f"held-out batch {b} ({len(batch)} rows)")
         batch, kw = batch[mine], {"row_ids": np.arange(mine.start, mine.stop)}
       results = reader.answer_batch([s["question"] for s in batch], [s["context"] for s in batch],
-                                    temperature=temperature, top_p=top_p, seed=seed + b, **kw)
+                                    temperature=sampling.temperature, top_p=sampling.top_p,
+                                    seed=sampling.seed + b, **kw)
       lines = []
       for s, r in zip(batch, results):
         scores = score(task, r, list(s["answers"]))

@@ -8,14 +8,14 @@ and the reader's identity, each finished length is kept and a rerun resumes afte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import threading
-import time
 
 from memagent_jax.data import tasks
-from memagent_jax.evaluation.evaluate import run_eval
+from memagent_jax.evaluation.evaluate import Sampling, run_eval
 from memagent_jax.runtime.atomic_io import atomic_write
 
 
@@ -58,61 +58,103 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
   return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _finished_row(path: str, key: dict) -> dict | None:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepSpec:
+  """What a sweep reads (task, lengths, n documents each, their seed, their chunking) and how (batch,
+  sampling, warm-up). warmup_each_length=False warms up once, on documents of warmup_length (default
+  the shortest of `lengths`): for readers whose compiled shapes do not depend on the length (MemAgent),
+  so no long document is read twice, also when a sweep is given only long lengths."""
+  task: str
+  lengths: tuple[int, ...]
+  n: int  # documents per length
+  seed: int  # length L reads documents of seed + L; answers sample with seed
+  batch_size: int
+  temperature: float
+  top_p: float
+  chunk_tokens: int  # the documents' layout (the same documents for every reader)
+  warmup_each_length: bool = True
+  warmup_length: int | None = None
+
+  def key(self, reader_id: str | None, length: int) -> dict:
+    """What a kept row must have been measured with to be reused."""
+    return {"reader": reader_id, "task": self.task, "length": length, "n": self.n, "seed": self.seed,
+            "batch_size": self.batch_size, "temperature": self.temperature, "top_p": self.top_p,
+            "chunk_tokens": self.chunk_tokens}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepRow:
+  """One reader at one length: accuracy with its 95% Wilson interval, time and peak memory."""
+  method: str
+  length: int  # document tokens
+  n: int
+  accuracy: float  # in [0, 1]
+  ci_low: float
+  ci_high: float
+  seconds_per_doc: float  # wall time of the batched evaluation / n (compilation excluded)
+  peak_rss_mib: float
+  doc_tokens: float  # mean tokens of the documents read
+  concurrent_sweeps: int = 1  # sweeps that shared the machine while this row ran
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_json(cls, row: dict) -> "SweepRow":
+    return cls(**row)
+
+
+def _finished_row(path: str, key: dict) -> SweepRow | None:
   """The row a previous sweep wrote for the same reader and settings, else None."""
   try:
     with open(path) as f:
       kept = json.load(f)
-  except (OSError, ValueError):
+    return SweepRow.from_json(kept["row"]) if kept.get("key") == key else None
+  except (OSError, ValueError, KeyError, TypeError):  # unreadable, or written by another version
     return None
-  return kept["row"] if kept.get("key") == key else None
 
 
-def sweep_lengths(reader, name: str, task: str, lengths: list[int], *, n: int, seed: int, batch_size: int,
-                  temperature: float, top_p: float, chunk_tokens: int, out_dir: str | None = None,
-                  warmup_each_length: bool = True, progress: bool = True, reader_id: str | None = None,
-                  on_row=None, extra: dict | None = None, warmup_length: int | None = None) -> list[dict]:
-  """One row per length: accuracy (+ Wilson 95% interval), seconds per document, peak RSS.
+def sweep_lengths(reader, name: str, spec: SweepSpec, *, out_dir: str | None = None, reader_id: str | None = None,
+                  progress: bool = True, on_row=None, concurrent_sweeps: int = 1) -> list[SweepRow]:
+  """One row per length of spec.lengths, as reader `name`.
 
-  warmup_each_length=False warms up once, on documents of the shortest length: for readers whose
-  compiled shapes do not depend on the length (MemAgent), so no long document is read twice. reader_id (e.g. a
-  digest of the weights) with out_dir: a length already swept with the same reader and settings
-  is read back from <out_dir>/<name>_<length>.row.json instead of run again. on_row(row) is called as each
-  length finishes (e.g. a log line where progress bars would mix); extra is merged into each row this call
-  measures (not into rows read back), e.g. how many sweeps shared the machine. warmup_length: the length
-  of that one warm-up (default the shortest of `lengths`), for a sweep given only long lengths."""
+  reader_id (e.g. a digest of the weights) with out_dir: a length already swept with the same reader
+  and settings is read back from <out_dir>/<name>_<length>.row.json instead of run again. on_row(row)
+  is called as each length finishes (e.g. a log line where progress bars would mix); concurrent_sweeps
+  is recorded in each row this call measures."""
   rows, warmed = [], False
-  for length in lengths:
-    key = {"reader": reader_id, "task": task, "length": length, "n": n, "seed": seed, "batch_size": batch_size,
-           "temperature": temperature, "top_p": top_p, "chunk_tokens": chunk_tokens}
+  for length in spec.lengths:
+    key = spec.key(reader_id, length)
     kept_path = os.path.join(out_dir, f"{name}_{length}.row.json") if out_dir and reader_id else None
     if kept_path and (row := _finished_row(kept_path, key)) is not None:
       rows.append(row)
       if on_row:
         on_row(row)
       continue
-    samples = tasks.make_samples(task, length, n, seed + length, reader.tokenizer, chunk_tokens=chunk_tokens)
-    if not warmed or warmup_each_length:
+    samples = tasks.make_samples(spec.task, length, spec.n, spec.seed + length, reader.tokenizer,
+                                 chunk_tokens=spec.chunk_tokens)
+    if not warmed or spec.warmup_each_length:
       # a reader whose shapes do not depend on the length warms up on the shortest documents: a resumed
       # sweep would otherwise read one batch of its first unfinished (longest so far) length twice
-      warm_length = length if warmup_each_length else (warmup_length or min(lengths))
-      warm = samples[:batch_size] if warm_length == length else tasks.make_samples(
-          task, warm_length, min(n, batch_size), seed + warm_length, reader.tokenizer, chunk_tokens=chunk_tokens)
+      warm_length = length if spec.warmup_each_length else (spec.warmup_length or min(spec.lengths))
+      warm = samples[:spec.batch_size] if warm_length == length else tasks.make_samples(
+          spec.task, warm_length, min(spec.n, spec.batch_size), spec.seed + warm_length, reader.tokenizer,
+          chunk_tokens=spec.chunk_tokens)
       reader.answer_batch([s["question"] for s in warm], [s["context"] for s in warm],
-                          temperature=temperature, top_p=top_p, seed=seed)  # compile these shapes
+                          temperature=spec.temperature, top_p=spec.top_p, seed=spec.seed)  # compile these shapes
       warmed = True
     out = os.path.join(out_dir, f"{name}_{length}.jsonl") if out_dir else None
     with PeakRSS() as mem:
-      summary = run_eval(reader, task, samples, out, batch_size=batch_size, temperature=temperature,
-                         top_p=top_p, seed=seed, progress=progress)
+      summary = run_eval(reader, spec.task, samples, out, batch_size=spec.batch_size,
+                         sampling=Sampling(spec.temperature, spec.top_p, spec.seed), progress=progress)
     acc = summary["score"]
-    lo, hi = wilson_interval(acc * n, n)
-    rows.append({"method": name, "length": length, "n": n, "accuracy": acc, "ci_low": lo, "ci_high": hi,
-                 "seconds_per_doc": summary["seconds"] / n, "peak_rss_mib": mem.peak / 2 ** 20,
-                 "doc_tokens": summary["mean_document_tokens"], **(extra or {})})
+    lo, hi = wilson_interval(acc * spec.n, spec.n)
+    rows.append(SweepRow(method=name, length=length, n=spec.n, accuracy=acc, ci_low=lo, ci_high=hi,
+                         seconds_per_doc=summary["seconds"] / spec.n, peak_rss_mib=mem.peak / 2 ** 20,
+                         doc_tokens=summary["mean_document_tokens"], concurrent_sweeps=concurrent_sweeps))
     if kept_path:
       with atomic_write(kept_path) as f:
-        json.dump({"key": key, "row": rows[-1]}, f)
+        json.dump({"key": key, "row": rows[-1].to_json()}, f)
     if on_row:
       on_row(rows[-1])
   return rows

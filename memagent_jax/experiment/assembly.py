@@ -15,13 +15,13 @@ import jax
 
 from memagent_jax.agent import DirectReader, MemAgent
 from memagent_jax.data import curriculum, pipeline, tasks
-from memagent_jax.evaluation import run_eval
+from memagent_jax.evaluation import Sampling, run_eval
 from memagent_jax.experiment import phase_configs, specs, tfds_builders
 from memagent_jax.experiment.config_checks import validate_config
 from memagent_jax.policy.loading import load_policy
 from memagent_jax.rl.rollout import RolloutCollector
 from memagent_jax.rl.teacher_rows import TeacherCollector
-from memagent_jax.rl.trainer import StepPrograms, Trainer
+from memagent_jax.rl.trainer import RunParts, StepPrograms, Trainer, TrainResult
 from memagent_jax.runtime import parallel
 
 
@@ -135,7 +135,7 @@ class Evaluator:
   def __call__(self) -> dict[str, float]:
     e = self.eval_cfg
     summary = run_eval(self.reader, self.task, self.samples, None, batch_size=e.batch_size,
-                       temperature=e.temperature, top_p=e.top_p, seed=e.seed, progress=False,
+                       sampling=Sampling(e.temperature, e.top_p, e.seed), progress=False,
                        split_over_processes=self.split)
     return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and k != "n"}
 
@@ -171,8 +171,8 @@ def build_experiment(cfg, workdir: str | None = None, *, programs: StepPrograms 
   tok = agent.tokenizer
   chunk = cfg.agent.chunk_tokens
   pool = training_source(d, chunk_tokens=chunk, tokenizer=tok)
-  batches = pipeline.make_iterator(pool, cfg.rl.questions_per_step, seed=d.seed, num_epochs=None,
-                                   drop_remainder=True)
+  batches = pipeline.iterate(pipeline.make_dataset(pool, cfg.rl.questions_per_step, seed=d.seed, num_epochs=None,
+                                                   drop_remainder=True).map(tasks.QuestionBatch.from_columns))
   evaluator = None
   if cfg.eval.every:
     e = cfg.eval
@@ -190,10 +190,10 @@ def build_experiment(cfg, workdir: str | None = None, *, programs: StepPrograms 
   # fused kernel: through the prefix's cache, attention is plain XLA
   fused = policy.model.attention.whole_rows_fused(policy.dtype)
   shared = agent.memory_segments.pieces[0] if getattr(agent, "reuse_prefix", False) and not fused else None
-  trainer = Trainer(specs.train_spec(cfg), update=specs.update_spec(cfg, loss_from=loss_from),
-                    optim=specs.optim_spec(cfg), workdir=workdir or cfg.train.workdir, mesh=mesh, rules=rules,
-                    policy=policy, collector=collector, batches=batches, evaluate=evaluator, shared_prefix=shared,
-                    config_json=cfg.to_json_best_effort(), programs=programs)
+  parts = RunParts(policy=policy, collector=collector, batches=batches, mesh=mesh, rules=rules, evaluate=evaluator,
+                   shared_prefix=shared, config_json=cfg.to_json_best_effort())
+  trainer = Trainer(specs.train_spec(cfg), parts, update=specs.update_spec(cfg, loss_from=loss_from),
+                    optim=specs.optim_spec(cfg), workdir=workdir or cfg.train.workdir, programs=programs)
   return Experiment(cfg, mesh, policy, agent, pool, evaluator, trainer)
 
 
@@ -202,15 +202,15 @@ def build_trainer(cfg, workdir: str | None = None, *, programs: StepPrograms = S
   return build_experiment(cfg, workdir, programs=programs).trainer
 
 
-def train_phases(cfg, workdir: str | None = None, build=None) -> dict:
+def train_phases(cfg, workdir: str | None = None, build=None) -> TrainResult:
   """Trains cfg phase by phase (`data.phases`, data/curriculum.py; one plain run without it) in one
-  workdir, each phase resuming the last; returns the last trainer's train() output plus `trainer`,
-  with `history` over the phases this call ran. `build`: the trainer factory (tests)."""
+  workdir, each phase resuming the last; returns the step reached, the history over the phases this
+  call ran, and the last phase's trainer. `build`: the trainer factory (tests)."""
   build = build or build_trainer
   phases = curriculum.parse_phases(cfg.data.phases, cfg.data.options, cfg.train.steps)
   if not phases:
     trainer = build(cfg, workdir)
-    return dict(trainer.train(), trainer=trainer)
+    return dataclasses.replace(trainer.train(), trainer=trainer)
   history = []
   for until, settings in phases:
     trainer = build(phase_configs.phase_config(cfg, settings), workdir)  # restores the newest readable checkpoint
@@ -220,5 +220,5 @@ def train_phases(cfg, workdir: str | None = None, build=None) -> dict:
     print(f"data phase to step {until}: " + (", ".join(f"{k}={v!r}" for k, v in settings.items()) or "data.options"),
           flush=True)
     out = trainer.train(until=until)
-    history += out["history"]
-  return dict(out, history=history, trainer=trainer)
+    history += out.history
+  return TrainResult(step=out.step, history=history, trainer=trainer)

@@ -25,7 +25,7 @@ from memagent_jax.models.hf_weights import read_hf_config
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.policy.loading import EMBEDDED_DEFAULT, load_tokenizer, tokenizer_source_for_preset
 from memagent_jax.rl import update as upd
-from memagent_jax.rl.batching import bucket_rows
+from memagent_jax.rl.device_rows import bucket_rows
 from memagent_jax.rl.optim import make_optimizer
 from memagent_jax.runtime import parallel
 from memagent_jax.text.templates import FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY, TemplateSegments
@@ -81,7 +81,7 @@ class StepShapes:
 def step_shapes(cfg, tokenizer, *, batch_shards: int = 1) -> StepShapes:
   """Shapes of cfg's step. Conversations per trajectory = ceil(data.length / chunk_tokens) capped by
   agent.max_chunks, + 1; rows per micro-batch = group_size x ppo_mini_batch x that / micro_batches,
-  bucketed as `rl.batching.mini_batches` pads them (to multiples of micro_batches x batch_shards)."""
+  bucketed as `rl.device_rows.bucket_rows` pads them (to multiples of micro_batches x batch_shards)."""
   a, rl, d = cfg.agent, cfg.rl, cfg.data
   mem = TemplateSegments.build(tokenizer, MEMORY_TEMPLATE)
   fin = TemplateSegments.build(tokenizer, FINAL_TEMPLATES[a.final_template])
@@ -176,8 +176,8 @@ def build_programs(cfg, mesh, rules, *, platform: str = "tpu") -> tuple[list[Pro
   m, r, w, n = s.micro_batches, s.micro_rows, s.prompt_width + s.response_width, s.response_width
   tokens, valid = _rows(mesh, (m, r, w), i32, 1), _rows(mesh, (m, r, w), jnp.bool_, 1)
   logprobs = Program("logprobs", upd.batch_logprobs, (params, tokens, valid), dict(
-      graphdef=graphdef, prompt_width=s.prompt_width, temperature=float(rl.temperature),
-      compute_dtype=cfg.model.dtype), f"batch_logprobs: one mini-batch, {m} x {r} rows x {w} tokens")
+      graphdef=graphdef, spec=upd.LogprobSpec(prompt_width=s.prompt_width, temperature=float(rl.temperature),
+                                              compute_dtype=cfg.model.dtype)), f"batch_logprobs: one mini-batch, {m} x {r} rows x {w} tokens")
   batch = upd.UpdateBatch(tokens=tokens, valid=valid, loss_mask=_rows(mesh, (m, r, n), jnp.bool_, 1),
                old_logp=_rows(mesh, (m, r, n), f32, 1), ref_logp=_rows(mesh, (m, r, n), f32, 1),
                advantages=_rows(mesh, (m, r), f32, 1))

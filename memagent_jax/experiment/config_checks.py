@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 from memagent_jax.agent.memagent import PREFIX_CACHE_CHOICES
 from memagent_jax.models.decoder import REMAT_POLICIES
@@ -16,64 +17,81 @@ from memagent_jax.rl import advantages, losses, rollout
 from memagent_jax.rl.optim import SCHEDULES
 from memagent_jax.rl.toy_teacher import TEACHERS
 
-# (key, integer, low, high, low open, high open, extra allowed values, why): every numeric field of
-# configs/base.py. None = unbounded. `_walk` also rejects a non-finite number under any other key.
-_INF = None  # no upper bound
-RANGES = (
-    ("model.seed", True, 0, _INF, False, False, (), ""),
-    ("agent.chunk_tokens", True, 1, _INF, False, False, (), ""),
-    ("agent.memory_tokens", True, 1, _INF, False, False, (), ""),
-    ("agent.answer_tokens", True, 1, _INF, False, False, (), ""),
-    ("agent.question_tokens", True, 1, _INF, False, False, (), ""),
-    ("agent.block_chunks", True, 1, _INF, False, False, (), ""),
-    ("agent.max_chunks", True, 0, _INF, False, False, (), " (0 = read everything)"),
-    ("agent.context_tokens", True, 0, _INF, False, False, (), " (0 = the model's window)"),
-    ("data.length", True, 1, _INF, False, False, (), ""),
-    ("data.train_size", True, 1, _INF, False, False, (), ""),
-    ("data.seed", True, 0, _INF, False, False, (), ""),
-    ("rl.group_size", True, 1, _INF, False, False, (), ""),
-    ("rl.questions_per_step", True, 1, _INF, False, False, (), ""),
-    ("rl.ppo_mini_batch", True, 1, _INF, False, False, (), ""),
-    ("rl.micro_batches", True, 1, _INF, False, False, (), ""),
-    ("rl.rollout_batch", True, 1, _INF, False, False, (), ""),
-    ("rl.temperature", False, 0, _INF, True, False, (), ""),
-    ("rl.top_p", False, 0, 1, True, False, (), ""),
-    ("rl.eps", False, 0, _INF, False, False, (), ""),
-    ("rl.clip_low", False, 0, 1, False, True, (), ""),
-    ("rl.clip_high", False, 0, _INF, False, False, (), ""),
-    ("rl.clip_c", False, 1, _INF, True, False, (0,), " (or 0 to disable the dual clip)"),
-    ("rl.kl_coef", False, 0, _INF, False, False, (), ""),
-    ("rl.entropy_coef", False, 0, _INF, False, False, (), ""),
-    ("rl.max_extra_gen_batches", True, 0, _INF, False, False, (), ""),
-    ("rl.overlong.max_tokens", True, 1, _INF, False, False, (), ""),
-    ("rl.overlong.cache_tokens", True, 0, _INF, False, False, (), ""),
-    ("optim.lr", False, 0, _INF, True, False, (), ""),
-    ("optim.warmup_steps", True, 0, _INF, False, False, (), ""),
-    ("optim.min_lr_ratio", False, 0, 1, False, False, (), ""),
-    ("optim.weight_decay", False, 0, _INF, False, False, (), ""),
-    ("optim.grad_clip", False, 0, _INF, True, False, (0,), " (or 0 to disable clipping)"),
-    ("optim.b1", False, 0, 1, False, True, (), ""),
-    ("optim.b2", False, 0, 1, False, True, (), ""),
-    ("optim.eps", False, 0, _INF, True, False, (), " (it guards AdamW's division by sqrt(nu))"),
-    ("train.steps", True, 1, _INF, False, False, (), ""),
-    ("train.seed", True, 0, _INF, False, False, (), ""),
-    ("train.save_every", True, 1, _INF, False, False, (), ""),
-    ("train.keep_checkpoints", True, 1, _INF, False, False, (), ""),
-    ("train.log_every", True, 1, _INF, False, False, (), ""),
-    ("train.max_nan_steps", True, 1, _INF, False, False, (), ""),
-    ("eval.every", True, 0, _INF, False, False, (), " (0 = off)"),
-    ("eval.size", True, 0, _INF, False, False, (), ""),
-    ("eval.seed", True, 0, _INF, False, False, (), ""),
-    ("eval.length", True, 0, _INF, False, False, (), " (0 = the training length)"),
-    ("eval.temperature", False, 0, _INF, False, False, (), " (0 = greedy)"),
-    ("eval.top_p", False, 0, 1, True, False, (), ""),
-    ("eval.batch_size", True, 1, _INF, False, False, (), ""),
-    ("mesh.data", True, 1, _INF, False, False, (-1,), " (or -1 for the remaining devices)"),
-    ("mesh.fsdp", True, 1, _INF, False, False, (-1,), " (or -1 for the remaining devices)"),
-    ("mesh.tensor", True, 1, _INF, False, False, (-1,), " (or -1 for the remaining devices)"),
-    ("distributed.num_processes", True, 0, _INF, False, False, (), " (0 = from JAX_NUM_PROCESSES)"),
-    ("distributed.process_id", True, 0, _INF, False, False, (-1,), " (or -1 for JAX_PROCESS_ID)"),
-)
+
+class Range(NamedTuple):
+  """A numeric field's valid values: an integer (or a finite number) >= low, <= high (None: no
+  bound), ends open where asked, or one of `allowed`; `why` ends the error message."""
+  integer: bool
+  low: float
+  high: float | None = None
+  low_open: bool = False
+  high_open: bool = False
+  allowed: tuple = ()
+  why: str = ""
+
+  def text(self) -> str:
+    kind = "an integer" if self.integer else "a finite number"
+    if self.high is None:
+      return f"{kind} {'>' if self.low_open else '>='} {self.low}"
+    return f"{kind} in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+
+# Every numeric field of configs/base.py. `_walk` also rejects a non-finite number under any other key.
+RANGES: dict[str, Range] = {
+    "model.seed": Range(True, 0),
+    "agent.chunk_tokens": Range(True, 1),
+    "agent.memory_tokens": Range(True, 1),
+    "agent.answer_tokens": Range(True, 1),
+    "agent.question_tokens": Range(True, 1),
+    "agent.block_chunks": Range(True, 1),
+    "agent.max_chunks": Range(True, 0, why=" (0 = read everything)"),
+    "agent.context_tokens": Range(True, 0, why=" (0 = the model's window)"),
+    "data.length": Range(True, 1),
+    "data.train_size": Range(True, 1),
+    "data.seed": Range(True, 0),
+    "rl.group_size": Range(True, 1),
+    "rl.questions_per_step": Range(True, 1),
+    "rl.ppo_mini_batch": Range(True, 1),
+    "rl.micro_batches": Range(True, 1),
+    "rl.rollout_batch": Range(True, 1),
+    "rl.temperature": Range(False, 0, low_open=True),
+    "rl.top_p": Range(False, 0, high=1, low_open=True),
+    "rl.eps": Range(False, 0),
+    "rl.clip_low": Range(False, 0, high=1, high_open=True),
+    "rl.clip_high": Range(False, 0),
+    "rl.clip_c": Range(False, 1, low_open=True, allowed=(0,), why=" (or 0 to disable the dual clip)"),
+    "rl.kl_coef": Range(False, 0),
+    "rl.entropy_coef": Range(False, 0),
+    "rl.max_extra_gen_batches": Range(True, 0),
+    "rl.overlong.max_tokens": Range(True, 1),
+    "rl.overlong.cache_tokens": Range(True, 0),
+    "optim.lr": Range(False, 0, low_open=True),
+    "optim.warmup_steps": Range(True, 0),
+    "optim.min_lr_ratio": Range(False, 0, high=1),
+    "optim.weight_decay": Range(False, 0),
+    "optim.grad_clip": Range(False, 0, low_open=True, allowed=(0,), why=" (or 0 to disable clipping)"),
+    "optim.b1": Range(False, 0, high=1, high_open=True),
+    "optim.b2": Range(False, 0, high=1, high_open=True),
+    "optim.eps": Range(False, 0, low_open=True, why=" (it guards AdamW's division by sqrt(nu))"),
+    "train.steps": Range(True, 1),
+    "train.seed": Range(True, 0),
+    "train.save_every": Range(True, 1),
+    "train.keep_checkpoints": Range(True, 1),
+    "train.log_every": Range(True, 1),
+    "train.max_nan_steps": Range(True, 1),
+    "eval.every": Range(True, 0, why=" (0 = off)"),
+    "eval.size": Range(True, 0),
+    "eval.seed": Range(True, 0),
+    "eval.length": Range(True, 0, why=" (0 = the training length)"),
+    "eval.temperature": Range(False, 0, why=" (0 = greedy)"),
+    "eval.top_p": Range(False, 0, high=1, low_open=True),
+    "eval.batch_size": Range(True, 1),
+    "mesh.data": Range(True, 1, allowed=(-1,), why=" (or -1 for the remaining devices)"),
+    "mesh.fsdp": Range(True, 1, allowed=(-1,), why=" (or -1 for the remaining devices)"),
+    "mesh.tensor": Range(True, 1, allowed=(-1,), why=" (or -1 for the remaining devices)"),
+    "distributed.num_processes": Range(True, 0, why=" (0 = from JAX_NUM_PROCESSES)"),
+    "distributed.process_id": Range(True, 0, allowed=(-1,), why=" (or -1 for JAX_PROCESS_ID)"),
+}
 BOOLS = ("rl.recompute_old_logprobs", "rl.dynamic_sampling", "rl.mask_truncated",
          "rl.overlong.enable", "teacher.prompt_loss", "train.async_checkpoint", "train.progress")
 
@@ -89,24 +107,17 @@ def _get(cfg, key: str):
   return node
 
 
-def _range_text(integer, low, high, low_open, high_open) -> str:
-  kind = "an integer" if integer else "a finite number"
-  if high is None:
-    return f"{kind} {'>' if low_open else '>='} {low}"
-  return f"{kind} in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-
-
-def check_range(key, value, integer, low, high, low_open=False, high_open=False, allowed=(), why=""):
+def check_range(key: str, value, valid: Range):
   """Raises ValueError naming key, value and range unless value is a finite number in range."""
-  text = _range_text(integer, low, high, low_open, high_open) + why
+  text = valid.text() + valid.why
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
     _fail(f"{key}={value!r} must be {text}")
-  if value in allowed:
+  if value in valid.allowed:
     return
-  if not math.isfinite(value) or (integer and value != int(value)):
+  if not math.isfinite(value) or (valid.integer and value != int(value)):
     _fail(f"{key}={value!r} must be {text}")
-  below = value < low or (low_open and value == low)
-  above = high is not None and (value > high or (high_open and value == high))
+  below = value < valid.low or (valid.low_open and value == valid.low)
+  above = valid.high is not None and (value > valid.high or (valid.high_open and value == valid.high))
   if below or above:
     _fail(f"{key}={value!r} must be {text}")
 
@@ -124,8 +135,8 @@ def _walk(node, prefix=""):
 
 def check_numbers(cfg):
   """Every numeric key finite and in its range; booleans are booleans."""
-  for key, integer, low, high, low_open, high_open, allowed, why in RANGES:
-    check_range(key, _get(cfg, key), integer, low, high, low_open, high_open, allowed, why)
+  for key, valid in RANGES.items():
+    check_range(key, _get(cfg, key), valid)
   for key in BOOLS:
     if not isinstance(_get(cfg, key), bool):
       _fail(f"{key}={_get(cfg, key)!r} must be True or False")

@@ -216,7 +216,8 @@ class ToyKV(_LocalBuilder):
 
   def _generate_examples(self):
     cfg = self.builder_config
-    for s in toy.generate(cfg.num_samples, cfg.length, cfg.seed, chunk_tokens=cfg.chunk_tokens):
+    for s in toy.generate(cfg.num_samples, cfg.length, cfg.seed,
+                          makeup=toy.Makeup(chunk_tokens=cfg.chunk_tokens)):
       yield s["index"], {k: s[k] for k in ("question", "context", "answers", "key", "num_tokens",
                                            "num_overrides", "num_distractors", "seed", "index")}
 

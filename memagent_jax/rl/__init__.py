@@ -3,8 +3,7 @@
   rollout        `RolloutCollector`: agent rollouts in groups, `REWARD_FNS`, dynamic sampling, overlong
   rewards        answer metrics (memagent_verifier, sub_em, exact_match, f1, string_match_*)
   advantages     `ADVANTAGES`: group-relative advantages (grpo, mean_centred)
-  batching       fixed-width training rows and mini-batches built on the host (teacher rows)
-  device_rows    the same rows gathered on device from a rollout's conversation slots
+  device_rows    fixed-width training rows and mini-batches, gathered on device from conversation slots
   losses         `POLICY_LOSSES` (ppo_clip, sft), KL penalties, aggregation modes
   update         the jitted update step; optim: optax optimizer and schedules
   trainer        `Trainer`: the loop; train_state: checkpoint/resume of its state

@@ -3,14 +3,19 @@ which row of which mini-batch (small integer arrays), one compiled gather builds
 `UpdateBatch` split over the mesh, and no token crosses the host (`SlotRows`).
 
 A slot is one conversation of an agent call (a memory update or a final answer) as fixed-width
-arrays (`agent.results.ConversationSlots`). The row layout is the one `rl.batching` builds on the
-host: the prompt left-padded to P columns, then the response right-padded to N.
+arrays (`agent.results.ConversationSlots`). A row is the prompt left-padded to P columns, then the
+response right-padded to N, so the response always starts at column P and one compiled update
+serves every step. Rows are grouped into mini-batches by question and padded with empty rows to a
+bucketed count (`bucket_rows`), so the row count takes only a few distinct values.
+
+tests/reference_rows.py builds the same rows on the host: the plain reference this gather is tested against.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +23,6 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.agent.results import ConversationSlots
-from memagent_jax.rl.batching import TrainRows, bucket_rows, mini_batch_split
 from memagent_jax.rl.update import UpdateBatch
 from memagent_jax.runtime.parallel import BATCH_AXES
 
@@ -31,6 +35,28 @@ class MiniBatchPlan:
   question: np.ndarray  # [R] int32 (-1 for padding)
   real_tokens: int = 0  # real tokens of its rows (a padding row holds one), when the planner was told
   prompt_width: int | None = None  # prompt columns kept (the last ones of the slots'); None: all
+
+
+def bucket_rows(rows: int, multiple: int) -> int:
+  """Smallest `multiple * u` >= rows with u in 1, 2, 3, 4, 6, 8, 12, 16, ... (2^k or 1.5 * 2^k):
+  two shapes per octave, so few compilations and at most 1/3 of the rows are padding."""
+  if rows < 1:
+    raise ValueError("no rows to bucket")
+  units = -(-rows // multiple)
+  power = 1 << (units - 1).bit_length()  # smallest 2^k >= units
+  return multiple * (3 * power // 4 if power >= 4 and units <= 3 * power // 4 else power)
+
+
+def mini_batch_split(question, *, num_questions: int, questions_per_mini_batch: int,
+                     multiple: int) -> list[tuple[np.ndarray, int]]:
+  """Rows by question [R] -> per mini-batch of `questions_per_mini_batch` questions (the last one
+  smaller when dynamic sampling proceeded with fewer groups): (its row indices, its bucketed row
+  count, divisible by `multiple`)."""
+  out = []
+  for start in range(0, num_questions, questions_per_mini_batch):
+    idx = np.flatnonzero((question >= start) & (question < start + questions_per_mini_batch))
+    out.append((idx, bucket_rows(len(idx), multiple)))
+  return out
 
 
 WIDTH_STEPS = 8  # a row group's prompt width is k/8 of the slots' (k = 1..8): few shapes, few compiles
@@ -77,7 +103,7 @@ def split_by_width(plan: MiniBatchPlan, prompt_len, *, full_width: int, response
 def plan_mini_batches(slot, question, advantages, *, questions_per_mini_batch: int, multiple: int,
                       num_questions: int, tokens=None) -> list[MiniBatchPlan]:
   """Kept rows (slot [K], question [K], advantage [K], in row order; real tokens [K] optional) ->
-  mini-batches split as `batching.mini_batches` splits host rows, padding rows last."""
+  mini-batches split by `mini_batch_split` (multiple = micro-batches x batch shards), padding rows last."""
   slot, question = np.asarray(slot, np.int32), np.asarray(question, np.int32)
   advantages = np.asarray(advantages, np.float32)
   tokens = np.zeros(len(slot), np.int64) if tokens is None else np.asarray(tokens, np.int64)
@@ -89,11 +115,20 @@ def plan_mini_batches(slot, question, advantages, *, questions_per_mini_batch: i
                                              questions_per_mini_batch=questions_per_mini_batch, multiple=multiple)]
 
 
-@functools.partial(jax.jit, static_argnames=("micro_batches", "mask_truncated", "loss_on_prompt", "pad_id",
-                                             "out_sharding", "prompt_width"))
-def _gather(slots: ConversationSlots, slot, advantages, prefix=None, *, micro_batches: int, mask_truncated: bool,
-            loss_on_prompt: bool, pad_id: int, out_sharding, prompt_width: int | None):
-  p, n = prompt_width or slots.prompt.shape[1], slots.response.shape[1]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _GatherSpec:
+  """Static settings of one mini-batch's gather (hashable: a jit static argument)."""
+  micro_batches: int
+  mask_truncated: bool  # no loss on conversations that hit their token cap
+  loss_on_prompt: bool  # next-token loss on whole conversations (from column 1)
+  pad_id: int
+  prompt_width: int | None  # the group's prompt columns (None: the slots' full width)
+  out_sharding: Any = None  # rows over ("data", "fsdp") (`_RowSharding`), or None
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _gather(slots: ConversationSlots, slot, advantages, prefix=None, *, spec: _GatherSpec):
+  p, n = spec.prompt_width or slots.prompt.shape[1], slots.response.shape[1]
   empty = slot < 0  # [R]
   take = lambda x: jnp.take(x, jnp.maximum(slot, 0), axis=0)
   prompt_len = jnp.where(empty, 0, take(slots.prompt_len))
@@ -101,29 +136,31 @@ def _gather(slots: ConversationSlots, slot, advantages, prefix=None, *, micro_ba
   prompt_valid = jnp.arange(p)[None, :] >= (p - prompt_len)[:, None]  # [R, P]
   prompt_valid = prompt_valid | (empty[:, None] & (jnp.arange(p) == p - 1)[None, :])  # one real token per row
   response_valid = jnp.arange(n)[None, :] < response_len[:, None]  # [R, N]
-  loss_mask = response_valid & ~(mask_truncated & take(slots.truncated))[:, None]
+  loss_mask = response_valid & ~(spec.mask_truncated & take(slots.truncated))[:, None]
   prompt = take(slots.prompt)[:, slots.prompt.shape[1] - p:]  # [R, p]: left-padded, the last p columns hold it
   tokens = jnp.concatenate([prompt, take(slots.response)], axis=1)  # [R, p + N]
-  rows = dict(tokens=jnp.where(empty[:, None], pad_id, tokens),
-              valid=jnp.concatenate([prompt_valid, response_valid], axis=1), loss_mask=loss_mask,
-              old_logp=jnp.where(response_valid, take(slots.logprobs), 0.0),
-              ref_logp=jnp.zeros(loss_mask.shape, jnp.float32), advantages=jnp.asarray(advantages, jnp.float32))
-  if loss_on_prompt:  # every real token after the first is a target (`teacher_rows.language_model_rows`)
-    valid = rows["valid"]
-    rows["loss_mask"] = valid[:, 1:] & valid[:, :-1]  # [R, P + N - 1]
-    rows["old_logp"] = rows["ref_logp"] = jnp.zeros(rows["loss_mask"].shape, jnp.float32)
-  fits = jnp.bool_(False) if prefix is None else _prefix_fits(rows["tokens"], rows["valid"], prefix,
-                                                                        1 if loss_on_prompt else p)
-  split = lambda x: x.reshape((micro_batches, x.shape[0] // micro_batches) + x.shape[1:])
-  batch = UpdateBatch(**{k: split(v) for k, v in rows.items()})
-  if out_sharding is not None:
-    batch = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, out_sharding(x.ndim)), batch)
+  rows = UpdateBatch(tokens=jnp.where(empty[:, None], spec.pad_id, tokens),
+                     valid=jnp.concatenate([prompt_valid, response_valid], axis=1), loss_mask=loss_mask,
+                     old_logp=jnp.where(response_valid, take(slots.logprobs), 0.0),
+                     ref_logp=jnp.zeros(loss_mask.shape, jnp.float32),
+                     advantages=jnp.asarray(advantages, jnp.float32))  # [R, ...] before the micro-batch split
+  if spec.loss_on_prompt:  # every real token after the first is a target
+    loss_mask = rows.valid[:, 1:] & rows.valid[:, :-1]  # [R, P + N - 1]
+    zeros = jnp.zeros(loss_mask.shape, jnp.float32)
+    rows = rows.replace(loss_mask=loss_mask, old_logp=zeros, ref_logp=zeros)
+  fits = jnp.bool_(False) if prefix is None else _prefix_fits(rows.tokens, rows.valid, prefix,
+                                                                1 if spec.loss_on_prompt else p)
+  m = spec.micro_batches
+  batch = jax.tree.map(lambda x: x.reshape((m, x.shape[0] // m) + x.shape[1:]), rows)  # [M, R / M, ...]
+  if spec.out_sharding is not None:
+    batch = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec.out_sharding(x.ndim)), batch)
   return batch, fits
 
 
 def _prefix_fits(tokens, valid, prefix, prompt_width: int):
-  """`update.prefix_fits` on device: every row [R, W] starts with prefix [L] from its first real
-  slot, or has at least L slots of padding first; and the loss starts after the prefix."""
+  """Whether a shared prefix [L] can stand in for the first L slots of every row [R, W]: every row
+  starts with it from its first real slot, or has at least L slots of padding first; and the loss
+  starts after the prefix."""
   l = prefix.shape[0]
   if prompt_width <= l:
     return jnp.bool_(False)
@@ -138,21 +175,21 @@ def gather_update_batch(slots: ConversationSlots, plan: MiniBatchPlan, *, micro_
   """One mini-batch's UpdateBatch [M, R / M, ...] gathered from the slots on device; with a mesh,
   rows are split over ("data", "fsdp") as `parallel.shard_micro_batches` splits them. A row's
   tokens and old log-probs are its slot's; padding rows hold one real token and no loss.
-  Also returns whether the shared prefix [L] fits every row (`update.prefix_fits`; False without one).
+  Also returns whether the shared prefix [L] fits every row (`_prefix_fits`; False without one).
   loss_on_prompt: next-token loss on whole conversations (the loss starts at column 1)."""
   if len(plan.slot) % micro_batches:
     raise ValueError(f"{len(plan.slot)} rows do not split into {micro_batches} micro-batches")
   sharding = None if mesh is None else _RowSharding(mesh)
   # host numpy plans: replicated inputs on every process of a multi-host run
-  return _gather(slots, np.asarray(plan.slot, np.int32), np.asarray(plan.advantages, np.float32), prefix,
-                 micro_batches=micro_batches, mask_truncated=mask_truncated, loss_on_prompt=loss_on_prompt,
-                 pad_id=pad_id, out_sharding=sharding, prompt_width=plan.prompt_width)
+  spec = _GatherSpec(micro_batches=micro_batches, mask_truncated=mask_truncated, loss_on_prompt=loss_on_prompt,
+                     pad_id=pad_id, prompt_width=plan.prompt_width, out_sharding=sharding)
+  return _gather(slots, np.asarray(plan.slot, np.int32), np.asarray(plan.advantages, np.float32), prefix, spec=spec)
 
 
 @dataclasses.dataclass(kw_only=True)
 class SlotRows:
   """A step's kept rows as indices into its conversation slots (on device), in row order: grouped
-  by question, within a group as generated. Same rows, in the same order, as host `TrainRows`."""
+  by question, within a group as generated."""
   slots: ConversationSlots  # [S, ...] device arrays
   slot: np.ndarray  # [K] int32
   question: np.ndarray  # [K] int32 group index within the step
@@ -197,14 +234,6 @@ class SlotRows:
     batch, fits = gather_update_batch(self.slots, plan, micro_batches=micro_batches, mask_truncated=self.mask_truncated,
                                       pad_id=self.pad_id, mesh=mesh, prefix=prefix, loss_on_prompt=self.loss_on_prompt)
     return batch, prefix is not None and bool(fits)
-
-  def host_rows(self) -> TrainRows:
-    """The rows as host arrays (for inspection and tests; training never needs them)."""
-    plan = MiniBatchPlan(slot=self.slot, advantages=self.advantages, question=self.question)
-    batch, _ = gather_update_batch(self.slots, plan, micro_batches=1, mask_truncated=self.mask_truncated,
-                                   pad_id=self.pad_id, loss_on_prompt=self.loss_on_prompt)
-    arrays = {f.name: np.asarray(getattr(batch, f.name))[0] for f in dataclasses.fields(batch)}
-    return TrainRows(**arrays, question=self.question, prompt_width=self.prompt_width)
 
 
 @dataclasses.dataclass(frozen=True)

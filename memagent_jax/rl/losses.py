@@ -22,7 +22,8 @@ the whole mini-batch (a mean of micro-batch means would not).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import dataclasses
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -105,6 +106,27 @@ def _row_advantages(advantages, shape) -> jax.Array:
   return jnp.broadcast_to(adv, shape)
 
 
+class PolicyLossTerms(NamedTuple):
+  """What a policy loss reports beside its scalar: token means over the loss mask (0 where the loss has
+  no such term: the SFT loss clips nothing, the clipped surrogate's NLL is not computed)."""
+  clip_frac: jax.Array | float = 0.0  # share of tokens where the clipped branch is active
+  dual_clip_frac: jax.Array | float = 0.0  # share where the dual clip binds
+  approx_kl_old: jax.Array | float = 0.0  # mean of old_logp - logp (clamped log-ratio, as verl)
+  nll: jax.Array | float = 0.0  # mean negative log-likelihood (the SFT loss)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipSpec:
+  """The clipped surrogate's ratio bounds [1 - low, 1 + high] and optional dual-clip constant."""
+  low: float = 0.2
+  high: float = 0.28  # DAPO's clip-higher
+  dual: Optional[float] = None  # > 1: bounds the loss of negative-advantage tokens at -A * dual
+
+  def __post_init__(self):
+    if self.dual is not None and not self.dual > 1.0:
+      raise ValueError(f"dual-clip constant clip_c must be > 1, got {self.dual}")
+
+
 def policy_loss_terms(logp, old_logp, advantages, mask, *, clip_low: float, clip_high: float,
                       clip_c: Optional[float]):
   """Per-token PPO clipped surrogate (clip-higher, optional dual clip) and its diagnostics.
@@ -119,9 +141,7 @@ def policy_loss_terms(logp, old_logp, advantages, mask, *, clip_low: float, clip
       -A * clip_c. None disables it.
 
   Returns:
-    (loss_mat [R, T], metrics) with metrics "clipfrac" (share of tokens where the clipped
-    branch is active), "clipfrac_lower" (share where the dual clip binds) and "ppo_kl"
-    (mean of old_logp - logp over masked tokens, from the clamped log-ratio as in verl).
+    (loss_mat [R, T], PolicyLossTerms with clip_frac, dual_clip_frac and approx_kl_old).
   """
   if clip_c is not None and not clip_c > 1.0:
     raise ValueError(f"dual-clip constant clip_c must be > 1, got {clip_c}")
@@ -140,12 +160,8 @@ def policy_loss_terms(logp, old_logp, advantages, mask, *, clip_low: float, clip
     neg = adv < 0
     clipfrac_lower = _masked_mean((neg & (loss > pg3)).astype(jnp.float32), mask)
     loss = jnp.where(neg, jnp.minimum(loss, pg3), loss)
-  metrics = {
-      "clipfrac": clipfrac,
-      "clipfrac_lower": clipfrac_lower,
-      "ppo_kl": _masked_mean(-log_ratio, mask),
-  }
-  return loss, metrics
+  return loss, PolicyLossTerms(clip_frac=clipfrac, dual_clip_frac=clipfrac_lower,
+                               approx_kl_old=_masked_mean(-log_ratio, mask))
 
 
 # Documented public API (DESIGN.md): its defaults are the paper's values (DAPO clip-higher, token-mean).
@@ -154,7 +170,7 @@ def policy_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_hi
                 denominator: Optional[jax.Array] = None, with_metrics: bool = False):
   """Scalar clipped-surrogate loss: `policy_loss_terms` reduced by `aggregate`.
 
-  with_metrics=True returns (loss, metrics of `policy_loss_terms`): the update's "ppo_clip"."""
+  with_metrics=True returns (loss, PolicyLossTerms of `policy_loss_terms`)."""
   _check_agg(agg)
   loss, metrics = policy_loss_terms(logp, old_logp, advantages, mask, clip_low=clip_low,
                                     clip_high=clip_high, clip_c=clip_c)
@@ -233,7 +249,8 @@ def sft_loss(logp, mask, *, agg: str, denominator: Optional[jax.Array] = None) -
 # ---------------------------------------------------------------------------------------
 # Registry.
 
-PolicyLossFn = Callable[..., tuple]
+# fn(logp, old_logp, advantages, mask, *, clip: ClipSpec, agg, denominator) -> (scalar, PolicyLossTerms)
+PolicyLossFn = Callable[..., tuple[jax.Array, PolicyLossTerms]]
 
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 register_policy_loss = POLICY_LOSSES.register
@@ -241,17 +258,15 @@ get_policy_loss = POLICY_LOSSES.get
 
 
 @register_policy_loss("ppo_clip")
-def _ppo_clip(logp, old_logp, advantages, mask, *, clip_low: float, clip_high: float,
-              clip_c: Optional[float], agg: str, denominator: Optional[jax.Array]):
+def _ppo_clip(logp, old_logp, advantages, mask, *, clip: ClipSpec, agg: str, denominator: Optional[jax.Array]):
   """`policy_loss` (clip-higher, optional dual clip) with its clip diagnostics."""
-  return policy_loss(logp, old_logp, advantages, mask, clip_low, clip_high, clip_c, agg,
+  return policy_loss(logp, old_logp, advantages, mask, clip.low, clip.high, clip.dual, agg,
                      denominator=denominator, with_metrics=True)
 
 
 @register_policy_loss("sft")
-def _sft(logp, old_logp, advantages, mask, *, clip_low: float, clip_high: float,
-         clip_c: Optional[float], agg: str, denominator: Optional[jax.Array]):
+def _sft(logp, old_logp, advantages, mask, *, clip: ClipSpec, agg: str, denominator: Optional[jax.Array]):
   """`sft_loss`; the RL-only arguments are accepted for the uniform signature and ignored."""
-  del old_logp, advantages, clip_low, clip_high, clip_c
+  del old_logp, advantages, clip
   nll = _masked_mean(-_f32(logp), _f32(mask))
-  return sft_loss(logp, mask, agg=agg, denominator=denominator), {"nll": nll}
+  return sft_loss(logp, mask, agg=agg, denominator=denominator), PolicyLossTerms(nll=nll)

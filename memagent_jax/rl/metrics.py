@@ -71,8 +71,8 @@ def host_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
-def device_memory() -> dict[str, int]:
-  """Bytes and count of the jax arrays alive in this process (all devices): flat over a run unless
+def device_memory() -> tuple[int, int]:
+  """(bytes, count) of the jax arrays alive in this process (all devices): flat over a run unless
   something keeps old arrays (a leak the allocator's own statistics would hide on the CPU)."""
   arrays = jax.live_arrays()
-  return {"perf/device_bytes": int(sum(a.nbytes for a in arrays)), "perf/live_arrays": len(arrays)}
+  return int(sum(a.nbytes for a in arrays)), len(arrays)

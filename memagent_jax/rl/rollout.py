@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from memagent_jax.agent.results import AgentResult, RolloutSlots
+from memagent_jax.data.tasks import QuestionBatch
+from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.runtime.process_gather import gather_rows, this_process_share
 from memagent_jax.runtime.registry import Registry
 from memagent_jax.rl import advantages as adv_lib
@@ -96,12 +98,36 @@ class DynamicSamplingError(RuntimeError):
   """Dynamic sampling ran out of extra generation batches before the step was full."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutMetrics:
+  """What one step's rollouts report, over every trajectory generated (kept or not)."""
+  reward_mean: float  # the shaped reward (what the advantages see)
+  accuracy: float  # the reward function's raw score
+  kept_group_frac: float  # groups with a reward signal / groups generated (1 without dynamic sampling)
+  memory_tokens: float  # mean tokens of a memory update, stop token excluded
+  chunks_per_doc: float
+  rollout_tokens: float  # prompt + response tokens of every conversation
+  rollout_seconds: float
+  kept_groups: int = 0
+  gen_batches: int = 1  # generation batches drawn this step
+  answer_tokens: float | None = None  # mean final-answer tokens, stop token included (as DAPO's overlong shaping)
+  truncated_frac: float | None = None  # conversations that hit their token cap (None: a teacher, never)
+  rows_per_process: float = 0.0  # trajectories each process generated
+  teacher_accuracy: float | None = None  # a teacher's rollouts: the teacher's own score
+
+  def scalars(self) -> dict[str, float]:
+    """The logged names (a field that is None is not logged)."""
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+           if f.name != "rows_per_process" and getattr(self, f.name) is not None}
+    return dict(out, **{"perf/rollout_rows_per_process": self.rows_per_process})
+
+
 @dataclasses.dataclass(kw_only=True)
 class StepRollout:
   """The kept groups of one rollout step as training rows, plus what to log."""
   rows: SlotRows | None  # None when no group was kept
   num_questions: int  # kept groups
-  metrics: dict[str, float]
+  metrics: RolloutMetrics
   results: list[AgentResult] | None = None  # a teacher's trajectories, for inspection
 
 
@@ -131,21 +157,21 @@ class RolloutCollector:
     self.reward_fn = get_reward_fn(spec.reward)
     self.advantage_fn = adv_lib.get_advantage(spec.advantage)
 
-  def _generate(self, samples: dict, seed: int) -> tuple[list[_Call], slice]:
+  def _generate(self, samples: QuestionBatch, seed: int) -> tuple[list[_Call], slice]:
     """G trajectories for this process's share of the batch's questions, in reader calls of
     rl.rollout_batch trajectories over all processes. Trajectory g of question q samples with
     row id q * G + g under `seed`, so it is the same on any number of devices or processes."""
     g = self.spec.group_size
-    mine = this_process_share(len(samples["question"]), "questions of a rollout batch")
-    questions = [samples["question"][q] for q in range(mine.start, mine.stop) for _ in range(g)]
-    documents = [samples["context"][q] for q in range(mine.start, mine.stop) for _ in range(g)]
+    mine = this_process_share(len(samples), "questions of a rollout batch")
+    questions = [samples.question[q] for q in range(mine.start, mine.stop) for _ in range(g)]
+    documents = [samples.context[q] for q in range(mine.start, mine.stop) for _ in range(g)]
     row_ids = [q * g + k for q in range(mine.start, mine.stop) for k in range(g)]
-    calls = []
+    calls, decode = [], DecodeSpec(temperature=self.spec.temperature, top_p=self.spec.top_p)
     for start in range(0, len(questions), self._call_rows()):
       part = slice(start, start + self._call_rows())
       calls.append(_Call.gather(self.agent.rollout_slots(
-          questions[part], documents[part], temperature=self.spec.temperature, top_p=self.spec.top_p, seed=seed,
-          row_ids=row_ids[part], prompt_width=self.prompt_width, response_width=self.response_width)))
+          questions[part], documents[part], decode=decode, seed=seed, row_ids=row_ids[part],
+          prompt_width=self.prompt_width, response_width=self.response_width)))
     return calls, mine
 
   def _call_rows(self) -> int:
@@ -165,7 +191,7 @@ class RolloutCollector:
       shaped += overlong_penalty(lengths, max_tokens=ov.max_tokens, cache_tokens=ov.cache_tokens)
     return shaped, scores, lengths
 
-  def collect(self, batches: Iterator[dict], seed_of: Callable[[int, int], int]) -> StepRollout:
+  def collect(self, batches: Iterator[QuestionBatch], seed_of: Callable[[int, int], int]) -> StepRollout:
     """Draws question batches until `questions_per_step` groups are kept (dynamic sampling) or
     the first batch is used as is; seed_of(gen_batch, 0) seeds generation batch gen_batch.
 
@@ -179,11 +205,11 @@ class RolloutCollector:
     while True:
       samples = next(batches)
       calls, mine = self._generate(samples, seed_of(gen, 0))
-      answers = list(samples["answers"])[mine]
+      answers = samples.answers[mine]
       shaped, scores, lengths = map(gather_rows, self._rewards(calls, answers))  # every process's
       gens.append((calls, mine.stop - mine.start))
       all_scores.append(scores), all_rewards.append(shaped), all_lengths.append(lengths)
-      nq = len(samples["question"])
+      nq = len(samples)
       groups_seen += nq
       for q in range(nq):
         acc = scores[q * g:(q + 1) * g]
@@ -207,14 +233,11 @@ class RolloutCollector:
     kept, kept_rewards = kept[:spec.questions_per_step], kept_rewards[:spec.questions_per_step]
     scores, shaped, lengths = map(np.concatenate, (all_scores, all_rewards, all_lengths))
     calls = [c for cs, _ in gens for c in cs]
-    metrics = {
-        "reward_mean": float(shaped.mean()), "accuracy": float(scores.mean()),
-        "kept_group_frac": informative / max(1, groups_seen), "gen_batches": gen,
-        "kept_groups": len(kept), "answer_tokens": float(lengths.mean()),
-        **_call_metrics(calls),
-        "perf/rollout_rows_per_process": float(len(scores) / jax.process_count()),
-        "rollout_seconds": time.perf_counter() - t0,
-    }
+    metrics = RolloutMetrics(
+        reward_mean=float(shaped.mean()), accuracy=float(scores.mean()),
+        kept_group_frac=informative / max(1, groups_seen), gen_batches=gen, kept_groups=len(kept),
+        answer_tokens=float(lengths.mean()), **_call_metrics(calls),
+        rows_per_process=float(len(scores) / jax.process_count()), rollout_seconds=time.perf_counter() - t0)
     rows = self._rows(kept, kept_rewards, gens) if kept else None
     return StepRollout(rows=rows, num_questions=len(kept), metrics=metrics)
 

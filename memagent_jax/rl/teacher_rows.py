@@ -17,21 +17,11 @@ from typing import Callable, Iterator
 import numpy as np
 
 from memagent_jax.agent.results import slots_from_results
+from memagent_jax.data.tasks import QuestionBatch
 from memagent_jax.rl import rewards
-from memagent_jax.rl.batching import TrainRows
 from memagent_jax.rl.device_rows import SlotRows
-from memagent_jax.rl.rollout import StepRollout
+from memagent_jax.rl.rollout import RolloutMetrics, StepRollout
 from memagent_jax.rl.toy_teacher import TEACHERS
-
-
-def language_model_rows(rows: TrainRows) -> TrainRows:
-  """The same rows with every real token after the first as a target (prompt_width 1): next-token
-  loss on whole conversations, as a base model is pretrained, instead of on responses only (the
-  host reference of `SlotRows(loss_on_prompt=True)`)."""
-  loss_mask = rows.valid[:, 1:] & rows.valid[:, :-1]  # [R, W - 1]: a target and a real token before it
-  zeros = np.zeros(loss_mask.shape, np.float32)
-  return TrainRows(tokens=rows.tokens, valid=rows.valid, loss_mask=loss_mask, old_logp=zeros, ref_logp=zeros,
-                   advantages=rows.advantages, question=rows.question, prompt_width=1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,12 +44,12 @@ class TeacherCollector:
     self.options = dict(spec.options)
     self.prompt_loss = spec.prompt_loss
 
-  def collect(self, batches: Iterator[dict], seed_of: Callable[[int, int], int]) -> StepRollout:
+  def collect(self, batches: Iterator[QuestionBatch], seed_of: Callable[[int, int], int]) -> StepRollout:
     t0 = time.perf_counter()
     samples = next(batches)
     rng = random.Random(seed_of(0, 0))
     results = [self.teacher(self.agent, q, c, rng=rng, **self.options)
-               for q, c in zip(samples["question"], samples["context"])]
+               for q, c in zip(samples.question, samples.context)]
     # every process writes every trajectory (the teacher is host code): nothing to gather
     slots = slots_from_results(results, self.agent.pad_id, prompt_width=self.prompt_width,
                                response_width=self.response_width, gather=False)
@@ -70,12 +60,12 @@ class TeacherCollector:
                     tokens=(slots.prompt_len + slots.response_len)[row, turn].astype(np.int64),
                     prompt_len=slots.prompt_len[row, turn].astype(np.int64),
                     pad_id=self.agent.pad_id, loss_on_prompt=self.prompt_loss)  # never truncated
-    scores = [rewards.exact_match(r.prediction, list(a)) for r, a in zip(results, samples["answers"])]
+    scores = [rewards.exact_match(r.prediction, list(a)) for r, a in zip(results, samples.answers)]
     memory = slots.response_len[slots.active & ~slots.is_final]
-    metrics = {"reward_mean": float(np.mean(scores)), "accuracy": float(np.mean(scores)),
-               "teacher_accuracy": float(np.mean(scores)), "kept_group_frac": 1.0,
-               "memory_tokens": float(memory.mean()) if memory.size else 0.0,
-               "chunks_per_doc": float(np.mean([r.num_chunks for r in results])),
-               "rollout_tokens": float(rows.tokens.sum()),
-               "rollout_seconds": time.perf_counter() - t0}
+    metrics = RolloutMetrics(reward_mean=float(np.mean(scores)), accuracy=float(np.mean(scores)),
+                             teacher_accuracy=float(np.mean(scores)), kept_group_frac=1.0,
+                             kept_groups=len(results), rows_per_process=float(len(results)),
+                             memory_tokens=float(memory.mean()) if memory.size else 0.0,
+                             chunks_per_doc=float(np.mean([r.num_chunks for r in results])),
+                             rollout_tokens=float(rows.tokens.sum()), rollout_seconds=time.perf_counter() - t0)
     return StepRollout(rows=rows, num_questions=len(results), metrics=metrics, results=results)

@@ -93,24 +93,34 @@ def check_finite(st: TrainState, mesh, step: int):
                               "optimizer setting, or an overflowing update (lower optim.lr)?")
 
 
-def restore_or_init(*, workdir: str, policy, mesh, rules, tx, batches, is_chief: bool, seed: int, keep: int,
-                    async_save: bool, model_source: str, with_reference: bool):
-  """Fresh state (params sharded by the mesh rules, the PRNG key of `seed`, reference params when
-  `with_reference`), or the latest complete checkpoint's (which also moves `batches` to its data
-  position and drops later lines of metrics.jsonl); checkpoints keep the newest `keep` steps."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StateSpec:
+  """How a run's state starts and is kept: a fresh run's seed, reference params (KL on), the
+  checkpoints kept and how they are written, the model a resumed checkpoint must hold."""
+  seed: int
+  with_reference: bool  # keep frozen reference params (the KL term's)
+  keep: int  # newest checkpoints kept
+  async_save: bool
+  model_source: str  # recorded in checkpoints; a resume checks it loads the same model
+
+
+def restore_or_init(spec: StateSpec, *, workdir: str, policy, mesh, rules, tx, batches):
+  """Fresh state (params sharded by the mesh rules, the PRNG key of spec.seed, reference params when
+  spec.with_reference), or the latest complete checkpoint's (which also moves `batches` to its data
+  position and, on process 0, drops later lines of metrics.jsonl). -> (TrainState, Checkpointer)."""
   master = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), policy.state)  # fp32 master
   shardings = parallel.param_shardings(master, mesh, rules)
   params = parallel.shard_params(master, mesh, rules)
   opt_state = tx.init(params)
   opt_state = parallel.shard_opt_state(opt_state, params, shardings, mesh)
-  ref_params = jax.tree_util.tree_map(jnp.copy, params) if with_reference else None
-  rng = jax.random.PRNGKey(seed)
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=keep, async_save=async_save)
+  ref_params = jax.tree_util.tree_map(jnp.copy, params) if spec.with_reference else None
+  rng = jax.random.PRNGKey(spec.seed)
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=spec.keep, async_save=spec.async_save)
   state = TrainState(params, opt_state, ref_params, 0, rng)
   if ckpt.latest_step() is None:
     return state, ckpt
   live = _tree(state, mesh)
-  expect = model_meta(model_source, policy)["model_config"]
+  expect = model_meta(spec.model_source, policy)["model_config"]
   _, restored, meta = ckpt.restore_newest_readable(target=live, expect_model_config=expect)
   # the checkpoint holds plain dicts where the live tree has nnx.State nodes; the leaves come back
   # in the target's order (and shardings), so they refill the live structure exactly
@@ -118,7 +128,7 @@ def restore_or_init(*, workdir: str, policy, mesh, rules, tx, batches, is_chief:
   state = TrainState(tree["params"], tree["opt_state"], tree.get("ref_params"), int(_local(tree["step"])),
                      jnp.asarray(_local(tree["rng"])))  # the key goes back to a host-local array
   batches.set_state(meta["data_state"])
-  if is_chief:
+  if jax.process_index() == 0:
     _truncate_metrics(os.path.join(workdir, "logs", "metrics.jsonl"), state.step)
   logging.info("resumed from step %d in %s", state.step, ckpt.directory)
   return state, ckpt

@@ -13,7 +13,7 @@ import collections
 import dataclasses
 import os
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +27,9 @@ from memagent_jax.runtime.workdir_lock import WorkdirLock
 from memagent_jax.rl import update as upd
 from memagent_jax.rl.metrics import MetricWriter, device_memory, host_rss_bytes
 from memagent_jax.rl.optim import OptimSpec, lr_at, make_optimizer, set_learning_rate
-from memagent_jax.rl.train_state import (NonFiniteStateError, check_finite, model_meta,  # noqa: F401
-                                         restore_or_init, save_state)
+from memagent_jax.rl.rollout import RolloutMetrics
+from memagent_jax.rl.train_state import (NonFiniteStateError, StateSpec, check_finite,  # noqa: F401
+                                         model_meta, restore_or_init, save_state)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -73,50 +74,106 @@ class TrainSpec:
       raise ValueError(f"TrainSpec.rollout_layout={self.rollout_layout!r}; choose one of {parallel.ROLLOUT_LAYOUTS}")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepMetrics:
+  """What one training step reports; `scalars()` are the names it is logged under (train/...)."""
+  step: int  # the step these metrics are of (1 for the first)
+  lr: float
+  rollout: RolloutMetrics
+  update: upd.UpdateMetrics | None = None  # means over the step's finite updates; None: no update ran
+  updates: int = 0  # optimizer updates (mini-batches)
+  skipped_updates: int = 0  # updates with a non-finite loss or gradient, not applied
+  nan_run: int = 0  # consecutive non-finite updates so far
+  prefix_shared_frac: float = 0.0  # width groups whose shared template prefix ran once
+  width_groups: float = 0.0  # width groups per update
+  update_tokens_per_s: float = 0.0
+  rollout_tokens_per_s: float = 0.0
+  update_seconds: float = 0.0
+  step_seconds: float = 0.0
+  host_seconds: float = 0.0  # step time outside the device sections (perf/host_s)
+  host_rss_bytes: int = 0
+  device_bytes: int = 0  # bytes of the jax arrays alive after the step (perf/device_bytes)
+  live_arrays: int = 0
+  eval: dict[str, float] | None = None  # the held-out scores, on steps that evaluated
+
+  def scalars(self) -> dict[str, float]:
+    """Flat {name: number}: metrics.jsonl's and TensorBoard's names (the held-out scores go under eval/)."""
+    out = dict(self.rollout.scalars(), lr=self.lr, updates=self.updates, step_seconds=self.step_seconds,
+               **{"perf/host_s": self.host_seconds})
+    if self.update is not None:
+      out.update({name: getattr(self.update, name) for name in upd.UpdateMetrics.mean_names()},
+                 skipped_updates=self.skipped_updates, nan_run=self.nan_run,
+                 prefix_shared_frac=self.prefix_shared_frac, width_groups=self.width_groups,
+                 update_tokens_per_s=self.update_tokens_per_s, rollout_tokens_per_s=self.rollout_tokens_per_s,
+                 update_seconds=self.update_seconds)
+    if self.host_rss_bytes:
+      out.update({"perf/host_rss_bytes": self.host_rss_bytes, "perf/device_bytes": self.device_bytes,
+                  "perf/live_arrays": self.live_arrays})
+    return out
+
+
+@dataclasses.dataclass(kw_only=True)
+class TrainResult:
+  """What `Trainer.train` (and `train_phases`) return."""
+  step: int  # the step reached
+  history: list[StepMetrics]  # the last steps' metrics (every step's are in metrics.jsonl)
+  trainer: "Trainer | None" = None  # train_phases: the last phase's trainer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunParts:
+  """The built pieces a Trainer drives (`memagent_jax.experiment.build_experiment` makes them)."""
+  policy: Any  # policy.Policy: the model rollouts sample from (its state is replaced after every step)
+  collector: Any  # rollout.RolloutCollector or teacher_rows.TeacherCollector
+  batches: Any  # grain iterator of data.tasks.QuestionBatch, with get_state / set_state
+  mesh: Any  # jax.sharding.Mesh
+  rules: tuple  # logical axis -> mesh axis rules (runtime/parallel.py)
+  evaluate: Callable[[], dict[str, float]] | None = None  # held-out scores of the current policy
+  shared_prefix: Any = None  # [L] ids most rows start with, run once per update batch where it fits
+  config_json: str = ""  # the run's configuration, kept in every checkpoint
+
+
 class Trainer:
   """Owns the policy, agent, optimizer, mesh, data iterator and checkpoints of one run."""
 
-  def __init__(self, spec: TrainSpec, *, update: upd.UpdateSpec, optim: OptimSpec, workdir: str, mesh, rules,
-               policy, collector, batches, evaluate: Callable[[], dict] | None = None, shared_prefix=None,
-               config_json: str = "", programs: StepPrograms = StepPrograms()):
-    """Parts come from `memagent_jax.experiment.build_experiment`; `update.prompt_width` is the
-    first token column the loss reads, `evaluate` scores the current policy on the held-out set;
-    `shared_prefix` [L]: the template opening most rows start with, run once per update batch
-    (used on a batch only where `update.prefix_fits`); `config_json`: the run's configuration,
-    kept in every checkpoint; `programs`: what a step runs."""
+  def __init__(self, spec: TrainSpec, parts: RunParts, *, update: upd.UpdateSpec, optim: OptimSpec, workdir: str,
+               programs: StepPrograms = StepPrograms()):
+    """`update.prompt_width` is the first token column the loss reads; `programs`: what a step runs."""
     self.programs = programs
     if optim.total_steps != spec.steps:
       raise ValueError(f"OptimSpec.total_steps={optim.total_steps} must equal TrainSpec.steps={spec.steps}")
     self.spec, self.update_spec, self.optim = spec, update, optim
-    self.workdir, self.mesh, self.rules, self.config_json = workdir, mesh, rules, config_json
-    self.policy, self.collector, self.batches, self.loss_from = policy, collector, batches, update.prompt_width
-    self._evaluate = evaluate
+    self.workdir, self.mesh, self.rules, self.config_json = workdir, parts.mesh, parts.rules, parts.config_json
+    mesh, policy = parts.mesh, parts.policy
+    self.policy, self.collector, self.batches = policy, parts.collector, parts.batches
+    self.loss_from = update.prompt_width
+    self._evaluate = parts.evaluate
     self.tx = make_optimizer(optim)
     self.row_multiple = spec.micro_batches * parallel.batch_shards(mesh)
     self.is_chief = jax.process_index() == 0
     self.lock = WorkdirLock(workdir).acquire()  # before anything in the workdir is read or written
     self.writer = MetricWriter(os.path.join(workdir, "logs"), enabled=self.is_chief)
     self.state, self.checkpointer = restore_or_init(
-        workdir=workdir, policy=policy, mesh=mesh, rules=rules, tx=self.tx, batches=batches,
-        is_chief=self.is_chief, seed=spec.seed, keep=spec.keep_checkpoints, async_save=spec.async_checkpoint,
-        model_source=spec.model_source, with_reference=bool(update.kl_coef))
+        StateSpec(seed=spec.seed, with_reference=bool(update.kl_coef), keep=spec.keep_checkpoints,
+                  async_save=spec.async_checkpoint, model_source=spec.model_source),
+        workdir=workdir, policy=policy, mesh=mesh, rules=parts.rules, tx=self.tx, batches=parts.batches)
     # programs are traced on the mesh: a splash attention kernel runs per shard (models/attention.py)
     self._trace_mesh = lambda: parallel.trace_mesh(mesh)
     # rollouts decode with their own weight layout (mesh.rollout), re-sharded once per step
-    layout_rules = parallel.rollout_rules(rules, spec.rollout_layout)
+    layout_rules = parallel.rollout_rules(parts.rules, spec.rollout_layout)
     self.rollout_shardings = (None if spec.rollout_layout == "train" else
                               parallel.param_shardings(policy.state, mesh, layout_rules))
     self._sync_policy()
     self._nan_run = 0
     self.clock = DeviceClock()  # seconds dispatching and waiting for the update's programs (perf/host_s)
-    self._shared_prefix_dev = None if shared_prefix is None else jnp.asarray(shared_prefix, jnp.int32)  # once
+    self._shared_prefix_dev = None if parts.shared_prefix is None else jnp.asarray(parts.shared_prefix, jnp.int32)
 
   # ----- one step ------------------------------------------------------------------------------
   def _seed(self, gen: int, sub: int) -> int:
     key = jax.random.fold_in(jax.random.fold_in(self.state.rng, self.state.step), gen * 4096 + sub)
     return int(jax.random.randint(key, (), 0, 2 ** 31 - 1))
 
-  def train_step(self) -> dict[str, float]:
+  def train_step(self) -> StepMetrics:
     """Rollouts, then `updates_per_step` optimizer updates; returns the step's metrics."""
     spec, st = self.spec, self.state
     device0 = self._device_seconds()
@@ -124,13 +181,12 @@ class Trainer:
     # read before any of the step's programs is queued: the value comes back without waiting for them
     lr = lr_at(self.optim, st.step)
     roll = self.collector.collect(self.batches, self._seed)
-    metrics = dict(roll.metrics, lr=lr)
     t1 = time.perf_counter()
     device_seconds = lambda: self._device_seconds() - device0
     if roll.rows is None:  # dynamic sampling proceeded with nothing to learn from
       wall = time.perf_counter() - t0
-      metrics.update(updates=0, step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
-      return metrics
+      return StepMetrics(step=st.step + 1, lr=lr, rollout=roll.metrics, step_seconds=wall,
+                         host_seconds=wall - device_seconds())
     if roll.rows.prompt_width != self.loss_from:
       raise ValueError(f"the collector's rows start their loss at column {roll.rows.prompt_width}, the update "
                        f"at column {self.loss_from}")
@@ -150,9 +206,9 @@ class Trainer:
                                           prefix=self._shared_prefix_dev)
         prefix = self._shared_prefix_dev if fits else None
         prefixed.append(prefix is not None)
-        kw = dict(graphdef=gd, prompt_width=dev.prompt_width, temperature=self.update_spec.temperature,
-                  compute_dtype=self.update_spec.compute_dtype, logits_chunk=self.update_spec.logits_chunk,
-                  prefix=prefix)
+        kw = dict(graphdef=gd, prefix=prefix, spec=upd.LogprobSpec(
+            prompt_width=dev.prompt_width, temperature=self.update_spec.temperature,
+            compute_dtype=self.update_spec.compute_dtype, logits_chunk=self.update_spec.logits_chunk))
         # the first update runs on the params that sampled: its own forward pass gives the old log-probs
         with self._trace_mesh(), self.clock.section():
           if recompute and i > 0:
@@ -183,18 +239,18 @@ class Trainer:
     # a NaN/inf learning rate (or an overflowing update) leaves loss and gradients finite
     check_finite(st, self.mesh, st.step + 1)
     good = [m for m in update_metrics if bool(m.finite)] or update_metrics
-    for name in upd.UpdateMetrics.mean_names():
-      metrics[name] = float(np.mean([getattr(m, name) for m in good]))
-    metrics.update(updates=len(plans), skipped_updates=finite.count(False), nan_run=self._nan_run,
-                   prefix_shared_frac=float(np.mean(prefixed)), width_groups=len(prefixed) / len(plans),
-                   update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
-                   rollout_tokens_per_s=metrics["rollout_tokens"] / max(t1 - t0, 1e-9),
-                   update_seconds=t2 - t1)
+    means = upd.UpdateMetrics(**{name: float(np.mean([getattr(m, name) for m in good]))
+                                 for name in upd.UpdateMetrics.mean_names()},
+                              tokens=float(sum(m.tokens for m in good)), finite=all(finite))
     with self.clock.section():
       self._sync_policy()  # dispatched here; the next rollout waits for it in its own device time
     wall = time.perf_counter() - t0
-    metrics.update(step_seconds=wall, **{"perf/host_s": wall - device_seconds()})
-    return metrics
+    return StepMetrics(step=st.step + 1, lr=lr, rollout=roll.metrics, update=means, updates=len(plans),
+                       skipped_updates=finite.count(False), nan_run=self._nan_run,
+                       prefix_shared_frac=float(np.mean(prefixed)), width_groups=len(prefixed) / len(plans),
+                       update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
+                       rollout_tokens_per_s=roll.metrics.rollout_tokens / max(t1 - t0, 1e-9),
+                       update_seconds=t2 - t1, step_seconds=wall, host_seconds=wall - device_seconds())
 
   def _device_seconds(self) -> float:
     """Seconds so far in device sections of this trainer and of its agent (a teacher's runs none)."""
@@ -218,7 +274,7 @@ class Trainer:
     return self._evaluate()
 
   # ----- the loop ------------------------------------------------------------------------------
-  def train(self, until: int | None = None, keep_history: int = 1000) -> dict:
+  def train(self, until: int | None = None, keep_history: int = 1000) -> TrainResult:
     """Runs until step `until` (default train.steps: a data phase may stop earlier, see
     data/curriculum.py); saves every train.save_every steps and at the end. With eval.every, a fresh
     run evaluates its starting policy as step 0. SIGTERM / SIGINT (on any process) stop every
@@ -238,19 +294,19 @@ class Trainer:
       while not (signum := stop.agreed()) and st.step < until:  # a step runs whole or not at all
         metrics = self.train_step()
         st.step += 1
-        metrics["perf/host_rss_bytes"] = host_rss_bytes()
-        metrics.update(device_memory())
+        device_bytes, live_arrays = device_memory()
+        metrics = dataclasses.replace(metrics, host_rss_bytes=host_rss_bytes(), device_bytes=device_bytes,
+                                      live_arrays=live_arrays)
         if st.step % spec.log_every == 0 or st.step == until:
-          self._log(st.step, metrics, prefix="train/")
+          self._log(st.step, metrics.scalars(), prefix="train/")
         if spec.eval_every and (st.step % spec.eval_every == 0 or st.step == spec.steps):
-          ev = self.evaluate()
-          self._log(st.step, ev, prefix="eval/")
-          metrics.update({f"eval_{k}": v for k, v in ev.items()})
+          metrics = dataclasses.replace(metrics, eval=self.evaluate())
+          self._log(st.step, metrics.eval, prefix="eval/")
         if st.step % spec.save_every == 0 or st.step == until:
           save_state(self.checkpointer, st, mesh=self.mesh, meta=self.checkpoint_meta())
-        history.append({"step": st.step, **metrics})
+        history.append(metrics)
         bar.update(1)
-        bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", kept=f"{metrics['kept_group_frac']:.2f}",
+        bar.set_postfix(reward=f"{metrics.rollout.reward_mean:.3f}", kept=f"{metrics.rollout.kept_group_frac:.2f}",
                         loss=loss_text(metrics))
       if signum:
         save_state(self.checkpointer, st, mesh=self.mesh, meta=self.checkpoint_meta())  # skipped if saved
@@ -262,7 +318,7 @@ class Trainer:
       self.checkpointer.wait()
       self.writer.close()
       self.lock.release()
-    return {"history": list(history), "step": st.step}
+    return TrainResult(step=st.step, history=list(history))
 
   def close(self):
     """Lets go of what building took (the workdir lock, the metric files) for a trainer that will not
@@ -286,7 +342,7 @@ class Trainer:
                 step=self.state.step, config=self.config_json)
 
 
-def loss_text(metrics: dict) -> str:
+def loss_text(metrics: StepMetrics) -> str:
   """The progress bar's loss: "none" on a step that made no update (no group kept), not a NaN that
   reads like a diverged run."""
-  return f"{metrics['loss']:.3g}" if metrics.get("updates") and "loss" in metrics else "none"
+  return "none" if metrics.update is None else f"{metrics.update.loss:.3g}"

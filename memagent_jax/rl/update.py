@@ -14,7 +14,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
@@ -120,27 +119,10 @@ def cast_params(params, dtype):
   return jax.tree_util.tree_map(lambda p: p.astype(dt) if p.dtype != dt else p, params)
 
 
-def prefix_fits(tokens, valid, prefix, prompt_width: int) -> bool:
-  """Host check (the reference of the device gather's check, rl/device_rows.py) that a shared prefix [L]
-  can stand in for the first L slots of every row [R, W]:
-  each row either starts with it (from its first real slot) or has at least L slots of padding
-  before its first real token, and the loss starts after the prefix."""
-  if prefix is None:
-    return False
-  prefix, l = np.asarray(prefix), len(prefix)
-  if prompt_width <= l or tokens.shape[1] <= l:
-    return False
-  first = np.argmax(valid, axis=1)
-  for row, f in zip(tokens, first):
-    if f < l and not np.array_equal(row[f:l], prefix[:l - f]):
-      return False
-  return True
-
-
 def hidden_states(model, tokens, valid, *, remat: str | bool, prefix=None, slots: tuple[int, int] | None = None):
   """Final hidden states of rows [r, W] at row slots a..b-1 of `slots` (a, b) (default: all W)
-  -> [r, b - a, E]. With a shared prefix [L] (see `prefix_fits`, L <= a) its keys are computed once
-  for all rows and only slots L.. run per row."""
+  -> [r, b - a, E]. With a shared prefix [L] (one every row fits, as rl/device_rows.py checks; L <= a)
+  its keys are computed once for all rows and only slots L.. run per row."""
   positions = positions_from_mask(valid)
   a, b = slots or (0, tokens.shape[1])
   if prefix is None:
@@ -179,15 +161,22 @@ def response_logprobs(model, tokens, valid, *, prompt_width: int, remat: str | b
   return unchunk(logp), unchunk(ent)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "prompt_width", "temperature", "compute_dtype",
-                                             "logits_chunk"))
-def batch_logprobs(params, tokens, valid, *, graphdef, prompt_width: int, temperature: float,
-                   compute_dtype: str, prefix=None, logits_chunk: int = 512):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LogprobSpec:
+  """Static settings of a log-prob pass (hashable: a jit static argument)."""
+  prompt_width: int  # P: the first response column
+  temperature: float  # the rollout temperature: log-probs of the distribution that sampled
+  compute_dtype: str
+  logits_chunk: int = 512  # response positions projected on the vocabulary at a time
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def batch_logprobs(params, tokens, valid, *, graphdef, spec: LogprobSpec, prefix=None):
   """Log-probs of the response tokens, micro-batch by micro-batch: [M, r, L] -> [M, r, N]."""
-  model = nnx.merge(graphdef, cast_params(params, compute_dtype))
-  return jax.lax.map(lambda tv: response_logprobs(model, tv[0], tv[1], prompt_width=prompt_width, remat=False,
-                                                  temperature=temperature, prefix=prefix,
-                                                  logits_chunk=logits_chunk)[0], (tokens, valid))
+  model = nnx.merge(graphdef, cast_params(params, spec.compute_dtype))
+  return jax.lax.map(lambda tv: response_logprobs(model, tv[0], tv[1], prompt_width=spec.prompt_width, remat=False,
+                                                  temperature=spec.temperature, prefix=prefix,
+                                                  logits_chunk=spec.logits_chunk)[0], (tokens, valid))
 
 
 def _micro_loss(params, mb, denominator, prefix, *, graphdef, spec: UpdateSpec):
@@ -199,8 +188,8 @@ def _micro_loss(params, mb, denominator, prefix, *, graphdef, spec: UpdateSpec):
   mask = mb.loss_mask
   old_logp = jax.lax.stop_gradient(logp) if spec.old_is_current else mb.old_logp
   loss_fn = losses.get_policy_loss(spec.loss)  # "ppo_clip" is losses.policy_loss, "sft" losses.sft_loss
-  pg, terms = loss_fn(logp, old_logp, mb.advantages, mask, clip_low=spec.clip_low,
-                      clip_high=spec.clip_high, clip_c=spec.clip_c, agg=spec.agg, denominator=denominator)
+  pg, terms = loss_fn(logp, old_logp, mb.advantages, mask, clip=losses.ClipSpec(spec.clip_low, spec.clip_high, spec.clip_c),
+                      agg=spec.agg, denominator=denominator)
   ent = losses.aggregate(entropy, mask, agg=spec.agg, denominator=denominator)
   total = pg - spec.entropy_coef * ent if spec.entropy_coef else pg
   kl = jnp.float32(0)
@@ -210,9 +199,9 @@ def _micro_loss(params, mb, denominator, prefix, *, graphdef, spec: UpdateSpec):
     total = total + spec.kl_coef * kl
   n = jnp.sum(mask.astype(jnp.float32))  # the loss's per-call means -> token-weighted sums
   f32 = lambda x: jnp.asarray(x, jnp.float32)
-  sums = LossSums(pg_loss=f32(pg), kl=f32(kl), entropy=f32(ent), clip_tokens=f32(terms.get("clipfrac", 0.0) * n),
-                  dual_clip_tokens=f32(terms.get("clipfrac_lower", 0.0) * n),
-                  approx_kl_old_tokens=f32(terms.get("ppo_kl", 0.0) * n), tokens=n)
+  sums = LossSums(pg_loss=f32(pg), kl=f32(kl), entropy=f32(ent), clip_tokens=f32(terms.clip_frac * n),
+                  dual_clip_tokens=f32(terms.dual_clip_frac * n), approx_kl_old_tokens=f32(terms.approx_kl_old * n),
+                  tokens=n)
   return total, sums
 
 
@@ -224,7 +213,7 @@ def update_step(params, opt_state, batch: UpdateBatch | tuple[UpdateBatch, ...],
   """One optimizer update on a mini-batch given as micro-batches (every array [M, r, ...]), or as
   width groups (a tuple of such batches, each of its own prompt width and the same response width:
   rows with short prompts do not pay the long ones' columns); prefix: a template opening [L] every
-  row shares (`prefix_fits`), run once per micro-batch (a tuple, one per group, with groups).
+  row shares (as rl/device_rows.py checks), run once per micro-batch (a tuple, one per group, with groups).
 
   Returns (params, opt_state, UpdateMetrics); when the loss or gradients are not finite the
   inputs come back unchanged and metrics.finite is False."""

@@ -1,13 +1,12 @@
-"""Training rows: every conversation of every kept trajectory as one fixed-width row.
+"""Host reference implementations of the training rows, for tests only.
 
-A row is the prompt left-padded to P tokens followed by the response right-padded to N, so
-the response always starts at column P and one compiled update serves every step. Rows are
-grouped into mini-batches by question and padded with empty rows (mask all False) to a
-bucketed count, so the row count takes only a few distinct values.
-
-Training gathers these rows on device (rl/device_rows.py); the host-built `TrainRows` here are
-what a step's rows look like when inspected (`SlotRows.host_rows`) and the plain reference the
-device gather is tested against. `mini_batch_split` is the one split both use.
+Training builds its rows on device (memagent_jax/rl/device_rows.py: `SlotRows`, the gather, its
+shared-prefix check) and never on the host. The plain numpy versions here build the same rows from a
+`ConversationBatch` (every conversation of every kept trajectory as one fixed-width row: the prompt
+left-padded to P tokens, then the response right-padded to N), split and pad them into mini-batches,
+turn them into whole-conversation language-model rows, and check a shared prefix, one row at a time.
+They live in tests because tests are their only users: they are the reference the device gather and
+the update are checked against, and no production code calls them.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import dataclasses
 import numpy as np
 
 from memagent_jax.agent.results import ConversationBatch
+from memagent_jax.rl.device_rows import MiniBatchPlan, SlotRows, gather_update_batch, mini_batch_split
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -87,28 +87,6 @@ def rows_from_conversations(batch: ConversationBatch, *, row_advantages: np.ndar
                    question=np.asarray(row_question, np.int32), prompt_width=p)
 
 
-def bucket_rows(rows: int, multiple: int) -> int:
-  """Smallest `multiple * u` >= rows with u in 1, 2, 3, 4, 6, 8, 12, 16, ... (2^k or 1.5 * 2^k):
-  two shapes per octave, so few compilations and at most 1/3 of the rows are padding."""
-  if rows < 1:
-    raise ValueError("no rows to bucket")
-  units = -(-rows // multiple)
-  power = 1 << (units - 1).bit_length()  # smallest 2^k >= units
-  return multiple * (3 * power // 4 if power >= 4 and units <= 3 * power // 4 else power)
-
-
-def mini_batch_split(question, *, num_questions: int, questions_per_mini_batch: int,
-                     multiple: int) -> list[tuple[np.ndarray, int]]:
-  """Rows by question [R] -> per mini-batch of `questions_per_mini_batch` questions (the last one
-  smaller when dynamic sampling proceeded with fewer groups): (its row indices, its bucketed row
-  count, divisible by `multiple`)."""
-  out = []
-  for start in range(0, num_questions, questions_per_mini_batch):
-    idx = np.flatnonzero((question >= start) & (question < start + questions_per_mini_batch))
-    out.append((idx, bucket_rows(len(idx), multiple)))
-  return out
-
-
 def mini_batches(rows: TrainRows, *, num_questions: int, questions_per_mini_batch: int,
                  multiple: int, pad_id: int) -> list[TrainRows]:
   """Splits rows by question into mini-batches (`mini_batch_split`: multiple = micro-batches x
@@ -116,3 +94,39 @@ def mini_batches(rows: TrainRows, *, num_questions: int, questions_per_mini_batc
   return [rows.take(idx).pad_to(count, pad_id)
           for idx, count in mini_batch_split(rows.question, num_questions=num_questions,
                                              questions_per_mini_batch=questions_per_mini_batch, multiple=multiple)]
+
+
+def language_model_rows(rows: TrainRows) -> TrainRows:
+  """The same rows with every real token after the first as a target (prompt_width 1): next-token
+  loss on whole conversations, as a base model is pretrained, instead of on responses only (the
+  host reference of `SlotRows(loss_on_prompt=True)`)."""
+  loss_mask = rows.valid[:, 1:] & rows.valid[:, :-1]  # [R, W - 1]: a target and a real token before it
+  zeros = np.zeros(loss_mask.shape, np.float32)
+  return TrainRows(tokens=rows.tokens, valid=rows.valid, loss_mask=loss_mask, old_logp=zeros, ref_logp=zeros,
+                   advantages=rows.advantages, question=rows.question, prompt_width=1)
+
+
+def prefix_fits(tokens, valid, prefix, prompt_width: int) -> bool:
+  """Host check (the reference of the device gather's check, rl/device_rows.py) that a shared prefix [L]
+  can stand in for the first L slots of every row [R, W]:
+  each row either starts with it (from its first real slot) or has at least L slots of padding
+  before its first real token, and the loss starts after the prefix."""
+  if prefix is None:
+    return False
+  prefix, l = np.asarray(prefix), len(prefix)
+  if prompt_width <= l or tokens.shape[1] <= l:
+    return False
+  first = np.argmax(valid, axis=1)
+  for row, f in zip(tokens, first):
+    if f < l and not np.array_equal(row[f:l], prefix[:l - f]):
+      return False
+  return True
+
+
+def host_rows(rows: SlotRows) -> TrainRows:
+  """A step's rows (gathered on device, as the trainer gathers them) as host arrays, for inspection."""
+  plan = MiniBatchPlan(slot=rows.slot, advantages=rows.advantages, question=rows.question)
+  batch, _ = gather_update_batch(rows.slots, plan, micro_batches=1, mask_truncated=rows.mask_truncated,
+                                 pad_id=rows.pad_id, loss_on_prompt=rows.loss_on_prompt)
+  arrays = {f.name: np.asarray(getattr(batch, f.name))[0] for f in dataclasses.fields(batch)}
+  return TrainRows(**arrays, question=rows.question, prompt_width=rows.prompt_width)
