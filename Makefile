@@ -46,8 +46,8 @@ demo: setup
 	$(PY) -m experiments.toy_reproduction --scale=demo $(TOY_BASE) $(DEMO_WARM_START) --stages=warm_start,rl,eval --fresh
 
 # The full toy reproduction from the same base: warm start, RL (the 400-step curriculum), full attention,
-# 1x..256x, n = 200 (docs/results/toy_reproduction_lookup.{md,png,json}; 25 min on 2 cores). Resumes where
-# it stopped; rm -rf runs/toy_full_lookup to start over.
+# 1x..256x, n = 200 (docs/results/toy_reproduction_lookup.{md,png,json}; its minutes are in that result).
+# Resumes where it stopped; rm -rf runs/toy_full_lookup to start over.
 reproduce: setup
 	$(PY) -m experiments.toy_reproduction --scale=full $(TOY_BASE)
 

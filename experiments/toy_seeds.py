@@ -2,7 +2,7 @@
 more from a warm start perturbed at float rounding's size, and seed 0 once more on another float path
 (two host devices: every batch split over a data axis of 2); RL-MemAgent's curve of each, one table.
 
-  python -m experiments.toy_seeds            # make seeds: 17-20 min a run on 2 cores, resumable
+  python -m experiments.toy_seeds            # make seeds: each run about as long as make reproduce, resumable
   python -m experiments.toy_seeds --dry_run  # the commands only
 
 Seed 0 is make reproduce's own run (runs/toy_full_lookup: reused when it is there, trained
