@@ -28,14 +28,15 @@ $(STAMP): setup.py constraints.txt Makefile
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/libtpu "$(LIBTPU)"
 	touch $(STAMP)
 
-# two workers, one test file each at a time (module fixtures stay in one process), one XLA compile cache
-# shared by the whole run (tests/conftest.py); the clean-clone time is in the README
+# two workers, one test file each at a time (module fixtures stay in one process), the files with the most
+# slow tests first (tests/conftest.py), one XLA compile cache shared by the whole run; the clean-clone time
+# is in the README
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 test-fast: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" tests
 
 # What RL buys, short (<= 5 min on 2 cores): from the committed warm start of the question-conditioned
 # world (270 steps on the imperfect teacher, from the committed base), Multi-Conv DAPO, then accuracy

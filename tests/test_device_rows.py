@@ -12,6 +12,7 @@ from memagent_jax.agent.results import AgentResult, Conversation, ConversationBa
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.rl import device_rows
 from memagent_jax.rl import update as upd
+from conftest import TEST_XLA_FLAGS
 from reference_rows import language_model_rows, mini_batches, prefix_fits, rows_from_conversations
 
 P, N, PAD = 10, 6, 0
@@ -134,7 +135,7 @@ print("OK")
 def test_device_rows_are_split_over_the_mesh_like_host_rows(tmp_path):
   """On 4 CPU devices (data 2 x fsdp 2) the gathered rows equal the host rows and carry the sharding
   `parallel.shard_micro_batches` gives them."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+  env = dict(os.environ, XLA_FLAGS=f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.getcwd(), os.environ.get("PYTHONPATH", "")]))
   out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]

@@ -23,6 +23,7 @@ import pytest
 from flax import nnx
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
+from conftest import TEST_XLA_FLAGS
 from memagent_jax.runtime import parallel as par
 from memagent_jax.models.config import get_preset
 from memagent_jax.models.decoder import Decoder
@@ -68,6 +69,7 @@ def _clean_env(**extra) -> dict:
          and not k.startswith("JAX_") and k != "XLA_FLAGS"}
   env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
   env["JAX_PLATFORMS"] = "cpu"
+  env["XLA_FLAGS"] = " ".join(f for f in (TEST_XLA_FLAGS, extra.pop("XLA_FLAGS", "")) if f)
   if os.environ.get("MEMAGENT_TEST_XLA_CACHE"):  # conftest's compile cache, shared by the whole run
     env.update(JAX_COMPILATION_CACHE_DIR=os.environ["MEMAGENT_TEST_XLA_CACHE"],
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")

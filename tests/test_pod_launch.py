@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 
+from conftest import TEST_XLA_FLAGS
 from test_parallel import REPO, _clean_env, _collect, _free_port
 from experiments import launch_commands
 from memagent_jax.runtime import parallel
@@ -86,7 +87,7 @@ def test_slurm_variables_join_two_cpu_processes(tmp_path):
   port, procs = _free_port(), []
   for rank in range(2):
     env = _outside_any_cluster(
-        XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_COORDINATOR_PORT=str(port),
+        XLA_FLAGS=f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count=1", JAX_COORDINATOR_PORT=str(port),
         SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="2", SLURM_STEP_NUM_NODES="1",
         SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank))
     procs.append(subprocess.Popen([sys.executable, "-c", JOIN_SCRIPT], cwd=REPO, env=env,

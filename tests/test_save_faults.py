@@ -1,13 +1,15 @@
 """Faults during a checkpoint write: a full disk (a real small tmpfs where the test may mount one)
 stops the run with one line and exit 2, keeps the previous step readable, and resumes once space
 is freed; one of two processes killed (SIGKILL) while orbax writes asynchronously leaves an
-incomplete step that is never taken as complete, and the restart finishes equal to an
-uninterrupted run (which is also the plain two-process save and resume test)."""
+incomplete step that is never taken as complete; on the restart a signal to one of the two stops
+both at the same step, and the next restart finishes equal to an uninterrupted run (which is also
+the plain two-process save and resume test)."""
 
 import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
+from fault_runs import RUN_OVERRIDES, cache_env, metric_steps, signal_after_step, stopped, train_cmd
 from test_parallel import REPO, _clean_env, _collect, _free_port
-from test_trainer import _cache_env
 from memagent_jax.runtime import checkpointing
 from memagent_jax.runtime.save_errors import CheckpointWriteError, write_error
 
@@ -78,7 +80,10 @@ def test_full_disk_during_a_save_one_line_exit_2_and_resume_after_space_is_freed
   disk.mkdir(), out.mkdir()
   if not _can_mount_tmpfs(disk):
     pytest.skip("cannot mount a small tmpfs here (unshare -rm: no user namespaces)")
-  env = dict(_cache_env(tmp_path / "xla"), DISK=str(disk), OUT=str(out), PY=sys.executable)
+  # plain tiny, not fault_runs.RUN_FLAGS: with those, the trainer's closing TensorBoard flush on the full disk
+  # often (2 runs in 3) replaced the checkpoint's error by a bare "[Errno 28]" line and a traceback: the
+  # trainer's to fix (Trainer.train closes its metric writer in a `finally`)
+  env = cache_env(DISK=str(disk), OUT=str(out), PY=sys.executable)
   subprocess.run(["unshare", "-rm", "bash", "-c", FULL_DISK_SCRIPT], cwd=REPO, env=env, timeout=900, check=True)
   rc = [int((out / f"rc{i}").read_text()) for i in (1, 2, 3)]
   assert rc[0] == 0, (out / "err1").read_text()[-3000:]
@@ -97,6 +102,8 @@ def test_full_disk_during_a_save_one_line_exit_2_and_resume_after_space_is_freed
   print(f"resume after the full disk: {t1 - t0:.1f} s for 2 steps")  # reported, not asserted
 
 
+# The uninterrupted and the faulted two-process runs: fault_runs.RUN_OVERRIDES (the CLI leg's programs), every
+# step saved asynchronously, the programs in train.compilation_cache_dir.
 KILL_SCRIPT = textwrap.dedent("""
     import json, os, signal
     import numpy as np
@@ -104,8 +111,11 @@ KILL_SCRIPT = textwrap.dedent("""
     from memagent_jax.experiment import assembly
     c = toy_cpu.get_config("tiny")
     c.distributed.update(num_processes=2, process_id=int(os.environ["PID"]), coordinator_address=os.environ["COORD"])
-    c.train.update(steps=3, save_every=1, async_checkpoint=True)
-    c.rl.entropy_coef = 0.05  # a gradient even when every reward is 0, so params move each step
+    c.train.update(steps=int(os.environ["STEPS"]), save_every=1, async_checkpoint=True,
+                   compilation_cache_dir=os.environ["CACHE"])
+    for key, value in json.loads(os.environ["OVERRIDES"]).items():
+      section, name = key.split(".")
+      c[section][name] = value
     t = assembly.build_trainer(c, workdir=os.environ["WORKDIR"])
     import jax
     from jax.experimental import multihost_utils
@@ -128,36 +138,53 @@ KILL_SCRIPT = textwrap.dedent("""
                       "start_checksum": start_sum, "rng": rng, "step": t.state.step,
                       "checksum": checksum(t.state.params)}))
 """)
+PAIR_STEPS = 6  # more than the signalled restart runs before its stop lands
 
 
-def _spawn_both(workdir, **extra) -> list[subprocess.Popen]:
+def _pair_env(**extra) -> dict:
+  """A process of a two-process run on CPU, one device each."""
+  return _clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=1", **extra)
+
+
+def _spawn_both(workdir, cache, **extra) -> list[subprocess.Popen]:
   coord, procs = f"localhost:{_free_port()}", []
   for pid in range(2):
-    env = _clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=1", PID=str(pid), COORD=coord,
-                     WORKDIR=str(workdir), **extra)  # the run's compile cache: _clean_env
+    env = _pair_env(PID=str(pid), COORD=coord, WORKDIR=str(workdir), STEPS=str(PAIR_STEPS), CACHE=str(cache),
+                    OVERRIDES=json.dumps(RUN_OVERRIDES), **extra)
     procs.append(subprocess.Popen([sys.executable, "-c", KILL_SCRIPT], cwd=REPO, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
   return procs
 
 
+def _params_sum(tree) -> float:
+  return float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(tree)))
+
+
 @pytest.mark.slow
-def test_one_of_two_processes_killed_during_an_async_save(tmp_path):
+def test_one_of_two_processes_killed_during_an_async_save_then_signalled_resumes_exactly(tmp_path):
   """Also the plain two-process save and resume: the uninterrupted run's checkpoints (written by two
   processes, read by one) hold the step counter and PRNG key as global arrays (host-local ones could
-  not be saved with several processes), and the killed run resumes from step 1's saved params."""
-  ref = _collect(_spawn_both(tmp_path / "uninterrupted"), timeout=600)
+  not be saved with several processes). The killed run's restart (the CLI, saving only when stopped)
+  resumes from step 1; SIGINT to process 0 alone stops both after the same step: both processes agree
+  on the flag before each step, so both save the same step (a complete checkpoint) and exit 130, and
+  neither hangs in a collective the other left. The next restart finishes as if never stopped.
+  Also: train.compilation_cache_dir turns on jax's persistent cache (the setting is process-wide)."""
+  cache = tmp_path / "xla_cache"
+  ref = _collect(_spawn_both(tmp_path / "uninterrupted", cache), timeout=600)
+  assert len(os.listdir(cache)) >= 3, os.listdir(cache)  # recurrence blocks, log-probs and the update step at least
   assert [o["process"] for o in ref] == [0, 1] and all(o["processes"] == 2 for o in ref)
-  assert all(o["start"] == 0 and o["step"] == 3 for o in ref)
+  assert all(o["start"] == 0 and o["step"] == PAIR_STEPS for o in ref)
   assert ref[0]["checksum"] == ref[1]["checksum"] != ref[0]["start_checksum"]  # params moved, equally
   ckpt = checkpointing.Checkpointer(str(tmp_path / "uninterrupted" / "checkpoints"))
-  assert ckpt.all_steps() == [2, 3]  # keep_checkpoints=2
+  assert ckpt.all_steps() == [PAIR_STEPS - 1, PAIR_STEPS]  # keep_checkpoints=2
   saved, meta = ckpt.restore()  # one process reads what two wrote
-  assert meta["step"] == 3 and int(saved["step"]) == 3
+  assert meta["step"] == PAIR_STEPS and int(saved["step"]) == PAIR_STEPS
   assert np.array_equal(np.asarray(saved["rng"]), np.asarray(jax.random.PRNGKey(0)))
-  saved_sum = float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(saved["params"])))
+  saved_sum = _params_sum(saved["params"])
   assert abs(saved_sum - ref[0]["checksum"]) <= 1e-6 * saved_sum
+
   workdir = tmp_path / "killed"
-  procs = _spawn_both(workdir, KILL_AT="2")
+  procs = _spawn_both(workdir, cache, KILL_AT="2")
   try:
     procs[1].wait(timeout=600)
     assert procs[1].returncode == -9, procs[1].communicate()[1][-3000:]
@@ -172,11 +199,40 @@ def test_one_of_two_processes_killed_during_an_async_save(tmp_path):
   assert ckpt.all_steps() == [1]  # step 2 was being written: on disk, never complete
   leftovers = sorted(p for p in os.listdir(workdir / "checkpoints") if p != "1")
   assert leftovers and all(p.startswith("2") for p in leftovers), leftovers
+  step1, _ = ckpt.restore()
+  first = (workdir / "logs" / "metrics.jsonl").read_text().splitlines()[0]
+  assert json.loads(first)["step"] == 1
+
+  coord, procs, since = f"localhost:{_free_port()}", [], time.time()
+  for pid in range(2):  # the CLI, both restarted; only the stop (and the last step) saves
+    cmd = train_cmd(workdir, PAIR_STEPS, save_every=100) + [
+        "--config.distributed.num_processes=2", f"--config.distributed.process_id={pid}",
+        f"--config.distributed.coordinator_address={coord}", f"--config.train.compilation_cache_dir={cache}"]
+    procs.append(subprocess.Popen(cmd, cwd=REPO, env=_pair_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True))
+  try:  # process 0 alone writes metrics, and alone gets the signal
+    sent = signal_after_step(procs[0], workdir, signal.SIGINT, after=1, since=since)
+    steps = [stopped(p, sent, workdir, exit_code=130, steps=PAIR_STEPS) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.communicate()
+  assert steps[0] == steps[1]
+  stop = steps[0]
+  assert ckpt.all_steps() == [1, stop]  # resumed from step 1; the stop saved its step
+  state, meta = ckpt.restore()  # complete: every array and the meta read back
+  assert meta["step"] == int(state["step"]) == stop
+  assert metric_steps(workdir) == list(range(1, stop + 1))  # the killed run's step 2 not logged twice
+  # resumed from step 1: step 1 was not run (nor logged) again, and later steps moved its params
+  assert (workdir / "logs" / "metrics.jsonl").read_text().splitlines()[0] == first
+  assert _params_sum(state["params"]) != _params_sum(step1["params"])
+
   t0 = time.monotonic()
-  resumed = _collect(_spawn_both(workdir), timeout=600)  # the same command, both restarted
-  print(f"restart after the kill: {time.monotonic() - t0:.1f} s to finish steps 2-3")  # reported, not asserted
-  assert [o["start"] for o in resumed] == [1, 1] and [o["step"] for o in resumed] == [3, 3]
+  resumed = _collect(_spawn_both(workdir, cache), timeout=600)  # the first script again, both restarted
+  print(f"restart after the stop: {time.monotonic() - t0:.1f} s to finish steps {stop + 1}-{PAIR_STEPS}")
+  assert [o["start"] for o in resumed] == [stop, stop] and [o["step"] for o in resumed] == [PAIR_STEPS] * 2
   assert [o["rng"] for o in resumed] == [[0, 0], [0, 0]]  # the saved key came back to each process
-  assert resumed[0]["checksum"] == resumed[1]["checksum"] == ref[0]["checksum"]  # as if never killed
-  assert checkpointing.Checkpointer(str(workdir / "checkpoints")).all_steps() == [2, 3]
+  assert resumed[0]["checksum"] == resumed[1]["checksum"] == ref[0]["checksum"]  # as if never stopped
+  assert checkpointing.Checkpointer(str(workdir / "checkpoints")).all_steps() == [PAIR_STEPS - 1, PAIR_STEPS]
   assert not (workdir / "run.lock").exists()  # held once by the pair, released at the end

@@ -2,38 +2,61 @@
 
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = ["-m", "experiments.toy_reproduction"]
-TINY = ["--scale=demo", "--steps=pretrain=2,warm_start=3,rl=2,full_attention=3", "--n=6", "--max_multiple=2"]
+TINY = ["--scale=demo", "--steps=pretrain=2,warm_start=2,rl=2,full_attention=2", "--n=6", "--max_multiple=2"]
 
 
-def _run(args, cwd, xla_cache):
-  # every run of this module shares one persistent compile cache: the reruns below compile
-  # (almost) nothing, and the compiled programs are the same with or without it
-  env = {**os.environ, "PYTHONPATH": REPO, "JAX_COMPILATION_CACHE_DIR": str(xla_cache),
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+def _run(args, cwd, xla_cache=None):
+  # every run shares the test session's persistent compile cache (tests/conftest.py; xla_cache: a
+  # folder of the run's own), keeping every program, however quick to compile: the runs below have
+  # the shapes of the first, so they compile nothing (compiled programs are the same with or without it)
+  env = {**os.environ, "PYTHONPATH": REPO, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+  if xla_cache is not None:
+    env["JAX_COMPILATION_CACHE_DIR"] = str(xla_cache)
   out = subprocess.run([sys.executable, *SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True,
                        timeout=900)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   return out.stdout
 
 
+def _rows(results_json):
+  return json.load(open(results_json))["rows"]
+
+
+def _scores(rows):
+  """What a sweep measured of each row, in the rows' order (not its time or memory)."""
+  return [(r["method"], r["length"], r["n"], r["accuracy"]) for r in rows]
+
+
+def _answers(eval_dir):
+  """Every per-document answer file of a run's sweeps (question, answer, every memory), by name."""
+  return {p.name: p.read_text() for p in sorted(pathlib.Path(eval_dir).glob("*.jsonl"))}
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+  """make demo's pipeline, tiny, every stage and sweep one after another in one process
+  (--eval_workers=1): each program compiled once, into the cache every later run here loads it from.
+  rows and answers: its table rows and per-document answers as it wrote them (a test below rewrites some)."""
   root = tmp_path_factory.mktemp("toy")
-  stdout = _run([*TINY, f"--workdir={root}/run"], cwd=root, xla_cache=root / "xla_cache")
-  return root, stdout
+  stdout = _run([*TINY, f"--workdir={root}/run", "--eval_workers=1"], cwd=root)
+  return types.SimpleNamespace(root=root, stdout=stdout, answers=_answers(root / "run" / "eval"),
+                               rows=_rows(root / "run" / "results" / "toy_reproduction_demo.json"))
 
 
 @pytest.mark.slow
 def test_pipeline_writes_table_plot_logs_and_checkpoints(run):
-  root, stdout = run
+  root, stdout = run.root, run.stdout
   res = root / "run" / "results"
   for name in ("toy_reproduction_demo.md", "toy_reproduction_demo.png", "toy_reproduction_demo.json"):
     assert (res / name).is_file() and (res / name).stat().st_size > 200, name
@@ -43,13 +66,15 @@ def test_pipeline_writes_table_plot_logs_and_checkpoints(run):
     assert (root / "run" / stage / "logs" / "metrics.jsonl").is_file()
     assert any((root / "run" / stage / "logs" / "tensorboard").iterdir())
   assert "TensorBoard" in stdout and "Checkpoints" in stdout
-  table = json.load(open(res / "toy_reproduction_demo.json"))
-  rows = table["rows"]
-  assert {(r["method"], r["length"]) for r in rows} == {(m, l) for m in ("rl", "warm_start", "full_attention")
-                                                        for l in (128, 256)}
+  assert "side process" not in stdout  # --eval_workers=1: every stage and sweep in this process
+  rows = run.rows
+  assert [(r["method"], r["length"]) for r in rows] == [(m, l) for m in ("rl", "warm_start", "full_attention")
+                                                        for l in (128, 256)]
   for r in rows:
     assert r["n"] == 6 and 0 <= r["ci_low"] <= r["accuracy"] <= r["ci_high"] <= 1
     assert r["seconds_per_doc"] > 0 and r["peak_rss_mib"] > 50
+    assert r["concurrent_sweeps"] == 1  # one sweep after another
+  assert len(list((root / "run" / "eval").glob("*.row.json"))) == 6  # one kept per finished (method, length)
   md = open(res / "toy_reproduction_demo.md").read()
   assert "| 256 | 2x |" in md and "RL-MemAgent" in md and "peak RSS" in md
   errors = open(res / "memory_errors_demo.md").read()  # first wrong chunk of each wrong document, by kind
@@ -62,50 +87,88 @@ def test_pipeline_writes_table_plot_logs_and_checkpoints(run):
 
 @pytest.mark.slow
 def test_rerunning_the_evaluation_gives_the_same_accuracies(run):
-  root, _ = run
+  """A rerun resumes after every finished length: the very same rows, measured times included, read
+  back; a finished length whose row was lost is evaluated again, and only it: the same accuracy from
+  the very same per-document answers. (test_a_fresh_rerun_trains_and_scores_identically retrains and
+  re-scores every row from the same seeds.)"""
+  root = run.root
   res = root / "run" / "results" / "toy_reproduction_demo.json"
-  rows_before = json.load(open(res))["rows"]
-  before = {(r["method"], r["length"]): r["accuracy"] for r in rows_before}
   kept = sorted((root / "run" / "eval").glob("*.row.json"))  # one per finished (method, length)
-  assert len(kept) == 6
-  # a rerun resumes after every finished length: the very same rows, measured times included
-  _run([*TINY, f"--workdir={root}/run", "--stages=eval"], cwd=root, xla_cache=root / "xla_cache")
-  assert json.load(open(res))["rows"] == rows_before
-  # evaluating again for real gives the same accuracies: test_a_fresh_rerun_trains_and_scores_identically
-  # retrains and re-scores every row from the same seeds
-  kept[0].unlink()  # one finished length lost: only it is evaluated again, the same
-  _run([*TINY, f"--workdir={root}/run", "--stages=eval"], cwd=root, xla_cache=root / "xla_cache")
-  assert len(list((root / "run" / "eval").glob("*.row.json"))) == 6
-  after = {(r["method"], r["length"]): r["accuracy"] for r in json.load(open(res))["rows"]}
-  assert after == before
+  lost, others = kept[0], kept[1:]
+  untouched = {p.name: p.stat().st_mtime_ns for p in others}
+  lost.unlink()  # one finished length lost
+  _run([*TINY, f"--workdir={root}/run", "--stages=eval", "--eval_workers=1"], cwd=root)
+  rows = _rows(res)
+  name = lambda r: f"{r['method']}_{r['length']}.row.json"
+  assert lost.name in {name(r) for r in rows}
+  assert [r for r in rows if name(r) != lost.name] == [r for r in run.rows if name(r) != lost.name]
+  assert {p.name: p.stat().st_mtime_ns for p in others} == untouched  # read back, not measured again
+  assert lost.is_file()  # measured again, and kept
+  assert _scores(rows) == _scores(run.rows)
+  assert _answers(root / "run" / "eval") == run.answers
 
 
 @pytest.mark.slow
 def test_a_fresh_rerun_trains_and_scores_identically(run, tmp_path):
-  """Same seeds, new workdir: every stage retrained from scratch gives the same losses and table. The
-  rerun is serial (--eval_workers=1: every stage and sweep in one process, in TRAIN_STAGES order), so
-  the side process the first run trained full attention and swept the baselines in changes nothing."""
+  """Same seeds, new workdir: every stage retrained from scratch gives the same losses, table and
+  per-document answers. The rerun runs side by side (--eval_workers=2, the default: full attention
+  trained in a side process beside the warm start and RL, every method swept in processes of its own,
+  a MemAgent method's longest length apart), which changes nothing against the serial run but the mark
+  of how many sweeps ran at once: the same rows (accuracy, n, length), in the same order."""
   from memagent_jax.rl.metrics import read_jsonl
-  root, stdout = run
-  assert "full_attention: trained in a side process" in stdout
-  again = _run([*TINY, f"--workdir={tmp_path}/again", "--fresh", "--eval_workers=1"], cwd=tmp_path,
-               xla_cache=root / "xla_cache")
-  assert "side process" not in again
+  root = run.root
+  again = _run([*TINY, f"--workdir={tmp_path}/again", "--fresh"], cwd=tmp_path)
+  assert "full_attention: trained in a side process" in again
   steps = lambda d: [(k, v["steps"]) for k, v in json.load(open(f"{d}/stages.json")).items()]
   assert steps(tmp_path / "again") == steps(root / "run")  # the same stages, in the same order
-  acc = lambda d: {(r["method"], r["length"]): r["accuracy"]
-                   for r in json.load(open(f"{d}/results/toy_reproduction_demo.json"))["rows"]}
-  assert acc(tmp_path / "again") == acc(root / "run")
   for stage in ("pretrain", "warm_start", "rl", "full_attention"):
-    losses = lambda d: [l.get("train/loss") for l in read_jsonl(f"{d}/{stage}/logs/metrics.jsonl")]
-    assert losses(tmp_path / "again") == losses(root / "run"), stage
+    # losses, and the rollouts' mean reward: RL logs no loss at this scale (no group with a spread of
+    # rewards to learn from)
+    curve = lambda d: [(l.get("train/loss"), l.get("train/reward_mean"))
+                       for l in read_jsonl(f"{d}/{stage}/logs/metrics.jsonl")]
+    assert curve(tmp_path / "again") == curve(root / "run"), stage
+  rows = _rows(tmp_path / "again" / "results" / "toy_reproduction_demo.json")
+  assert _scores(rows) == _scores(run.rows)
+  assert all(r["concurrent_sweeps"] == 2 for r in rows)
+  assert _answers(tmp_path / "again" / "eval") == run.answers
+
+
+@pytest.mark.slow
+def test_seed_run_trains_from_the_perturbed_warm_start_and_sweeps_rl_only(run, tmp_path):
+  """A seed run end to end (make seeds' flags: --base, --stages=warm_start,rl,eval, --eval_methods=rl,
+  --seed, --perturb; one process here), from `run`'s pretrained base at its tiny shapes, so nothing
+  compiles again: RL's stage records seed and perturbation, only RL is swept, its results stay in the
+  workdir, and the report names the seed and the perturbation. Swept again side by side (--eval_workers=2,
+  the default, with eval the only stage), RL alone still runs as two tasks at once (its longest length
+  apart), with the rows and per-document answers of its serial sweep."""
+  work = tmp_path / "s"
+  seed_run = ["--scale=demo", f"--base={run.root}/run/pretrain/export", "--steps=warm_start=2,rl=1", "--n=6",
+              "--max_multiple=2", "--eval_methods=rl", "--seed=3", "--perturb=1e-6", f"--workdir={work}",
+              f"--results_dir={work}/results"]
+  _run([*seed_run, "--stages=warm_start,rl,eval", "--eval_workers=1"], cwd=tmp_path)
+  stages = json.load(open(work / "stages.json"))
+  assert stages["rl"]["seed"] == 3 and stages["rl"]["perturb"] == 1e-6 and stages["warm_start"]["seed"] == 3
+  assert (work / "warm_start" / "export_perturbed_1e-06" / "model.safetensors").is_file()
+  report = json.load(open(work / "results" / "toy_reproduction_demo.json"))
+  assert {r["method"] for r in report["rows"]} == {"rl"} and report["seed"] == 3
+  md = open(work / "results" / "toy_reproduction_demo.md").read()
+  assert "training data 3" in md and "1 + 1e-06 N(0, 1)" in md
+  assert "warm_start" not in open(work / "results" / "memory_errors_demo.md").read()
+  serial, answers = report["rows"], _answers(work / "eval")
+  assert all(r["concurrent_sweeps"] == 1 for r in serial)
+  shutil.rmtree(work / "eval")  # nothing to read back: every length swept again
+  _run([*seed_run, "--stages=eval"], cwd=tmp_path)
+  rows = _rows(work / "results" / "toy_reproduction_demo.json")
+  assert _scores(rows) == _scores(serial) and [r["method"] for r in rows] == ["rl", "rl"]
+  assert all(r["concurrent_sweeps"] == 2 for r in rows)
+  assert _answers(work / "eval") == answers
 
 
 @pytest.mark.slow
 def test_quickstart_notebook_runs_top_to_bottom(run):
   import nbformat
   from nbclient import NotebookClient
-  root, _ = run
+  root = run.root
   path = os.path.join(REPO, "experiments", "notebooks", "memagent_quickstart.ipynb")
   nb = nbformat.read(path, as_version=4)
   os.environ["MEMAGENT_TOY_RUN"] = str(root / "run")
@@ -153,7 +216,7 @@ def test_base_flag_makes_the_committed_base_the_pretrain_stage(tmp_path):
   """--base: the pretrain stage is the committed export, byte for byte, not retrained (warm_start and
   full_attention start from <workdir>/pretrain/export, as the pipeline test checks for a trained one)."""
   _run(["--scale=demo", "--world=lookup", f"--base={BASE}", f"--workdir={tmp_path}/b", "--stages=pretrain"],
-       cwd=tmp_path, xla_cache=tmp_path / "xla_cache")
+       cwd=tmp_path)
   stages = json.load(open(tmp_path / "b" / "stages.json"))
   assert stages["pretrain"]["base"] == BASE and stages["pretrain"]["steps"] == 800
   assert not (tmp_path / "b" / "pretrain" / "checkpoints").exists()  # not retrained
@@ -206,28 +269,6 @@ def test_memagent_sweeps_split_their_longest_length_into_its_own_task():
   assert sweep_parts("warm_start", lengths, 2) == [[1024], [128, 256, 512]]
   assert sweep_parts("full_attention", lengths, 2) == [lengths]
   assert sweep_parts("rl", lengths, 1) == [lengths] and sweep_parts("rl", [128], 2) == [[128]]
-
-
-@pytest.mark.slow
-def test_side_by_side_sweeps_give_the_rows_of_sequential_ones(tmp_path):
-  """evaluate(workers=2) runs each method's sweep in its own processes (the longest length apart): the
-  same rows (accuracy, n, length), in length order, as one after the other, marked with how many ran at once."""
-  from experiments import toy_reproduction
-  for stage in ("rl", "warm_start"):  # the committed base stands in for both trained policies
-    shutil.copytree(BASE, tmp_path / "run" / stage / "export")
-  rows = {}
-  run = toy_reproduction.ToyRun(scale="demo", root=str(tmp_path / "run"), world="lookup", n=6, max_multiple=2)
-  for workers in (1, 2):
-    shutil.rmtree(tmp_path / "run" / "eval", ignore_errors=True)  # nothing read back from the other run
-    rows[workers] = toy_reproduction.evaluate(run, trained=["warm_start", "rl"], workers=workers)
-  strip = lambda rs: [(r.method, r.length, r.n, r.accuracy) for r in rs]
-  assert strip(rows[2]) == strip(rows[1])
-  assert [r.method for r in rows[2]] == ["rl", "rl", "warm_start", "warm_start"]
-  assert all(r.concurrent_sweeps == 2 for r in rows[2]) and rows[1][0].concurrent_sweeps == 1
-  # one method alone (a seed run sweeps RL only) still runs its two tasks side by side
-  shutil.rmtree(tmp_path / "run" / "eval")
-  alone = toy_reproduction.evaluate(run, trained=["rl"], workers=2)
-  assert strip(alone) == strip(rows[1])[:2] and all(r.concurrent_sweeps == 2 for r in alone)
 
 
 def test_toy_sweep_reports_accuracy_and_per_chunk_rates(tmp_path):

@@ -1,4 +1,5 @@
-"""The seed-robustness runs (experiments/toy_seeds.py) and the toy reproduction's --seed / --perturb."""
+"""The seed-robustness runs (experiments/toy_seeds.py) and the toy reproduction's --seed / --perturb (a seed
+run end to end: tests/test_toy_reproduction.py, from its pipeline run's base at its shapes)."""
 
 import dataclasses
 import json
@@ -10,7 +11,7 @@ import pytest
 
 from memagent_jax.evaluation.length_sweep import SweepRow
 from memagent_jax.models import safetensors_io
-from test_toy_reproduction import BASE, _run
+from test_toy_reproduction import BASE
 
 
 def _rows(accs, lengths=(128, 256, 512)):
@@ -93,24 +94,6 @@ def test_seed_reaches_every_trained_stage_and_perturb_rls_source(tmp_path):
   shutil.copytree(BASE, tmp_path / "warm_start" / "export")
   cfg = toy_reproduction.stage_config("rl", "full", str(tmp_path), "lookup", perturb=1e-6)
   assert cfg.model.source == str(tmp_path / "warm_start" / "export_perturbed_1e-06")
-
-
-@pytest.mark.slow
-def test_seed_run_trains_from_the_perturbed_warm_start_and_sweeps_rl_only(tmp_path):
-  """A seed run end to end at a tiny scale: RL's stage records seed and perturbation, only RL is
-  swept, its results stay in the workdir, and the report names the seed and the perturbation."""
-  work = tmp_path / "s"
-  _run(["--scale=demo", "--world=lookup", f"--base={BASE}", "--steps=warm_start=2,rl=1", "--n=4",
-        "--max_multiple=2", "--stages=warm_start,rl,eval", "--eval_methods=rl", "--seed=3", "--perturb=1e-6",
-        f"--workdir={work}", f"--results_dir={work}/results"], cwd=tmp_path, xla_cache=tmp_path / "xla_cache")
-  stages = json.load(open(work / "stages.json"))
-  assert stages["rl"]["seed"] == 3 and stages["rl"]["perturb"] == 1e-6 and stages["warm_start"]["seed"] == 3
-  assert (work / "warm_start" / "export_perturbed_1e-06" / "model.safetensors").is_file()
-  report = json.load(open(work / "results" / "toy_reproduction_lookup_demo.json"))
-  assert {r["method"] for r in report["rows"]} == {"rl"} and report["seed"] == 3
-  md = open(work / "results" / "toy_reproduction_lookup_demo.md").read()
-  assert "training data 3" in md and "1 + 1e-06 N(0, 1)" in md
-  assert "warm_start" not in open(work / "results" / "memory_errors_lookup_demo.md").read()
 
 
 def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):

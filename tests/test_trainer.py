@@ -1,4 +1,6 @@
-"""The training loop: metrics, bad configs, NaN stopping, knobs, and SIGKILL resume (bit exact)."""
+"""The training loop, in-process: metrics, bad configs, NaN stopping, knobs, resume from a damaged
+checkpoint, and a signal mid-step raising `Preempted`. Stopped and resumed CLI runs (SIGKILL, SIGTERM,
+SIGINT, a full disk, two processes): test_preemption.py and test_save_faults.py."""
 
 import dataclasses
 import json
@@ -6,9 +8,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +17,9 @@ import pytest
 from configs import toy_cpu
 from memagent_jax.runtime import checkpointing
 from memagent_jax.experiment import assembly
+from memagent_jax.rl import rollout
 from memagent_jax.rl import trainer as trainer_lib
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from memagent_jax.runtime.preemption import Preempted
 
 
 def tiny(**overrides):
@@ -58,6 +57,34 @@ def base1(tmp_path_factory):
 @pytest.fixture(scope="module")
 def base2(tmp_path_factory):
   return _trained(tmp_path_factory.mktemp("base2"), steps=2)
+
+
+def _answer_parity(answer, prediction, gold):
+  return float(sum(map(ord, answer)) % 2)  # about half the answers score
+
+
+# The tiny random model scores 0 on the task, so under the task's reward every advantage is 0 and an update
+# leaves the params as they were: runs whose params are compared use a reward that moves them, and one
+# mini-batch per step (with two, the second update of a step already sees moved params).
+MOVING = {"train.steps": 2, "rl.reward": "answer_parity", "rl.ppo_mini_batch": 4}
+
+
+@pytest.fixture(scope="module")
+def parity_reward():
+  with rollout.REWARD_FNS.registered("answer_parity", _answer_parity):
+    yield
+
+
+@pytest.fixture(scope="module")
+def moving(tmp_path_factory, parity_reward):
+  """MOVING trained 2 steps: initial params, after step 1 and after step 2, the metrics of both steps."""
+  t = assembly.build_trainer(tiny(**MOVING), workdir=str(tmp_path_factory.mktemp("moving")))
+  init = _leaves(t.state.params)
+  history = t.train(until=1).history
+  step1 = _leaves(t.state.params)
+  history += t.train().history
+  return {"init": init, "step1": step1, "params": _leaves(t.state.params), "ref_params": t.state.ref_params,
+          "history": history}
 
 
 def test_tiny_run_logs_every_metric_and_saves(tmp_path):
@@ -105,7 +132,7 @@ def test_consecutive_non_finite_updates_stop_training(tmp_path):
     groups = tuple(g.replace(advantages=g.advantages * np.nan) for g in groups)
     return upd.update_step(params, opt, groups, **kw)
 
-  t = assembly.build_trainer(tiny(**{"train.steps": 5, "train.max_nan_steps": 3}), workdir=str(tmp_path),
+  t = assembly.build_trainer(tiny(**{"train.steps": 2, "train.max_nan_steps": 3}), workdir=str(tmp_path),
                              programs=trainer_lib.StepPrograms(update_step=poisoned))
   before = _leaves(t.state.params)
   with pytest.raises(trainer_lib.NonFiniteLossError, match=r"step 2: 3 consecutive updates .*loss=nan"):
@@ -117,7 +144,7 @@ def test_consecutive_non_finite_updates_stop_training(tmp_path):
 def test_non_finite_params_stop_the_run_before_their_checkpoint(tmp_path):
   """Params that turn non-finite (an overflowing update) stop the run at that step, naming it and a
   param leaf, and no checkpoint of it is written."""
-  t = assembly.build_trainer(tiny(**{"train.steps": 3, "train.save_every": 1}), workdir=str(tmp_path))
+  t = assembly.build_trainer(tiny(**{"train.steps": 2, "train.save_every": 1}), workdir=str(tmp_path))
   t.train(until=1)
   t.state.params = jax.tree_util.tree_map(lambda x: x * jnp.nan, t.state.params)  # as an overflow leaves them
   with pytest.raises(trainer_lib.NonFiniteStateError, match=r"step 2: \d+ leaves .* not finite \(params/embed"):
@@ -174,23 +201,16 @@ def test_recompute_old_logprobs_knob(tmp_path):
   assert not calls and [s.old_is_current for s, _ in specs] == [False, False]
 
 
-def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2):
-  """With a reward that moves the policy (the tiny random model scores 0 on the task), the KL term is
-  positive from the second step on and changes the update; the reference stays the initial params.
-  One mini-batch per step: with two, the second update of step 1 already sees moved params."""
-  from memagent_jax.rl import rollout
-  parity = lambda answer, prediction, gold: float(sum(map(ord, answer)) % 2)  # about half the answers score
-  with rollout.REWARD_FNS.registered("answer_parity", parity):
-    runs = {}
-    for coef in (0.0, 5.0):
-      cfg = tiny(**{"train.steps": 2, "rl.kl_coef": coef, "rl.reward": "answer_parity", "rl.ppo_mini_batch": 4})
-      t = assembly.build_trainer(cfg, workdir=str(tmp_path / f"kl{coef}"))
-      init = _leaves(t.state.params)
-      history = t.train().history
-      runs[coef] = dict(init=init, params=_leaves(t.state.params), ref=t.state.ref_params, history=history)
-  on, off = runs[5.0], runs[0.0]
+def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2, moving, parity_reward):
+  """With a reward that moves the policy, the KL term is positive from the second step on and changes
+  the update; the reference stays the initial params."""
+  t = assembly.build_trainer(tiny(**MOVING, **{"rl.kl_coef": 5.0}), workdir=str(tmp_path / "kl"))
+  init = _leaves(t.state.params)
+  on = dict(init=init, history=t.train().history, params=_leaves(t.state.params), ref=t.state.ref_params)
+  off = moving  # the same run without the KL term
   assert all(np.array_equal(a, b) for a, b in zip(on["init"], _leaves(on["ref"])))  # frozen
-  assert off["ref"] is None and base2["ref_params"] is None
+  assert all(np.array_equal(a, b) for a, b in zip(on["init"], off["init"]))
+  assert off["ref_params"] is None and base2["ref_params"] is None
   assert off["history"][0].update.grad_norm > 0  # the reward moves the policy
   assert [h.updates for h in on["history"]] == [1, 1]
   assert on["history"][0].update.kl == 0 and on["history"][1].update.kl > 0  # equal at first, apart after a step
@@ -198,12 +218,13 @@ def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2):
   assert diff > 1e-6
 
 
-def test_max_chunks_truncates_training_documents_only(tmp_path):
-  run = assembly.build_experiment(tiny(**{"train.steps": 1, "agent.max_chunks": 1, "agent.chunk_tokens": 32}),
-                                  workdir=str(tmp_path))
+def test_max_chunks_truncates_training_documents_only(tmp_path, base1):
+  """The training rollouts (what a step collects) read one chunk of documents that have two; the
+  evaluation reader reads them whole."""
+  assert base1["history"][0].rollout.chunks_per_doc == 2.0  # the same run without max_chunks
+  run = assembly.build_experiment(tiny(**{"train.steps": 1, "agent.max_chunks": 1}), workdir=str(tmp_path))
   t = run.trainer
-  m = t.train().history[0]
-  assert m.rollout.chunks_per_doc == 1.0
+  assert t.collector.collect(t.batches, t._seed).metrics.chunks_per_doc == 1.0
   assert run.evaluator is None and run.agent.max_chunks == 1
   assert assembly.build_reader(run.cfg.agent, t.policy, training=False).max_chunks is None
 
@@ -216,100 +237,53 @@ def test_seeds_change_the_run(tmp_path, knob, base1):
   assert any(a.scalars()[k] != b.scalars()[k] for k in keys)
 
 
-@pytest.mark.parametrize("knob,value", [
-                                        ("model.remat", "full"), ("model.remat", "dots"), ("rl.micro_batches", 2)])
-def test_trainer_knobs_reach_the_update(tmp_path, knob, value, base1):
-  """Each knob changes the params after one step, except remat and micro-batching, which must
-  not change them beyond float rounding (they change how, not what, is computed)."""
-  other = assembly.build_trainer(tiny(**{"train.steps": 1, knob: value}), workdir=str(tmp_path / "other"))
-  other.train()
-  a, b = base1["params"], _leaves(other.state.params)
-  diff = max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
-  if knob in ("model.remat", "rl.micro_batches"):
-    assert diff <= 1e-5
-  else:
-    assert diff > 0
+@pytest.mark.parametrize("knob,value", [("model.remat", "full"), ("model.remat", "dots"), ("rl.micro_batches", 2)])
+def test_trainer_knobs_reach_the_update(tmp_path, knob, value, moving, parity_reward):
+  """Remat and micro-batching change how, not what, an update computes: after a step that moved the
+  params, they equal the plain run's to float rounding."""
+  other = assembly.build_trainer(tiny(**MOVING, **{knob: value}), workdir=str(tmp_path / "other"))
+  update = other.train(until=1).history[0].update
+  moved = max(float(np.max(np.abs(x - y))) for x, y in zip(moving["init"], moving["step1"]))
+  assert moved > 1e-4  # the step changed the params (lr 5e-3 in the first warm-up step)
+  assert update.grad_norm == pytest.approx(moving["history"][0].update.grad_norm, rel=1e-5)  # the same gradient
+  diff = max(float(np.max(np.abs(x - y))) for x, y in zip(moving["step1"], _leaves(other.state.params)))
+  assert diff <= 1e-5
 
 
-def _train_cmd(workdir, steps, save_every=1):
-  return [sys.executable, "-m", "experiments.train", "--config=configs/toy_cpu.py:tiny",
-          f"--workdir={workdir}", f"--config.train.steps={steps}", f"--config.train.save_every={save_every}",
-          "--config.rl.clip_high=0.31"]
+class _SignalDuringCollect:
+  """A collector that signals its own process in the middle of its first rollout."""
+
+  def __init__(self, collector, signum):
+    self.inner, self.signum, self.sent = collector, signum, False
+
+  def __getattr__(self, name):
+    return getattr(self.inner, name)
+
+  def collect(self, *args, **kw):
+    if not self.sent:
+      self.sent = True
+      os.kill(os.getpid(), self.signum)  # the handler runs at once: the step must still finish
+    return self.inner.collect(*args, **kw)
 
 
-def _cache_env(cache_dir) -> dict:
-  """A CLI run's environment sharing a persistent compile cache with the other runs of a test: a
-  restart skips most compiles (the same programs; the resume under test is the state's)."""
-  cache_dir = os.environ.get("MEMAGENT_TEST_XLA_CACHE", cache_dir)  # conftest's, shared by the whole run
-  return dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-
-
-_TIMING = ("seconds", "per_s", "perf/")  # metrics of how fast, not what, a step computed
-
-
-def _assert_resumed_exactly(ref_dir, run_dir, steps: int):
-  """The interrupted-then-resumed run in run_dir ended exactly as the uninterrupted one in ref_dir:
-  final checkpoint bit for bit, data position, final-step metrics, every step logged once."""
-  ref, ref_meta = checkpointing.Checkpointer(str(ref_dir / "checkpoints")).restore()
-  got, meta = checkpointing.Checkpointer(str(run_dir / "checkpoints")).restore()
-  assert ref_meta["step"] == meta["step"] == steps
-  for name in ("params", "opt_state", "rng"):
-    for x, y in zip(_leaves(ref[name]), _leaves(got[name])):
-      assert np.array_equal(x, y), name  # bit for bit
-  assert meta["data_state"] == ref_meta["data_state"]
-  assert meta["config"] and json.loads(meta["config"])["rl"]["clip_high"] == 0.31  # the CLI override
-  ref_lines, lines = ([json.loads(l) for l in open(d / "logs" / "metrics.jsonl")] for d in (ref_dir, run_dir))
-  assert [l["step"] for l in lines] == list(range(1, steps + 1))  # re-run steps are not logged twice
-  untimed = lambda line: {k: v for k, v in line.items() if not any(t in k for t in _TIMING)}  # noqa: E731
-  assert untimed(lines[-1]) == untimed(ref_lines[-1])
-
-
-def _committed_step(ckpt_dir: str) -> int:
-  """The newest committed step of a running trainer's checkpoints, 0 if none yet (or if the trainer
-  deleted an old step while orbax was listing it: the next poll reads again)."""
-  try:
-    return checkpointing.Checkpointer(ckpt_dir).latest_step() or 0
-  except FileNotFoundError:
-    return 0
-
-
-@pytest.mark.slow
-def test_sigkill_mid_run_resumes_bit_exact(tmp_path):
-  steps = 6
-  env = _cache_env(tmp_path / "xla_cache")  # shared by the three runs
-  ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
-  subprocess.run(_train_cmd(ref_dir, steps), cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
-  proc = subprocess.Popen(_train_cmd(run_dir, steps), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-  ckpt_dir = str(run_dir / "checkpoints")
-  deadline = time.time() + 300
-  while time.time() < deadline:  # kill once step 3 is committed, while later steps run
-    if os.path.isdir(ckpt_dir) and _committed_step(ckpt_dir) >= 3:
-      break
-    time.sleep(0.2)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  killed_at = checkpointing.Checkpointer(ckpt_dir).latest_step()
-  assert killed_at is not None and 3 <= killed_at < steps, killed_at
-  out = subprocess.run(_train_cmd(run_dir, steps), cwd=REPO, env=env, check=True, capture_output=True,
-                       text=True, timeout=600)
-  assert json.loads(out.stdout.strip().splitlines()[-1])["step"] == steps
-  _assert_resumed_exactly(ref_dir, run_dir, steps)
-
-
-@pytest.mark.slow
-def test_compilation_cache_dir_holds_the_run_programs(tmp_path):
-  """train.compilation_cache_dir turns on jax's persistent cache: the rollout and update programs
-  land there, so a restart reuses them (in a subprocess: the setting is process-wide)."""
-  cache = tmp_path / "xla_cache"
-  cmd = [sys.executable, "-m", "experiments.train", "--config=configs/toy_cpu.py:tiny",
-         "--config.train.steps=1", f"--config.train.compilation_cache_dir={cache}",
-         f"--workdir={tmp_path / 'run'}"]
-  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-2000:]
-  entries = os.listdir(cache)
-  assert len(entries) >= 3, entries  # recurrence blocks, log-probs and the update step at least
+def test_signal_mid_step_finishes_saves_and_raises_in_process(tmp_path):
+  """A library user (a notebook) gets an exception, not a dead interpreter: Ctrl-C in the first
+  step lets it finish, saves it, raises Preempted (exit code 130), puts the handlers back and
+  frees the workdir, whose checkpoint a new trainer resumes from."""
+  before = signal.getsignal(signal.SIGINT)
+  t = assembly.build_trainer(tiny(**{"train.steps": 2, "train.save_every": 100}), workdir=str(tmp_path))
+  t.collector = _SignalDuringCollect(t.collector, signal.SIGINT)
+  with pytest.raises(Preempted) as e:
+    t.train()
+  assert (e.value.step, e.value.signum, e.value.exit_code) == (1, signal.SIGINT, 130)
+  assert str(e.value) == (f"preempted at step 1; checkpoint saved in {tmp_path / 'checkpoints'}; "
+                          "run the same command to resume")
+  assert signal.getsignal(signal.SIGINT) is before
+  assert not (tmp_path / "run.lock").exists()
+  assert checkpointing.Checkpointer(str(tmp_path / "checkpoints")).all_steps() == [1]
+  again = assembly.build_trainer(tiny(**{"train.steps": 2}), workdir=str(tmp_path))
+  assert again.state.step == 1  # step 1 was applied whole and saved
+  assert all(np.array_equal(a, b) for a, b in zip(_leaves(t.state.params), _leaves(again.state.params)))
 
 
 def test_resume_truncates_metrics_in_place(tmp_path):
