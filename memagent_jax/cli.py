@@ -176,8 +176,8 @@ def load_config(spec: str, overrides: list[str]):
 
 
 def cmd_compile(args) -> int:
-  """Compiles the config's step for the topology: a table on stdout, JSON with --json; exit 3 when a
-  program does not fit."""
+  """Compiles the config's step for the topology: a table on stdout, JSON with --json; exit 3 when the
+  step does not fit (a program's own peak plus what the trainer holds beside it)."""
   cfg = load_config(args.config, args.overrides)
   topology = tpu_targets.parse_topology(args.topology, args.slices)
   programs = tuple(args.programs.split(","))
@@ -290,15 +290,17 @@ def build_parser() -> argparse.ArgumentParser:
   _debug_flag(x)
   x.set_defaults(func=cmd_export)
   c = sub.add_parser("compile", help="compile a training config's RL step for a TPU pod on this machine: "
-                                     "memory, FLOPs, collectives and a roofline time per chip")
+                                     "each program's memory beside what the trainer holds (the step's peak), FLOPs, "
+                                     "collectives and a roofline time per chip")
   c.add_argument("--config", required=True, help="training config file[:variant], e.g. "
                                                  "configs/memagent_qwen2_5_7b.py; --config.<key>=<value> overrides")
   c.add_argument("--topology", required=True, help="TPU slice as pod users name it: v5p-64, v5e-256, v6e-8, "
-                                                   "v4-32, or <chip>:<AxB[xC]>")
+                                                   "v4-32, tpu7x-32, or <chip>:<AxB[xC]>")
   c.add_argument("--slices", type=_int_flag(1), default=1, help="multi-slice: this many slices of --topology")
   c.add_argument("--json", help="also write the report as JSON to this file")
   c.add_argument("--programs", default="rollout,answer,logprobs,update",
-                 help="comma-separated subset of rollout, answer, logprobs, update")
+                 help="comma-separated subset of rollout, answer, logprobs, update (each kind: every "
+                      "distinct program of it the step runs)")
   c.add_argument("--quiet", action="store_true", help="no progress bar")
   _debug_flag(c)
   c.set_defaults(func=cmd_compile)

@@ -181,9 +181,9 @@ def test_next_block_is_dispatched_before_the_last_is_fetched(tiny_agent_policy, 
     events.append(f"block {int(block.first)}")
     return run_block(*args, block=block, **kwargs)
 
-  run_answers, fetch = memagent_module.answer_block, memagent_module.RowPlacement.local
+  run_answers, fetch = agent.answer_block, memagent_module.RowPlacement.local
   agent.memory_block = recorded_block
-  monkeypatch.setattr(memagent_module, "answer_block", lambda *a, **k: events.append("answers") or run_answers(*a, **k))
+  agent.answer_block = lambda *a, **k: events.append("answers") or run_answers(*a, **k)  # this agent's only
   monkeypatch.setattr(memagent_module.RowPlacement, "local",
                       lambda self, tree, **k: events.append(f"fetch {tree.active.shape[0]} steps") or fetch(self, tree, **k))
   doc = " ".join(f"word{i}" for i in range(40))

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import jax
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 
 from fault_runs import RUN_OVERRIDES, cache_env, metric_steps, signal_after_step, stopped, train_cmd
 from test_parallel import REPO, _clean_env, _collect, _free_port
+from memagent_jax.rl.trainer import Trainer
 from memagent_jax.runtime import checkpointing
 from memagent_jax.runtime.save_errors import CheckpointWriteError, write_error
 
@@ -45,6 +47,26 @@ def test_write_error_names_the_file_the_array_and_the_step_kept():
   err = write_error(wrapped, step=3, directory="/d/run/checkpoints", saved=None)
   assert "no space left on device writing /d/run/checkpoints/3/meta; no complete checkpoint in" in str(err)
   assert write_error(ValueError("shapes differ"), step=1, directory="/d", saved=None) is None
+
+
+def test_stopping_after_a_failed_save_keeps_its_error_and_releases_the_lock():
+  """On a full disk the metric files cannot flush either: stopping must still release the workdir lock,
+  and the checkpoint's error (it names the step kept) must not be replaced by the flush's bare ENOSPC."""
+  released = []
+  save_error = CheckpointWriteError(errno.ENOSPC, "checkpoint of step 2 not saved: no space left on device")
+
+  def fail(e):
+    def raise_it():
+      raise e
+    return raise_it
+  trainer = types.SimpleNamespace(checkpointer=types.SimpleNamespace(wait=fail(save_error)),
+                                  writer=types.SimpleNamespace(close=fail(OSError(errno.ENOSPC, "No space left"))),
+                                  lock=types.SimpleNamespace(release=lambda: released.append(True)))
+  Trainer._let_go(trainer, failing=True)  # an error is on its way out: the others are logged only
+  assert released == [True]
+  with pytest.raises(CheckpointWriteError, match="step 2 not saved"):  # no error in flight: the first is raised
+    Trainer._let_go(trainer, failing=False)
+  assert released == [True, True]
 
 
 FULL_DISK_SCRIPT = """

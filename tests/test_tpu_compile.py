@@ -8,6 +8,7 @@ import jax
 import pytest
 
 from memagent_jax import cli
+from memagent_jax.experiment import compile_report
 from memagent_jax.models.config import ModelConfig, get_preset
 from memagent_jax.runtime import tpu_targets
 
@@ -66,24 +67,32 @@ def test_small_step_compiles_for_tpu(tmp_path, capsys, topology, mesh):
   (model_dir / "config.json").write_text(json.dumps(SMALL.to_hf_dict()))
   code, r, out = _compile(tmp_path, capsys, "--topology", topology, f"--config.model.source={model_dir}", *mesh)
   assert code == 0
-  assert set(r["programs"]) == {"rollout", "answer", "logprobs", "update"}
+  # the trainer's programs: its two width groups give two log-prob passes, the first update reads old = current
+  assert {name.split("#")[0] for name in r["programs"]} == {"rollout", "answer", "logprobs", "update"}
   assert "| update |" in out.out and "step estimate" in out.out
+  # the step at MaxText's training MFU for the chip: the roofline divided by it, in wall and chip seconds
+  lo, hi = compile_report.MAXTEXT_MFU[r["chip"]]
+  assert r["step_wall_s_range"] == pytest.approx([r["step_estimate_s"] / hi, r["step_estimate_s"] / lo])
+  assert r["step_chip_s_range"] == pytest.approx([w * r["chips"] for w in r["step_wall_s_range"]])
+  assert r["step_estimate_s"] == pytest.approx(sum(p["calls_per_step"] * p["live_share"] * p["roofline_s"]
+                                                   for p in r["programs"].values()))
   fsdp = r["mesh"]["fsdp"]
   params = SMALL.num_params
   for name, p in r["programs"].items():
-    assert p["fits"] and 0 < p["peak_bytes"] < r["hbm_bytes_per_chip"], name
+    assert p["fits"] and 0 < p["peak_bytes"] < p["step_peak_bytes"] < r["hbm_bytes_per_chip"], name
     assert p["attention_backend"] == "splash"
     assert p["flops"] > 0 and p["bytes_accessed"] > 0 and p["roofline_s"] > 0
+    assert not p["uncounted_custom_calls"], name  # the splash kernels' FLOPs are counted from their shapes
   up = r["programs"]["update"]
   # the splash kernel (a Mosaic custom call) runs inside the update and the rollout's prefill
   assert up["custom_calls"].get("tpu_custom_call", 0) >= 1
   assert r["programs"]["rollout"]["custom_calls"].get("tpu_custom_call", 0) >= 1
-  # arguments: fp32 params + AdamW's two moments, split over fsdp (norm scales are replicated), + the batch
+  # arguments: fp32 params + AdamW's two moments, split over fsdp (norm scales are replicated), + the
+  # mini-batch's width groups (tokens int32, valid bool; loss mask bool, old and reference log-probs f32)
   s = r["shapes"]
-  rows = s["micro_batches"] * s["micro_rows"] // (r["mesh"]["data"] * fsdp)
-  width = s["prompt_width"] + s["response_width"]
-  batch = rows * (width * (4 + 1) + s["response_width"] * (1 + 4 + 4) + 4)
-  expected = 3 * 4 * params / fsdp + batch
+  n = s["response_width"]
+  batch = sum(rows * ((width + n) * (4 + 1) + n * (1 + 4 + 4) + 4) for rows, width in s["width_groups"])
+  expected = 3 * 4 * params / fsdp + batch / (r["mesh"]["data"] * fsdp)
   assert abs(up["argument_bytes"] - expected) / expected < 0.10, (up["argument_bytes"], expected)
   # donation: the updated params and optimizer state reuse the input buffers
   weights = r["per_device_weight_bytes"]["train"] * 3
@@ -118,7 +127,7 @@ def test_a_config_that_cannot_fit_exits_3_with_one_line(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert code == 3
   assert len(err) == 1
-  assert re.fullmatch(r"memagent compile: does not fit: (rollout|update) needs [0-9.]+ GiB per chip, "
+  assert re.fullmatch(r"memagent compile: does not fit: (the step holds|update needs) [0-9.]+ GiB per chip .*"
                       r"v5e has 14\.9 GiB", err[0]), err[0]
 
 
@@ -163,5 +172,5 @@ def test_compiler_out_of_memory_is_a_does_not_fit_line(tmp_path, capsys):
                    "--config.data.length=32768", "--config.agent.max_chunks=16", "--config.data.train_size=4096"])
   err = capsys.readouterr().err.strip().splitlines()
   assert code == 3
-  assert len(err) == 1 and re.fullmatch(r"memagent compile: does not fit: update needs [0-9.]+ GiB per chip, "
-                                        r"v5e has 14\.9 GiB", err[0]), err
+  assert len(err) == 1 and re.fullmatch(r"memagent compile: does not fit: update needs [0-9.]+ GiB per chip "
+                                        r"\([0-9.]+ its own \+ .*\), v5e has 14\.9 GiB", err[0]), err

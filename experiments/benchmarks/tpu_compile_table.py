@@ -1,6 +1,6 @@
 """docs/results/tpu_compile.md: the paper's configs and small-pod configs compiled for real TPU
 topologies on this CPU (`memagent compile`, one command per row), with before/after rows for the
-rollout weight layout and the remat policy.
+rollout weight layout and the small models' log-prob chunk.
 
   python -m experiments.benchmarks.tpu_compile_table [--rows=NAME,...] [--out=docs/results/tpu_compile.md]
 Each row's JSON is kept in runs/tpu_compile/<row>.json; a row whose JSON exists is not compiled again
@@ -26,14 +26,6 @@ ROWS = {
     "7b_v5p-64": (Q7, "v5p-64", [], "released 7B on its mesh (fsdp 8 x tensor 4), replicated rollout layout"),
     "7b_v5p-64_train_layout": (Q7, "v5p-64", ["--config.mesh.rollout=train", "--programs=rollout"],
                                "before: rollouts decode with the FSDP training layout"),
-    "7b_v5p-64_remat_none": (Q7, "v5p-64", ["--config.model.remat=none", "--programs=update"], "remat none"),
-    "7b_v5p-64_remat_dots": (Q7, "v5p-64", ["--config.model.remat=dots", "--programs=update"], "remat dots"),
-    "7b_v5p-64_remat_none_mb64": (Q7, "v5p-64", ["--config.model.remat=none", "--config.rl.micro_batches=64",
-                                                 "--programs=update"], "remat none, 64 micro-batches (2 rows per chip)"),
-    "7b_v5p-64_remat_dots_mb64": (Q7, "v5p-64", ["--config.model.remat=dots", "--config.rl.micro_batches=64",
-                                                 "--programs=update"], "remat dots, 64 micro-batches"),
-    "7b_v5p-64_remat_full_mb64": (Q7, "v5p-64", ["--config.model.remat=full", "--config.rl.micro_batches=64",
-                                                 "--programs=update"], "remat full, 64 micro-batches"),
     "14b_v5p-128": (Q14, "v5p-128", [], "released 14B on its mesh (fsdp 16 x tensor 4)"),
     "0.5b_v5e-8": (f"{SMALL}:0.5b", "v5e-8", [], "Qwen2.5-0.5B on one v5e host"),
     "0.5b_v5p-8": (f"{SMALL}:0.5b", "v5p-8", ["--config.mesh.fsdp=4"], "Qwen2.5-0.5B on one v5p host"),
@@ -41,7 +33,12 @@ ROWS = {
     "1.5b_v5p-8": (f"{SMALL}:1.5b", "v5p-8", ["--config.mesh.fsdp=4"], "Qwen2.5-1.5B on one v5p host"),
     "3b_v5e-8": (f"{SMALL}:3b", "v5e-8", [], "Qwen2.5-3B on one v5e host (tensor 2)"),
     "3b_v5p-8": (f"{SMALL}:3b", "v5p-8", ["--config.mesh.fsdp=2"], "Qwen2.5-3B on one v5p host (tensor 2)"),
+    "3b_v6e-8": (f"{SMALL}:3b", "v6e-8", [], "Qwen2.5-3B on one v6e (Trillium) host (tensor 2)"),
+    "7b_v6e-64": (Q7, "v6e-64", [], "released 7B on 64 v6e chips (data 2 x fsdp 8 x tensor 4)"),
+    "7b_tpu7x-32": (Q7, "tpu7x-32", [], "released 7B on 16 TPU7x (Ironwood) chips, 32 devices"),
 }
+# Rows compiled before a change, kept as JSON (`<row>_before.json` in the folder): the "before" of a section.
+BEFORE_ROWS = {"0.5b_v5e-8", "1.5b_v5e-8", "3b_v5e-8"}
 
 
 def _version(package: str) -> str:
@@ -52,6 +49,14 @@ def _version(package: str) -> str:
   except metadata.PackageNotFoundError:
     found = list(metadata.distributions(name=package, path=[tpu_targets.LIBTPU_DIR]))
     return found[0].version if found else "unknown"
+
+
+def _commit() -> str:
+  try:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
 
 
 def command(name: str, json_path: str) -> list[str]:
@@ -71,107 +76,113 @@ def run_row(name: str, folder: str) -> dict:
     with open(path) as f:
       report = json.load(f)
     report["wall_s"] = time.perf_counter() - t0
+    report["commit"] = _commit()
     with open(path, "w") as f:
       json.dump(report, f, indent=1)
   with open(path) as f:
     return json.load(f)
 
 
+def _row_note(p: dict) -> str:
+  """A program refused by the compiler: only its temporaries are known."""
+  return "" if p["flops"] is not None else " (refused by the compiler: temporaries only)"
+
+
+def _fmt(x, fmt: str, scale: float = 1.0) -> str:
+  return "-" if x is None else format(x / scale, fmt)
+
+
 def table(reports: dict[str, dict]) -> list[str]:
-  lines = ["| row | program | peak GiB / chip | % HBM | args | aliased | temp | TFLOP | collective GB | "
-           "per-iteration collective MB (innermost loop) | roofline s | compile s |", "|---|" + "---|" * 11]
+  """Every distinct program of each row's step, per chip (per device on v4 / TPU7x, whose devices are cores)."""
+  lines = ["| row | program | calls / step | own peak GiB | beside it GiB | step peak GiB | % HBM | temp GiB | "
+           "TFLOP | collective GB sent | unknown loops | roofline s | compile s |", "|---|" + "---|" * 12]
   for name, r in reports.items():
     for prog, p in r["programs"].items():
-      if not p["fits"] and p["flops"] is None:  # refused by the compiler: only its temporaries are known
-        lines.append(f"| {name} | {prog} | {p['peak_bytes'] / GIB:.1f} (temporaries) | {100 * p['hbm_share']:.0f}% "
-                     f"(does not fit) | - | - | {p['temp_bytes'] / GIB:.1f} | - | - | - | - | {p['compile_s']:.0f} |")
-        continue
-      lines.append(f"| {name} | {prog} | {p['peak_bytes'] / GIB:.1f} | {100 * p['hbm_share']:.0f}% | "
-                   f"{p['argument_bytes'] / GIB:.2f} | {p['alias_bytes'] / GIB:.2f} | {p['temp_bytes'] / GIB:.1f} | "
-                   f"{p['flops'] / 1e12:.0f} | {p['collective_bytes'] / 1e9:.1f} | "
-                   f"{p['loop_collective_bytes_per_iteration'] / 1e6:.1f} | {p['roofline_s']:.3g} | {p['compile_s']:.0f} |")
+      lines.append(f"| {name} | {prog}{_row_note(p)} | {p['calls_per_step']:g} | {p['peak_bytes'] / GIB:.2f} | "
+                   f"{sum(p['co_resident'].values()) / GIB:.2f} | {p['step_peak_bytes'] / GIB:.2f} | "
+                   f"{100 * p['hbm_share']:.0f}%{'' if p['fits'] else ' (does not fit)'} | {p['temp_bytes'] / GIB:.2f} | "
+                   f"{_fmt(p['flops'], '.0f', 1e12)} | {_fmt(p['collective_bytes'], '.1f', 1e9)} | "
+                   f"{p['unknown_trip_counts']} | {_fmt(p['roofline_s'], '.3g')} | {p['compile_s']:.0f} |")
   return lines
 
 
-# The update compiled without donation (the same 2-core CPU), for comparison: it donated nothing.
-BEFORE = [
-    "| Qwen2.5-0.5B update, 64 rows x 2048 tokens, 4 micro-batches, remat, v5p-8 (fsdp 4) | 1.4 | 1.4 | **0** | "
-    "9.2 | about 5.5 min |",
-    "| Qwen2.5-7B update, 64 rows x 8192 tokens, 8 micro-batches, v5p-64 (fsdp 8 x tensor 4) | 2.66 | 2.66 | **0** | "
-    "9.6 | 20 min |",
-]
-# Tried and not adopted (measured with the same command as row 7b_v5p-64, with the decoder pinning each
-# block's activation rows to the (data, fsdp) axes through with_sharding_constraint).
-TRIED = [
-    "## Tried, not adopted: pinning activation rows to the batch axes", "",
-    "Without constraints XLA partitions the 7B log-prob pass and update partly by reducing activations over "
-    "the fsdp axis instead of gathering weights. Pinning every block's activations to rows over (data, fsdp) "
-    "made it gather weights (FSDP's pattern): collective bytes per chip fell from 5,723 to 498 GB for one "
-    "log-prob mini-batch and from 15,796 to 1,277 GB for one update, but the update's temporaries grew from "
-    "36.4 to 102.1 GiB (peak 105 GiB, 111% of a v5p chip: it no longer fit). Leaving the other dims "
-    "unconstrained changed nothing. Unconstrained, the collectives are below the compute and HBM time in every "
-    "program's roofline (the update: 13 s of ICI against 28 s of matmuls), so the constraint is left out; a "
-    "per-layer choice (rows pinned in the forward only, or activations sharded over tensor in between) is "
-    "the lead to follow.", ""]
-# The released 7B trainer: 4 nodes x 8 GPUs, "3~4 days to converge" over about 200 steps.
-REFERENCE_STEP_S = (1500, 2400)
-
-
-def _p(r, prog):
-  return r["programs"].get(prog)
-
-
-def compute_bound_step(r: dict) -> float:
-  """The step's seconds if every program ran its matmuls at the chip's peak and nothing else cost time."""
+def matmul_step(r: dict) -> float:
+  """The step's seconds if every program ran its FLOPs at the chip's peak and nothing else cost time."""
   peak = tpu_targets.CHIPS[r["chip"]].peak_flops
-  s, p = r["shapes"], r["programs"]
-  t = lambda name: p[name]["flops"] / peak
-  blocks = s["memory_updates"] / s["block_chunks"]
-  return (s["rollout_calls"] * (blocks * t("rollout") + t("answer")) + s["logprob_passes"] * t("logprobs")
-          + s["mini_batches"] * t("update"))
+  return sum(p["calls_per_step"] * p["live_share"] * p["flops"] / peak for p in r["programs"].values())
+
+
+def step_flops(r: dict) -> float:
+  """FLOPs of one whole step over every device."""
+  return r["devices"] * sum(p["calls_per_step"] * p["live_share"] * p["flops"] for p in r["programs"].values())
+
+
+def steps(reports: dict[str, dict]) -> list[str]:
+  """One line per row: whether the step fits, its largest step peak, the roofline, the step at MaxText's
+  MFU range in wall and chip seconds, and its FLOPs at peak alone."""
+  lines = ["| row | chips | fits | largest step peak (% HBM) | roofline s | at MaxText's MFU: wall s | chip-s | "
+           "FLOPs at peak alone s |", "|---|---|---|---|---|---|---|---|"]
+  for name, r in reports.items():
+    worst_name, worst = max(r["programs"].items(), key=lambda kv: kv[1]["hbm_share"])
+    fits = "yes" if all(p["fits"] for p in r["programs"].values()) else "no"
+    head = f"| {name} | {r['chips']} | {fits} | {worst_name}: {100 * worst['hbm_share']:.0f}% |"
+    if r.get("step_estimate_s") is None:
+      lines.append(head + " - | - | - | - |")
+      continue
+    wall, chip_s = r.get("step_wall_s_range"), r.get("step_chip_s_range")
+    lines.append(head + f" {r['step_estimate_s']:.0f} | {f'{wall[0]:.0f}-{wall[1]:.0f}' if wall else '-'} | "
+                 f"{f'{chip_s[0]:.3g}-{chip_s[1]:.3g}' if chip_s else '-'} | {matmul_step(r):.0f} |")
+  return lines
 
 
 def comparisons(reports: dict[str, dict]) -> list[str]:
-  """The before/after lines: rollout layout, remat policies, donation, the 7B step against the reference."""
+  """The before/after sections (small models' log-prob chunk, rollout layout) and the 7B step beside
+  the reference's on a common basis."""
   out = []
+  pairs = [(n, f"{n}_before") for n in reports if f"{n}_before" in reports]
+  if pairs:
+    out += ["## Small models on one host: before and after sharding the log-prob chunk's rows", "",
+            "| row | program | temp GiB before | after | step peak GiB before | after | collective GB before | after |",
+            "|---|---|---|---|---|---|---|---|"]
+    for after_name, before_name in pairs:
+      a, b = reports[after_name], reports[before_name]
+      for prog, pa in a["programs"].items():
+        pb = b["programs"].get(prog)
+        if pb and prog.startswith(("update", "logprobs")):
+          out.append(f"| {after_name} | {prog} | {pb['temp_bytes'] / GIB:.2f} | {pa['temp_bytes'] / GIB:.2f} | "
+                     f"{pb['step_peak_bytes'] / GIB:.2f} | {pa['step_peak_bytes'] / GIB:.2f} | "
+                     f"{_fmt(pb['collective_bytes'], '.1f', 1e9)} | {_fmt(pa['collective_bytes'], '.1f', 1e9)} |")
+    out.append("")
   after, before = reports.get("7b_v5p-64"), reports.get("7b_v5p-64_train_layout")
   if after and before:
     w_after, w_before = after["per_device_weight_bytes"]["rollout"], before["per_device_weight_bytes"]["rollout"]
-    a, b = _p(after, "rollout"), _p(before, "rollout")
-    out += ["## Rollout weight layout (7B, v5p-64, one memory_block of 512 rows x 8 chunks)", "",
-            "| layout | rollout weights / chip GiB | collective bytes per decoded token MB | % of the weights / chip | "
-            "collective GB per block | peak GiB | roofline s |", "|---|---|---|---|---|---|---|"]
-    for name, r, p, w in (("train (FSDP, before)", before, b, w_before), ("replicated (after)", after, a, w_after)):
+    a, b = after["programs"]["rollout"], before["programs"]["rollout"]
+    out += ["## Rollout weight layout (7B, v5p-64, one memory block)", "",
+            "| layout | rollout weights / chip GiB | collective bytes sent per decoded token MB | % of the weights / chip | "
+            "collective GB per block | own peak GiB | roofline s |", "|---|---|---|---|---|---|---|"]
+    for name, p, w in (("train (FSDP)", b, w_before), ("replicated (the configs')", a, w_after)):
       out.append(f"| {name} | {w / GIB:.2f} | {p['loop_collective_bytes_per_iteration'] / 1e6:.1f} | "
                  f"{100 * p['loop_collective_bytes_per_iteration'] / w:.1f}% | {p['collective_bytes'] / 1e9:.0f} | "
                  f"{p['peak_bytes'] / GIB:.1f} | {p['roofline_s']:.1f} |")
     out.append("")
-  for suffix, what in (("", "16 micro-batches of 64 rows (the released config)"),
-                       ("_mb64", "64 micro-batches of 16 rows (2 per chip)")):
-    names = {"none": f"_remat_none{suffix}", "dots": f"_remat_dots{suffix}", "full": "_remat_full_mb64" if suffix else ""}
-    remat = {k: reports.get(f"7b_v5p-64{n}") for k, n in names.items()}
-    if not all(remat.values()):
-      continue
-    out += [f"## Remat policy (7B update of one mini-batch, {what}, v5p-64)", "",
-            "| model.remat | fits | peak GiB / chip | temp GiB | TFLOP / chip | roofline s | compile s |",
-            "|---|---|---|---|---|---|---|"]
-    for k, r in remat.items():
-      p = _p(r, "update")
-      flops = f"{p['flops'] / 1e12:.0f}" if p["flops"] is not None else "-"
-      roof = f"{p['roofline_s']:.1f}" if p["roofline_s"] is not None else "-"
-      out.append(f"| {k} | {'yes' if p['fits'] else 'no'} | {p['peak_bytes'] / GIB:.1f} | {p['temp_bytes'] / GIB:.1f} | "
-                 f"{flops} | {roof} | {p['compile_s']:.0f} |")
-    out.append("")
   if after and after.get("step_estimate_s"):
-    lo, hi = REFERENCE_STEP_S
-    out += ["## The released 7B step against the reference", "",
-            f"Roofline estimate of one step on v5p-64 (32 chips): **{after['step_estimate_s']:.0f} s** (matmuls "
-            f"alone at peak: {compute_bound_step(after):.0f} s); the released trainer (4 nodes x 8 GPUs, 3-4 days "
-            f"over about 200 steps) takes roughly {lo}-{hi} s per step. Most programs are bound by the bytes they "
-            "move, an upper bound (operands counted whole; XLA's collective matmuls re-read activations once per "
-            "weight shard). Assumptions:", ""]
-    out += [f"- {a}" for a in after["assumptions"]] + [""]
+    flops = step_flops(after)
+    gpus, peak, step_s, update_s = REFERENCE
+    tpu_peak = after["chips"] * tpu_targets.CHIPS["v5p"].peak_flops
+    out += ["## The released 7B step beside the reference, on a common basis", "",
+            f"Our count of one step's FLOPs over every chip: **{flops / 1e15:,.0f} PFLOP**. The reference trains the "
+            f"same config on {gpus} H100-class GPUs ({peak / 1e12:g} TFLOP/s dense bf16 each, {gpus * peak / 1e15:.1f} "
+            f"PF/s together) in about {step_s} s per step, {update_s} s of it in the update (its scripts' comments "
+            f"and issue tracker): at that step time these FLOPs would use {100 * flops / (gpus * peak * step_s):.0f}% "
+            f"of its peak. {after['chips']} v5p chips have {tpu_peak / 1e15:.1f} PF/s of bf16 peak, so the step needs "
+            f"at least {flops / tpu_peak:.0f} s there at 100% and the range above at MaxText's MFU. This compares "
+            "FLOP counts and hardware peaks, not measured speed: neither side was run on the same basis.", ""]
   return out
+
+
+# The released 7B trainer (its scripts' comments and issue tracker): 32 GPUs (4 nodes x 8), about 2,400 s per
+# step of which about 2,100 s in the update; H100 dense bf16 peak 989 TFLOP/s.
+REFERENCE = (32, 989e12, 2400, 2100)
 
 
 flags.DEFINE_string("rows", ",".join(ROWS), "comma-separated row names")
@@ -185,23 +196,38 @@ def main(argv):
   args = flags.FLAGS
   os.makedirs(args.folder, exist_ok=True)
   reports = {name: run_row(name, args.folder) for name in args.rows.split(",")}
+  for name in BEFORE_ROWS & set(reports):  # compiled at an earlier commit: never recompiled here
+    path = os.path.join(args.folder, f"{name}_before.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        reports[f"{name}_before"] = json.load(f)
   lines = ["# The RL step compiled for TPU pods on a 2-core CPU", "",
            f"Every number below comes from the real XLA TPU compiler (libtpu {_version('libtpu')}, jax "
-           f"{_version('jax')}) run on this "
-           "CPU for compile-only devices: `memagent compile`, one command per row. Per chip; a compiler's "
-           "estimate, not a measured run (see README, \"Will it fit my pod?\"). Regenerate with "
-           "`python -m experiments.benchmarks.tpu_compile_table` (about an hour).", "",
-           "## Before", "", "The update before donation (aliased = the bytes the outputs reuse from the inputs):", "",
-           "| program | args GiB | out GiB | aliased GiB | temp GiB | compile |", "|---|---|---|---|---|---|", *BEFORE, "",
-           "The released 7B config's rollout had never been compiled for an accelerator.", "",
-           "## After: every program of a step, per chip", "", *table(reports), ""]
-  lines += [f"- {name}: step estimate (roofline) {r['step_estimate_s']:.0f} s; matmuls alone at peak "
-            f"{compute_bound_step(r):.0f} s; largest program peak {max(p['hbm_share'] for p in r['programs'].values()):.0%} "
-            "of HBM" for name, r in reports.items() if r.get("step_estimate_s")] + [""]
-  lines += comparisons(reports) + TRIED
+           f"{_version('jax')}) run on this CPU for compile-only devices: `memagent compile`, one command per row "
+           f"(commit {_commit()}). A compiler's estimate, not a measured run (README, \"Will it fit my pod?\"). "
+           "Regenerate with `python -m experiments.benchmarks.tpu_compile_table`.", "",
+           "- **Programs:** every distinct program the step runs, as the reader and the trainer's planner make them "
+           "(memory block, final answer; per width group a log-prob pass; per mini-batch an update, the first with "
+           "old log-probs = current), at a worst-case step (every group kept, every prompt at its longest).",
+           "- **Memory, per chip** (per device on TPU7x, a chip's two dies): a program's own peak (arguments + "
+           "outputs - aliased + temporaries + code), what the trainer keeps alive beside it (fp32 weights, "
+           "optimizer state, rollout copy, conversation slots, every mini-batch's rows), and their sum, the step "
+           "peak, which decides \"fits\".",
+           "- **FLOPs:** matmuls and the splash attention kernels (from their shapes, causal), loop bodies times "
+           "their trip counts. **Collectives:** the bytes each chip sends in a ring over its group (all-reduce "
+           "2(n-1)/n, gathers and scatters (n-1)/n), every operand of combined ones; over Google's per-chip "
+           "one-direction ICI figure (runtime/tpu_targets.py).",
+           "- **Step:** each program's roofline (max of FLOPs / peak, bytes / HBM bandwidth, collective bytes / "
+           "ICI) times its calls per step; then at MaxText's published training MFU for the chip family "
+           "(compile_report.MAXTEXT_MFU) as a range, in wall and chip seconds.", "",
+           "## Steps", "", *steps(reports), "",
+           "## Every program of a step, per chip", "", *table(reports), ""]
+  lines += comparisons(reports)
   lines += ["## Commands", ""]
   lines += [f"- `{name}` ({ROWS[name][3]}): `{' '.join(command(name, f'{args.folder}/{name}.json'))}` "
-            f"({reports[name].get('wall_s', float('nan')):.0f} s wall on 2 cores)" for name in reports]
+            f"({reports[name].get('wall_s', float('nan')):.0f} s wall on 2 cores)" for name in reports if name in ROWS]
+  lines += [f"- `{name}`: the row's command at commit {reports[name].get('commit', 'unknown')}, before the log-prob "
+            f"chunk's rows were sharded (`{args.folder}/{name}.json`, kept)" for name in reports if name not in ROWS]
   with open(args.out, "w") as f:
     f.write("\n".join(lines) + "\n")
   print(f"wrote {args.out}")

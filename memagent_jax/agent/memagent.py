@@ -68,6 +68,7 @@ class MemAgent:
 
   # the compiled memory block (agent/recurrence.py) the reader runs; an instance may wrap its own
   memory_block = staticmethod(memory_block)
+  answer_block = staticmethod(answer_block)
 
   # The documented call `mj.MemAgent(policy, chunk_tokens=, memory_tokens=, answer_tokens=)` names the
   # three budgets; the rest default to the released reader (trainer: configs/base.py agent section).
@@ -143,14 +144,18 @@ class MemAgent:
         raise ContextBudgetError(f"{kind} needs {need} tokens ({parts}) but the model's context "
                                  f"window is {self.context} tokens; lower chunk_tokens/memory_tokens/answer_tokens")
 
+  def question_width(self, longest: int) -> int:
+    """The padded question width of a batch whose longest question has `longest` tokens (its bucket,
+    or exactly `longest` where the bucket would not fit the context)."""
+    self.check_budget(longest)
+    width = question_bucket(longest)
+    return longest if max(self.prompt_budget(width).values()) > self.context else width
+
   def _question_ids(self, questions: Sequence[str], placement: RowPlacement):
     ids = [encode_question(self.tokenizer, q, index=i, budget=self.question_tokens)
            for i, q in enumerate(questions)]
     longest = placement.agree_max(max(len(q) for q in ids))  # one static width on every process
-    self.check_budget(longest)
-    width = question_bucket(longest)
-    if max(self.prompt_budget(width).values()) > self.context:
-      width = longest
+    width = self.question_width(longest)
     q = np.full((len(ids), width), self.pad_id, np.int32)
     for i, qi in enumerate(ids):
       q[i, :len(qi)] = qi
@@ -233,7 +238,7 @@ class MemAgent:
       in_flight = outs, lengths
     bar.close()
     with self._trace_mesh(), self.device_clock.section():
-      prompt, valid, gen = answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, rows=rows,
+      prompt, valid, gen = self.answer_block(pol.graphdef, pol.state, pieces=self._final_pieces, rows=rows,
                                         decode=decode, spec=spec)
       # every row answers (an elementwise op keeps the row split)
       final = StepOutputs.of(gen, valid, gen.lengths >= 0, prompt if keep_prompts else None)
@@ -241,6 +246,26 @@ class MemAgent:
     if in_flight is not None:  # the last memory block, fetched while the answers are computed
       yield "block", self._fetched(fetch, place, in_flight[0]), in_flight[1]
     yield "final", self._fetched(fetch, place, final), None
+
+  def rollout_programs(self, rows: int, *, decode: DecodeSpec, keep_prompts: bool = True) -> dict:
+    """{"rollout": memory_block, "answer": answer_block} as (fn, args, kwargs) of what one call on `rows`
+    rows of this process passes them, abstract (shapes, dtypes, shardings) at the worst case: the
+    longest question this reader takes, every chunk full (`memagent compile` lowers these)."""
+    place, i32 = RowPlacement(self.mesh, rows), np.int32
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=None if self.mesh is None else
+                                                jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+    q = self.question_width(self.question_tokens)
+    state = MemoryRows(question=place.abstract((rows, q), i32), q_len=place.abstract((rows,), i32),
+                       memory=place.abstract((rows, self.memory_width), i32), mem_len=place.abstract((rows,), i32),
+                       keys=place.abstract((rows, 2), np.uint32))
+    block = ChunkBlock(chunks=place.abstract((rows, self.block_chunks, self.chunk_tokens), i32),
+                       lengths=place.abstract((rows, self.block_chunks), i32), first=scalar(jnp.int32))
+    pieces = lambda ps: tuple(jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=scalar(p.dtype).sharding) for p in ps)
+    common = dict(rows=state, decode=jax.tree.map(lambda x: scalar(np.asarray(x).dtype), decode),
+                  spec=self._spec(keep_prompts))
+    args = (self.policy.graphdef, self.policy.state)
+    return {"rollout": (self.memory_block, args, dict(common, pieces=pieces(self._memory_pieces), block=block)),
+            "answer": (self.answer_block, args, dict(common, pieces=pieces(self._final_pieces)))}
 
   def _fetched(self, fetch: Callable, place: RowPlacement, outs):
     """fetch(outs) inside the device clock's section: a wait for the outputs counts as device time."""

@@ -44,6 +44,13 @@ class RowPlacement:
       return jax.numpy.asarray(x)
     return jax.make_array_from_process_local_data(self._sharding(x.ndim, row_axis), x)
 
+  def abstract(self, shape, dtype, row_axis: int = 0) -> jax.ShapeDtypeStruct:
+    """What `put` makes of this process's rows of `shape` [b, ...], without data: the global array's
+    shape, dtype and sharding (programs lowered for another topology, `memagent compile`)."""
+    shape = tuple(shape[:row_axis]) + (shape[row_axis] * self.processes,) + tuple(shape[row_axis + 1:])
+    sharding = None if self.mesh is None else self._sharding(len(shape), row_axis)
+    return jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype), sharding=sharding)
+
   def local(self, tree, row_axis: int = 0):
     """Global arrays -> numpy arrays of this process's rows (every leaf, same row order as put)."""
     if self.mesh is None or self.processes == 1:

@@ -27,6 +27,15 @@ GIB = 1024 ** 3
 FIT_SHARE = 0.9  # a program "fits comfortably" at <= 90% of HBM; over 100% it does not fit at all
 
 
+# What well-tuned JAX training reaches of a chip's peak: MaxText's published model FLOPs utilisation per TPU
+# generation, the range over its reported dense runs on one slice. v5p: docs "Runtime Performance Results"
+# (32B-1160B, v5p-128..7680: 64.0-71.5%); v5e: MaxText/configs/v5e/README.md (16B-128B on 1x v5e-256:
+# 56.1-66.9%); v6e: docs/reference/models/tiering.md (Llama 3.1 8B and 70B, Llama 2 70B on 256 chips:
+# 43.8-50.3%). A step estimate divides the roofline by it: the step at the share of peak such training
+# reaches. No published figure for v4: its estimate stays the roofline alone.
+MAXTEXT_MFU = {"v5p": (0.640, 0.715), "v5e": (0.561, 0.669), "v6e": (0.438, 0.503)}
+
+
 class DoesNotFitError(RuntimeError):
   """A program needs more memory per chip than the chip has (exit code 3 in the CLI)."""
 
@@ -62,7 +71,7 @@ def program_report(compiled, chip: tpu_targets.Chip, *, backend: str) -> dict:
           "roofline_s": max(times.values()), "bound_by": max(times, key=times.get),
           "xla_cost_flops_loop_bodies_once": float((compiled.cost_analysis() or {}).get("flops", 0.0)),
           "attention_backend": backend, "custom_calls": stats.custom_calls(),
-          "unknown_trip_counts": stats.unknown_trip_counts()}
+          "uncounted_custom_calls": stats.uncounted_custom_calls(), "unknown_trip_counts": stats.unknown_trip_counts()}
 
 
 _OOM = re.compile(r"Ran out of memory.*?required for HLO temporaries \(([0-9.]+)([KMGT])\)")
@@ -80,57 +89,63 @@ def out_of_memory_report(message: str, chip: tpu_targets.Chip, *, backend: str) 
           "peak_bytes": temp, "fits": False, "hbm_share": temp / chip.hbm_bytes, "flops": nan, "bytes_accessed": nan,
           "collective_bytes": nan, "collectives": {}, "loop_collective_bytes_per_iteration": nan, "loops": [],
           "roofline_s": nan, "bound_by": "does not fit", "xla_cost_flops_loop_bodies_once": nan,
-          "attention_backend": backend, "custom_calls": {}, "unknown_trip_counts": 0,
+          "attention_backend": backend, "custom_calls": {}, "uncounted_custom_calls": {}, "unknown_trip_counts": 0,
           "compile_error": " ".join(message.split())[:500]}
 
 
-def precheck(programs, facts, chip: tpu_targets.Chip):
-  """Fails before compiling when the arguments alone (weights, optimizer state) exceed a chip's HBM."""
-  need = {"rollout": facts["rollout_param_bytes"], "logprobs": facts["param_bytes"],
-          "update": facts["param_bytes"] + facts["opt_bytes"]}
-  for name, b in need.items():
-    if b > chip.hbm_bytes:
-      raise DoesNotFitError(f"{name} needs {b / GIB:.1f} GiB per chip, {chip.name} has "
-                            f"{chip.hbm_bytes / GIB:.1f} GiB")  # its weights (and optimizer state) alone
+def precheck(facts, chip: tpu_targets.Chip):
+  """Fails before compiling when what the trainer holds through the whole step (weights, optimizer
+  state, rollout copy, slots, update batches) alone exceeds a chip's HBM."""
+  held = sum(facts["alive"].values())
+  if held > chip.hbm_bytes:
+    parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in facts["alive"].items())
+    raise DoesNotFitError(f"the step holds {held / GIB:.1f} GiB per chip before any program runs ({parts}); "
+                          f"{chip.name} has {chip.hbm_bytes / GIB:.1f} GiB")
 
 
 def step_estimate(reports: dict, shapes: compile_plan.StepShapes) -> tuple[float, list[str]]:
-  """Roofline seconds of one whole step and the assumptions behind them."""
+  """Roofline seconds of one whole step (each program x its calls per step) and the assumptions behind them."""
   s = shapes
-  blocks = s.memory_updates / s.block_chunks  # a block with fewer live chunks skips the rest (lax.cond)
-  rollout = s.rollout_calls * (blocks * reports["rollout"]["roofline_s"] + reports["answer"]["roofline_s"])
-  logp = s.logprob_passes * reports["logprobs"]["roofline_s"]
-  update = s.mini_batches * reports["update"]["roofline_s"]
+  total = sum(p["calls_per_step"] * p["live_share"] * p["roofline_s"] for p in reports.values())
   assumptions = [
       f"{s.rollout_calls} agent calls of {s.rollout_rows} trajectories; each reads {s.memory_updates} chunks "
-      f"(data.length / agent.chunk_tokens, capped by agent.max_chunks) = {blocks:g} memory blocks, then answers",
+      f"(data.length / agent.chunk_tokens, capped by agent.max_chunks) in blocks of {s.block_chunks}, then answers; "
+      "a block's chunks past the document's end are skipped (its roofline scaled by the live share)",
       "every memory update and answer decodes its full token cap (the decode loop's worst case; rows that stop "
       "early end a loop only when all rows of the batch have stopped)",
-      f"conversations per trajectory = {s.memory_updates} memory updates + 1 final answer",
-      f"{s.mini_batches} optimizer updates of {s.micro_batches} micro-batches x {s.micro_rows} rows "
-      "(rows bucketed and padded as the trainer pads them)",
-      f"{s.logprob_passes} log-prob passes over a mini-batch (recomputed old log-probs after the first update, "
+      f"every group kept and every prompt at its longest; the trainer's planner then makes {s.mini_batches} "
+      f"optimizer updates, each of {len(s.width_groups)} width group(s) (rows, prompt width) "
+      f"{', '.join(map(str, s.width_groups))} in {s.micro_batches} micro-batches",
+      f"{s.logprob_passes} log-prob passes over a width group (recomputed old log-probs after the first update, "
       "reference log-probs when rl.kl_coef > 0)",
-      "no dynamic-sampling regeneration; no host time, checkpointing or evaluation",
-      "roofline per program = max(FLOPs / peak bf16 FLOP/s, bytes / HBM bandwidth, collective bytes / ICI "
-      "bandwidth); programs do not overlap",
-      "FLOPs count matmuls (dot, convolution) only; loop bodies are multiplied by trip counts read from the "
-      "compiled loop conditions"]
-  return rollout + logp + update, assumptions
+      "no shared template prefix in the update (the trainer runs it only where every row of a group starts with "
+      "it; it saves work, so this is the costlier case); no dynamic-sampling regeneration; no host time, "
+      "checkpointing or evaluation",
+      "roofline per program = max(FLOPs / peak bf16 FLOP/s, bytes / HBM bandwidth, bytes a chip sends over ICI "
+      "(ring collectives) / its one-direction ICI bandwidth); programs do not overlap",
+      "FLOPs count matmuls (dot, convolution) and attention kernels; loop bodies are multiplied by trip counts "
+      "read from the compiled loop conditions"]
+  return total, assumptions
+
+
+def _kind(name: str) -> str:
+  return name.split("#")[0]
 
 
 def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "answer", "logprobs", "update"),
                  progress: bool = True) -> dict:
-  """Compiles the chosen programs of cfg's step for `topology`; returns the report dict (JSON)."""
+  """Compiles the chosen kinds of cfg's step programs for `topology`; returns the report dict (JSON).
+  A program's step peak is its own peak plus everything the trainer keeps alive beside it."""
   validate_config(cfg)
   jax.default_backend()  # this host's backend first, so the TPU plugin never becomes the default
   mesh, devices = tpu_mesh(cfg, topology)
   rules = specs.mesh_spec(cfg).axis_rules()
   chip = topology.chip
   built, shapes, facts = compile_plan.build_programs(cfg, mesh, rules, platform="tpu")
-  precheck(built, facts, chip)
-  reports, seconds = {}, {}
-  bar = tqdm([p for p in built if p.name in programs], desc="compile", unit="program", disable=not progress)
+  precheck(facts, chip)
+  reports = {}
+  chosen = [p for p in built if _kind(p.name) in programs]
+  bar = tqdm(chosen, desc="compile", unit="program", disable=not progress)
   for prog in bar:
     bar.set_postfix(program=prog.name)
     t0 = time.perf_counter()
@@ -140,16 +155,23 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
       report = program_report(compiled, chip, backend=facts["backend"])
     except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program over HBM
       report = out_of_memory_report(str(e), chip, backend=facts["backend"])
-    seconds[prog.name] = time.perf_counter() - t0
-    reports[prog.name] = dict(report, call=prog.note, compile_s=seconds[prog.name])
-  complete = len(reports) == 4 and all(p["fits"] for p in reports.values())
+    step_peak = report["peak_bytes"] + sum(prog.co_resident.values())
+    reports[prog.name] = dict(report, call=prog.note, calls_per_step=prog.calls_per_step, live_share=prog.live_share,
+                              compile_s=time.perf_counter() - t0, co_resident=prog.co_resident,
+                              program_fits=report["fits"], step_peak_bytes=step_peak,
+                              fits=step_peak <= chip.hbm_bytes, hbm_share=step_peak / chip.hbm_bytes)
+  complete = len(reports) == len(built) and all(p["fits"] for p in reports.values())
   total, assumptions = step_estimate(reports, shapes) if complete else (None, [])
+  mfu = MAXTEXT_MFU.get(chip.name)
+  wall = [total / mfu[1], total / mfu[0]] if total is not None and mfu else None
   m = dict(zip(mesh.axis_names, mesh.devices.shape))
   return {"topology": topology.name, "chip": chip.name, "chips": topology.chips, "devices": len(devices),
           "slices": topology.slices, "hbm_bytes_per_chip": chip.hbm_bytes, "mesh": m,
           "model": {"source": cfg.model.source, "params": facts["params"], "dtype": cfg.model.dtype,
                     "remat": cfg.model.remat, "rollout_layout": cfg.mesh.rollout},
           "shapes": dataclasses.asdict(shapes), "programs": reports, "step_estimate_s": total,
+          "step_wall_s_range": wall, "step_chip_s_range": wall and [w * topology.chips for w in wall],
+          "utilisation_range": mfu, "held_through_step": facts["alive"],
           "assumptions": assumptions + facts["notes"] + [
               f"{chip.name} per device: {chip.hbm_bytes / GIB:.1f} GiB HBM, {chip.peak_flops / 1e12:g} TFLOP/s bf16, "
               f"{chip.hbm_bandwidth / 1e9:g} GB/s HBM, {chip.ici_bandwidth / 1e9:g} GB/s ICI"],
@@ -161,34 +183,50 @@ def _gib(x) -> str:
 
 
 def format_table(report: dict) -> str:
-  """The report as a Markdown table, one row per program, per chip."""
+  """The report as a Markdown table, one row per distinct program, per chip: its own peak, what the
+  trainer keeps alive beside it, and their sum (the step's peak while it runs)."""
   lines = [f"{report['topology']} ({report['devices']} devices of {report['chip']}, mesh "
            + " x ".join(f"{k} {v}" for k, v in report["mesh"].items())
            + f"), {report['model']['source']} ({report['model']['params'] / 1e9:.2f}B params, "
            f"{report['model']['dtype']}, remat {report['model']['remat']}, rollout layout "
            f"{report['model']['rollout_layout']}); per chip, GiB unless said",
-           "", "| program | args | out | aliased | temp | code | peak | % HBM | TFLOP | GB moved | "
-           "collective GB | per-iteration collective MB | roofline s | bound | attention | compile s |",
-           "|---|" + "---|" * 15]
+           "", "| program | calls / step | args | out | aliased | temp | own peak | beside it | step peak | % HBM | "
+           "TFLOP | GB moved | collective GB | per-iteration collective MB | unknown loops | roofline s | bound | "
+           "attention | compile s |",
+           "|---|" + "---|" * 18]
   for name, p in report["programs"].items():
-    lines.append(f"| {name} | {_gib(p['argument_bytes'])} | {_gib(p['output_bytes'])} | {_gib(p['alias_bytes'])} | "
-                 f"{_gib(p['temp_bytes'])} | {_gib(p['code_bytes'])} | {_gib(p['peak_bytes'])} | "
-                 f"{100 * p['hbm_share']:.0f}% | {p['flops'] / 1e12:.2f} | {p['bytes_accessed'] / 1e9:.1f} | "
-                 f"{p['collective_bytes'] / 1e9:.2f} | {p['loop_collective_bytes_per_iteration'] / 1e6:.1f} | "
+    lines.append(f"| {name} | {p['calls_per_step']:g} | {_gib(p['argument_bytes'])} | {_gib(p['output_bytes'])} | "
+                 f"{_gib(p['alias_bytes'])} | {_gib(p['temp_bytes'])} | {_gib(p['peak_bytes'])} | "
+                 f"{_gib(sum(p['co_resident'].values()))} | {_gib(p['step_peak_bytes'])} | {100 * p['hbm_share']:.0f}% | "
+                 f"{p['flops'] / 1e12:.2f} | {p['bytes_accessed'] / 1e9:.1f} | {p['collective_bytes'] / 1e9:.2f} | "
+                 f"{p['loop_collective_bytes_per_iteration'] / 1e6:.1f} | {p['unknown_trip_counts']} | "
                  f"{p['roofline_s']:.3g} | {p['bound_by']} | {p['attention_backend']} | {p['compile_s']:.0f} |")
   w = report["per_device_weight_bytes"]
-  lines += ["", f"weights per chip: training {_gib(w['train'])} GiB (fp32 master), rollout {_gib(w['rollout'])} GiB"]
+  held = ", ".join(f"{k} {_gib(v)}" for k, v in report["held_through_step"].items())
+  lines += ["", f"held through the step, per chip (GiB): {held}; 'beside it' is what of this is not the program's "
+            f"own argument; weights per chip: training {_gib(w['train'])} GiB (fp32 master), rollout "
+            f"{_gib(w['rollout'])} GiB"]
+  for name, p in report["programs"].items():
+    lines.append(f"- {name}: {p['call']}")
   if report["step_estimate_s"] is not None:
-    lines.append(f"step estimate (roofline): {report['step_estimate_s']:.0f} s")
+    line = f"step estimate: roofline {report['step_estimate_s']:.0f} s"
+    if report.get("step_wall_s_range"):
+      (lo, hi), (clo, chi), (ulo, uhi) = (report["step_wall_s_range"], report["step_chip_s_range"],
+                                          report["utilisation_range"])
+      line += (f"; at {100 * ulo:.0f}-{100 * uhi:.0f}% of peak (MaxText's training MFU on {report['chip']}) "
+               f"{lo:.0f}-{hi:.0f} s wall, {clo:.3g}-{chi:.3g} chip-seconds on {report['chips']} chips")
+    lines.append(line)
   return "\n".join(lines)
 
 
 def check_fits(report: dict):
-  """Raises DoesNotFitError naming the first program whose peak exceeds the chip's HBM."""
+  """Raises DoesNotFitError naming the first program whose step peak (its own peak plus what the trainer
+  keeps alive beside it, each named) exceeds the chip's HBM."""
   for name, p in report["programs"].items():
     if not p["fits"]:
-      raise DoesNotFitError(f"{name} needs {p['peak_bytes'] / GIB:.1f} GiB per chip, {report['chip']} has "
-                            f"{report['hbm_bytes_per_chip'] / GIB:.1f} GiB")
+      beside = ", ".join(f"{k} {v / GIB:.2f}" for k, v in p["co_resident"].items())
+      raise DoesNotFitError(f"{name} needs {p['step_peak_bytes'] / GIB:.1f} GiB per chip ({p['peak_bytes'] / GIB:.2f} "
+                            f"its own + {beside}), {report['chip']} has {report['hbm_bytes_per_chip'] / GIB:.1f} GiB")
 
 
 def _plain(x):

@@ -186,6 +186,17 @@ def gather_update_batch(slots: ConversationSlots, plan: MiniBatchPlan, *, micro_
   return _gather(slots, np.asarray(plan.slot, np.int32), np.asarray(plan.advantages, np.float32), prefix, spec=spec)
 
 
+def abstract_update_batch(rows: "SlotRows", plan: MiniBatchPlan, *, micro_batches: int, mesh=None) -> UpdateBatch:
+  """The UpdateBatch `rows.to_device(plan)` gathers, as abstract arrays (shapes, dtypes, shardings) traced
+  through the same gather: what `memagent compile` lowers the log-prob pass and the update with."""
+  spec = _GatherSpec(micro_batches=micro_batches, mask_truncated=rows.mask_truncated,
+                     loss_on_prompt=rows.loss_on_prompt, pad_id=rows.pad_id, prompt_width=plan.prompt_width)
+  batch, _ = jax.eval_shape(functools.partial(_gather, spec=spec), rows.slots, np.asarray(plan.slot, np.int32),
+                            np.asarray(plan.advantages, np.float32))
+  sharding = None if mesh is None else _RowSharding(mesh)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding and sharding(x.ndim)), batch)
+
+
 @dataclasses.dataclass(kw_only=True)
 class SlotRows:
   """A step's kept rows as indices into its conversation slots (on device), in row order: grouped

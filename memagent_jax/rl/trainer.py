@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import os
 import time
 from typing import Any, Callable
@@ -25,6 +26,7 @@ from memagent_jax.runtime.device_clock import DeviceClock
 from memagent_jax.runtime.preemption import Preempted, StopSignals
 from memagent_jax.runtime.workdir_lock import WorkdirLock
 from memagent_jax.rl import update as upd
+from memagent_jax.rl.device_rows import MiniBatchPlan, SlotRows
 from memagent_jax.rl.metrics import MetricWriter, device_memory, host_rss_bytes
 from memagent_jax.rl.optim import OptimSpec, lr_at, make_optimizer, set_learning_rate
 from memagent_jax.rl.rollout import RolloutMetrics
@@ -72,6 +74,35 @@ class TrainSpec:
       raise ValueError(f"TrainSpec.eval_every={self.eval_every} and seed={self.seed} must be >= 0")
     if self.rollout_layout not in parallel.ROLLOUT_LAYOUTS:
       raise ValueError(f"TrainSpec.rollout_layout={self.rollout_layout!r}; choose one of {parallel.ROLLOUT_LAYOUTS}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MiniBatchCalls:
+  """What one mini-batch runs: per width group the gather and its log-prob passes, then one update
+  over every group. `plan_updates` makes these; `memagent compile` compiles exactly them."""
+  groups: tuple[MiniBatchPlan, ...]
+  recompute_old: bool  # old log-probs from a forward pass on the current params (each group)
+  reference: bool  # reference log-probs (each group; rl.kl_coef > 0)
+  update: upd.UpdateSpec  # old_is_current on a step's first mini-batch
+
+  def logprob_spec(self, prompt_width: int) -> upd.LogprobSpec:
+    """The log-prob pass of a group whose loss starts at `prompt_width` (its UpdateBatch's)."""
+    u = self.update
+    return upd.LogprobSpec(prompt_width=prompt_width, temperature=u.temperature, compute_dtype=u.compute_dtype,
+                           logits_chunk=u.logits_chunk)
+
+
+def plan_updates(rows: SlotRows, *, num_questions: int, spec: TrainSpec, update: upd.UpdateSpec,
+                 multiple: int) -> list[MiniBatchCalls]:
+  """A step's kept rows -> its mini-batches as width groups (rows bucketed to `multiple` = micro-batches x
+  row shards) and the programs each runs. Host only: the trainer and `memagent compile` both ask it."""
+  plans = rows.mini_batches(num_questions=num_questions, questions_per_mini_batch=spec.ppo_mini_batch,
+                            multiple=multiple)
+  recompute = spec.recompute_old_logprobs and update.loss != "sft"  # sft reads no old log-probs
+  # the first update runs on the params that sampled: its own forward pass gives the old log-probs
+  return [MiniBatchCalls(groups=groups, recompute_old=recompute and i > 0, reference=bool(update.kl_coef),
+                         update=dataclasses.replace(update, old_is_current=recompute and i == 0))
+          for i, groups in enumerate(plans)]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -191,33 +222,28 @@ class Trainer:
       raise ValueError(f"the collector's rows start their loss at column {roll.rows.prompt_width}, the update "
                        f"at column {self.loss_from}")
     # each mini-batch as width groups: rows with short prompts (final answers) in a narrower group
-    plans = roll.rows.mini_batches(num_questions=roll.num_questions, questions_per_mini_batch=spec.ppo_mini_batch,
-                                   multiple=self.row_multiple)
+    calls = plan_updates(roll.rows, num_questions=roll.num_questions, spec=spec, update=self.update_spec,
+                         multiple=self.row_multiple)
     batches = []
     gd = self.policy.graphdef
-    tokens = sum(group.real_tokens for groups in plans for group in groups)  # real tokens the updates process
-    recompute = spec.recompute_old_logprobs and self.update_spec.loss != "sft"  # sft reads no old log-probs
+    tokens = sum(group.real_tokens for call in calls for group in call.groups)  # real tokens the updates process
     prefixed = []
-    for i, groups in enumerate(plans):  # old / reference log-probs: all from the params that sampled
+    for call in calls:  # old / reference log-probs: all from the params that sampled
       devs, prefixes = [], []
-      for group in groups:
+      for group in call.groups:
         with self.clock.section():  # the rows are gathered on device; whether the prefix fits comes back
           dev, fits = roll.rows.to_device(group, micro_batches=spec.micro_batches, mesh=self.mesh,
                                           prefix=self._shared_prefix_dev)
         prefix = self._shared_prefix_dev if fits else None
         prefixed.append(prefix is not None)
-        kw = dict(graphdef=gd, prefix=prefix, spec=upd.LogprobSpec(
-            prompt_width=dev.prompt_width, temperature=self.update_spec.temperature,
-            compute_dtype=self.update_spec.compute_dtype, logits_chunk=self.update_spec.logits_chunk))
-        # the first update runs on the params that sampled: its own forward pass gives the old log-probs
+        kw = dict(graphdef=gd, prefix=prefix, spec=call.logprob_spec(dev.prompt_width))
         with self._trace_mesh(), self.clock.section():
-          if recompute and i > 0:
+          if call.recompute_old:
             dev = dev.replace(old_logp=self.programs.batch_logprobs(st.params, dev.tokens, dev.valid, **kw))
-          if self.update_spec.kl_coef:
+          if call.reference:
             dev = dev.replace(ref_logp=self.programs.batch_logprobs(st.ref_params, dev.tokens, dev.valid, **kw))
         devs.append(dev), prefixes.append(prefix)
-      update_spec = dataclasses.replace(self.update_spec, old_is_current=recompute and i == 0)
-      batches.append((tuple(devs), update_spec, tuple(prefixes)))
+      batches.append((tuple(devs), call.update, tuple(prefixes)))
     st.opt_state = set_learning_rate(st.opt_state, lr)
     update_metrics = []
     with self.clock.section():
@@ -245,9 +271,9 @@ class Trainer:
     with self.clock.section():
       self._sync_policy()  # dispatched here; the next rollout waits for it in its own device time
     wall = time.perf_counter() - t0
-    return StepMetrics(step=st.step + 1, lr=lr, rollout=roll.metrics, update=means, updates=len(plans),
+    return StepMetrics(step=st.step + 1, lr=lr, rollout=roll.metrics, update=means, updates=len(calls),
                        skipped_updates=finite.count(False), nan_run=self._nan_run,
-                       prefix_shared_frac=float(np.mean(prefixed)), width_groups=len(prefixed) / len(plans),
+                       prefix_shared_frac=float(np.mean(prefixed)), width_groups=len(prefixed) / len(calls),
                        update_tokens_per_s=tokens / max(t2 - t1, 1e-9),
                        rollout_tokens_per_s=roll.metrics.rollout_tokens / max(t1 - t0, 1e-9),
                        update_seconds=t2 - t1, step_seconds=wall, host_seconds=wall - device_seconds())
@@ -312,20 +338,35 @@ class Trainer:
         save_state(self.checkpointer, st, mesh=self.mesh, meta=self.checkpoint_meta())  # skipped if saved
         self.checkpointer.wait()
         raise Preempted(signum, st.step, str(self.checkpointer.directory))
-    finally:
+    except BaseException:
       stop.restore()
       bar.close()
-      self.checkpointer.wait()
-      self.writer.close()
-      self.lock.release()
+      self._let_go(failing=True)
+      raise
+    stop.restore()
+    bar.close()
+    self._let_go(failing=False)
     return TrainResult(step=st.step, history=list(history))
 
   def close(self):
     """Lets go of what building took (the workdir lock, the metric files) for a trainer that will not
     train: a finished phase of a curriculum. train() does the same when it ends."""
-    self.checkpointer.wait()
-    self.writer.close()
-    self.lock.release()
+    self._let_go(failing=False)
+
+  def _let_go(self, *, failing: bool):
+    """Waits for the save in flight, closes the metric files and releases the workdir lock, each even
+    when another fails. While an error is already on its way out (`failing`: a full disk's checkpoint
+    error, which names the step kept) theirs are logged, not raised in its place; else the first is raised."""
+    errors = []
+    for let_go in (self.checkpointer.wait, self.writer.close, self.lock.release):
+      try:
+        let_go()
+      except Exception as e:  # noqa: BLE001 - every step must run; the errors are raised or logged below
+        errors.append(e)
+    if errors and not failing:
+      raise errors[0]
+    for e in errors:
+      logging.getLogger(__name__).warning("while stopping after an error: %s", e)
 
   def _log(self, step: int, metrics: dict, prefix: str):
     """Writes metrics; when that fails (a full disk) and the save in flight failed first, the save's

@@ -1,11 +1,13 @@
 """What a compiled XLA program does per device, read from its optimised HLO text, with every
 loop body counted as often as the loop runs (XLA's `cost_analysis` counts a body once).
 
-Counted: matmul FLOPs (`dot`, `convolution`), bytes read and written by the top-level operations
-(fusions count their operands and outputs, not their insides), and collectives (all-gather,
-all-reduce, reduce-scatter, all-to-all, collective-permute: count and bytes). A loop's trip count
-is read from its condition (`i < N`, N a constant, i from 0: how JAX lowers scan, fori_loop and
-the decode loop's token cap); one that cannot be read counts once and is listed as unknown.
+Counted: matmul FLOPs (`dot`, `convolution`, and the splash attention kernels' from their shapes:
+`custom_call_flops`), bytes read and written by the top-level operations (fusions count their
+operands and outputs, not their insides), and collectives (all-gather, all-reduce, reduce-scatter,
+all-to-all, collective-permute: count and the bytes each chip sends over ICI, `collective_bytes`).
+A loop's trip count is read from its condition (`i < N`, N a constant, i from 0: how JAX lowers
+scan, fori_loop and the decode loop's token cap); one that cannot be read counts once and is listed
+as unknown. A custom call whose FLOPs cannot be read is listed as uncounted, by target.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "coll
 # Operations that move no data of their own (their callees are counted, or they only rename).
 _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional",
                "call", "after-all", "partition-id", "replica-id", "iota", "opt-barrier", "domain",
-               "add-dependency", "custom-call-done"}
+               "add-dependency", "custom-call-done", "async-start", "async-update", "async-done"}
+# Custom calls that only annotate or move data: no matmul FLOPs to count (any other is listed as uncounted).
+# The TPU compiler's own (seen in its optimised HLO of the rollout and update): gather / scatter index
+# hints, layout rewrites, and the start / done markers of collectives it made asynchronous (no arithmetic;
+# whether the collective they bracket is also printed as a collective op is not checked yet).
+NO_FLOP_TARGETS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost", "MoveToDevice",
+                   "AllocateBuffer", "LayoutConstraint", "annotate_device_placement", "PadToStatic", "SliceToDynamic",
+                   "X64Combine", "X64SplitLow", "X64SplitHigh", "AssumeGatherIndicesInBound",
+                   "GatherScatterIndicesBitpacked", "ZeroCrop", "ConcatBitcast", "AsyncCollectiveStart",
+                   "AsyncCollectiveDone"}
 
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
 _HEADER = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s*\((.*)\)\s*->\s*(.*)\{\s*$")
@@ -35,12 +46,6 @@ def shape_bytes(shape: str) -> int:
     if dtype in DTYPE_BYTES:
       total += DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
   return total
-
-
-def _largest_array(shape: str) -> int:
-  """Bytes of the largest array in an HLO shape string (a tuple's largest member)."""
-  sizes = [DTYPE_BYTES.get(d, 0) * math.prod(int(x) for x in dims.split(",") if x) for d, dims in _ARRAY.findall(shape)]
-  return max(sizes, default=0)
 
 
 def _dims(shape: str) -> list[int]:
@@ -97,6 +102,10 @@ def parse_module(text: str) -> tuple[dict[str, Computation], str]:
       ins = Instr(m.group(2), m.group(3), m.group(4), operands, attrs, args)
       current.instrs.append(ins)
       current.shapes[ins.name] = ins.shape
+    elif line.strip() == "}":
+      current = None
+    elif current.instrs:  # an attribute printed over several lines (a custom call's kernel_metadata)
+      current.instrs[-1].attrs += "\n" + line
   for comp in comps.values():
     for ins in comp.instrs:
       if ins.opcode == "fusion":
@@ -153,16 +162,89 @@ def matmul_flops(ins: Instr, shapes: dict[str, str]) -> int:
   return 0
 
 
+_SPLASH = re.compile(r"\bsplash_(?:mha|mqa)_(fwd|dq|dkv)")
+_FLOAT = re.compile(r"^\(?\s*(bf16|f16|f32|f64|f8\w*)\[")
+
+
+def causal_pairs(tq: int, tk: int) -> int:
+  """(query, key) pairs a causal mask keeps, query i seeing keys 0..i: T(T+1)/2 when tq == tk == T."""
+  rows = min(tq, tk)
+  return rows * (rows + 1) // 2 + (tq - rows) * tk
+
+
+def custom_call_flops(ins: Instr, shapes: dict[str, str], causal: bool = True) -> float | None:
+  """Matmul FLOPs of a splash attention kernel (a Mosaic `tpu_custom_call`), None for a custom call
+  whose FLOPs are unknown. The phase is the pallas kernel's name `splash_{mha,mqa}_{fwd,dq,dkv}...`,
+  which XLA keeps as the instruction's name and in its op_name. q, k, v are the first three float
+  operands (q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv]; the leading dims are batch and heads):
+  each matmul is 2 x prod(q dims but D) x Tk x (D or Dv) FLOPs, fwd 2 of them (S = QK^T, O = PV),
+  dq 3 (S, dP = dO V^T, dQ = dS K), dkv 4 (S, dP, dV = P^T dO, dK = dS^T Q) and 5 when it writes dq too
+  (the fused backward: 3 outputs), so fwd = 4 B H Tq Tk D for Dv = D. `causal`: only the kept pairs
+  count, `causal_pairs(Tq, Tk) / (Tq Tk)` ((T+1)/(2T) for Tq == Tk; the only mask this project builds,
+  which the HLO does not print; the kernel also runs the masked half of diagonal blocks)."""
+  m = _SPLASH.search(ins.name) or _SPLASH.search(ins.attrs)
+  floats = [_dims(shapes.get(o, "")) for o in ins.operands if _FLOAT.match(shapes.get(o, ""))]
+  if not m or len(floats) < 3 or min(len(f) for f in floats[:3]) < 2:
+    return None
+  q, k, v = floats[:3]
+  tq, tk, d, dv = q[-2], k[-2], q[-1], v[-1]
+  widths = {"fwd": d + dv, "dq": 2 * d + dv, "dkv": 2 * d + 2 * dv}[m.group(1)]
+  if m.group(1) == "dkv" and len(_ARRAY.findall(ins.shape)) >= 3:
+    widths += d
+  pairs = causal_pairs(tq, tk) if causal else tq * tk
+  return 2.0 * math.prod(q[:-2]) * pairs * widths
+
+
 def _collective_kind(opcode: str) -> str | None:
   base = opcode[:-6] if opcode.endswith("-start") else opcode
   return base if base in COLLECTIVES else None
+
+
+def group_size(ins: Instr, num_devices: int) -> int:
+  """Devices in each replica group of a collective, in the three forms XLA prints:
+  `{{0,1,2,3},{4,5,6,7}}` (a list), `[2,4]<=[8]` (iota: 2 groups of 4; a `T(..)` transpose changes
+  which devices, not how many) and `mesh['data'=2,'fsdp'=4] {'fsdp'}` (the TPU compiler's: the
+  product of the named axes' sizes). No groups, `{}` or a form not read: all `num_devices`."""
+  m = re.search(r"replica_groups=(\S.*)", ins.attrs)
+  text = m.group(1) if m else ""
+  if (lst := re.match(r"\{\{([0-9,]*)\}", text)):
+    return len([d for d in lst.group(1).split(",") if d])
+  if (iota := re.match(r"\[(\d+),(\d+)\]<=", text)):
+    return int(iota.group(2))
+  if (mesh := re.match(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}", text)):
+    sizes = dict(re.findall(r"'([^']+)'=(\d+)", mesh.group(1)))
+    axes = re.findall(r"'([^']+)'", mesh.group(2))
+    if axes and all(a in sizes for a in axes):
+      return math.prod(int(sizes[a]) for a in axes)
+  return num_devices
+
+
+def collective_bytes(ins: Instr, shapes: dict[str, str], num_devices: int) -> float:
+  """Bytes one chip sends over ICI for a collective with a ring over its group of n devices, summed over
+  every operand of a combined (variadic) collective, from the operands (an async -start's tuple shape,
+  input and output together, is not read): all-gather (n-1)/n x output = (n-1) x input; reduce-scatter
+  (n-1)/n x input; all-reduce 2(n-1)/n x input (a reduce-scatter then an all-gather); all-to-all (n-1)/n
+  x input; collective-permute its buffer once (0 when no pairs)."""
+  kind = _collective_kind(ins.opcode)
+  operands = ins.operands[:1] if "slice_sizes=" in ins.attrs else ins.operands  # in-place permute: buffer only
+  size = sum(shape_bytes(shapes.get(o, "")) for o in operands)
+  if kind == "collective-permute":
+    return 0.0 if re.search(r"source_target_pairs=\{\}", ins.attrs) else float(size)
+  n = group_size(ins, num_devices)
+  if not size and not ins.opcode.endswith("-start"):  # operands not declared: from the output
+    out = shape_bytes(ins.shape)
+    size = out / n if kind == "all-gather" else out * n if kind == "reduce-scatter" else out
+  if n <= 1:
+    return 0.0
+  return {"all-gather": n - 1, "all-reduce": 2 * (n - 1) / n}.get(kind, (n - 1) / n) * size
 
 
 @dataclasses.dataclass
 class Totals:
   flops: float = 0.0
   bytes_accessed: float = 0.0
-  collectives: dict = dataclasses.field(default_factory=dict)  # kind -> [count, bytes]
+  collectives: dict = dataclasses.field(default_factory=dict)  # kind -> [count, bytes sent per chip]
+  uncounted: dict = dataclasses.field(default_factory=dict)  # custom_call_target -> calls of no known FLOPs
 
   def add(self, other: "Totals", times: float = 1.0):
     self.flops += other.flops * times
@@ -171,6 +253,8 @@ class Totals:
       c = self.collectives.setdefault(kind, [0.0, 0.0])
       c[0] += n * times
       c[1] += b * times
+    for target, n in other.uncounted.items():
+      self.uncounted[target] = self.uncounted.get(target, 0.0) + n * times
 
   @property
   def collective_bytes(self) -> float:
@@ -245,10 +329,14 @@ def trip_count(loop: Instr, comps: dict[str, Computation]) -> int | None:
 
 
 class ProgramStats:
-  """Per-device totals of a compiled module with loop trip counts multiplied in."""
+  """Per-device totals of a compiled module with loop trip counts multiplied in. splash_causal: count
+  splash kernels' FLOPs under a causal mask (see `custom_call_flops`)."""
 
-  def __init__(self, hlo_text: str):
+  def __init__(self, hlo_text: str, *, splash_causal: bool = True):
     self.comps, self.entry = parse_module(hlo_text)
+    counts = re.findall(r"\b(?:num_partitions|replica_count)=(\d+)", hlo_text.split("\n", 1)[0])
+    self.num_devices = math.prod(int(c) for c in counts)  # what a collective naming no groups spans
+    self.splash_causal = splash_causal
     self.loops: list[Loop] = []
     self._memo: dict[str, Totals] = {}
     self.total = self._visit(self.entry)
@@ -261,13 +349,18 @@ class ProgramStats:
     for ins in comp.instrs:
       t.flops += matmul_flops(ins, comp.shapes)
       kind = _collective_kind(ins.opcode)
-      if kind:
-        # the larger of what goes in and what comes out (a reduce-scatter's input, an all-gather's
-        # output; an async -start's shape is a tuple of both: its largest array counts)
-        size = max([_largest_array(ins.shape)] + [shape_bytes(comp.shapes.get(o, "")) for o in ins.operands])
+      if kind:  # an async pair counts at its -start (a -done is no collective kind)
         c = t.collectives.setdefault(kind, [0.0, 0.0])
         c[0] += 1
-        c[1] += size
+        c[1] += collective_bytes(ins, comp.shapes, self.num_devices)
+      if ins.opcode == "custom-call":
+        target = re.search(r'custom_call_target="([^"]+)"', ins.attrs)
+        target = target.group(1) if target else "?"
+        flops = custom_call_flops(ins, comp.shapes, self.splash_causal)
+        if flops is not None:
+          t.flops += flops
+        elif target not in NO_FLOP_TARGETS:
+          t.uncounted[target] = t.uncounted.get(target, 0.0) + 1
       if not comp.fused and ins.opcode not in _NO_TRAFFIC and not ins.opcode.endswith("-done"):
         t.bytes_accessed += self._traffic(ins, comp)
       if ins.opcode == "while":
@@ -281,7 +374,7 @@ class ProgramStats:
         branches = [self._visit(c) for c in _callees(ins) if c in self.comps]
         if branches:
           t.add(max(branches, key=lambda b: (b.flops, b.bytes_accessed)))
-      else:
+      elif ins.opcode not in ("async-update", "async-done"):  # an async op counts at its start
         for callee in _callees(ins):
           if callee in self.comps:
             t.add(self._visit(callee))
@@ -367,4 +460,10 @@ class ProgramStats:
     return out
 
   def unknown_trip_counts(self) -> int:
+    """How many while loops had no readable trip count (each counted as running once)."""
     return sum(l.trip_count is None for l in self.loops)
+
+  def uncounted_custom_calls(self) -> dict[str, float]:
+    """custom_call_target -> calls whose FLOPs are unknown and not in the totals, per run (loop trip
+    counts multiplied in; no entry for targets that only annotate or move data, NO_FLOP_TARGETS)."""
+    return dict(sorted(self.total.uncounted.items()))

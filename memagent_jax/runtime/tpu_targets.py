@@ -24,7 +24,7 @@ class Chip:
   hbm_bytes: int
   peak_flops: float  # bf16 FLOP/s
   hbm_bandwidth: float  # bytes/s
-  ici_bandwidth: float  # bidirectional bytes/s per device
+  ici_bandwidth: float  # bytes/s one device sends over all its ICI links together (one direction)
   name_counts: str  # what the number in "v5p-64" counts: "cores" (2 per chip) or "chips"
   dims: int  # 2: a 2D torus (AxB), 3: a 3D torus (AxBxC)
   device_kind: str  # jax's device_kind of a compile-only device
@@ -32,15 +32,26 @@ class Chip:
 
 # Sources: Cloud TPU system architecture pages (docs.cloud.google.com/tpu/docs/v4, v5e, v5p-training,
 # v6e), "Key specifications" tables. v4: 275 TFLOP/s, 32 GiB and 1200 GB/s per chip; its compile-only
-# devices are TensorCores (2 per chip, no megacore), so a device gets half of each; ICI 6 links x 50
-# GB/s from the TPU v4 paper (Jouppi et al. 2023), approximate. v5e: 197 TFLOP/s, 16 GB, 819 GB/s,
-# 400 GB/s ICI. v5p: 459 TFLOP/s, 95 GiB, 2765 GB/s, 1200 GB/s ICI (a device is one megacore chip).
-# v6e: 918 TFLOP/s, 32 GB, 1638 GB/s, 800 GB/s ICI.
+# devices are TensorCores (2 per chip, no megacore), so a device gets half of each. v5e: 197 TFLOP/s,
+# 16 GB, 819 GB/s. v5p: 459 TFLOP/s, 95 GiB, 2765 GB/s (a device is one megacore chip). v6e: 918
+# TFLOP/s, 32 GB, 1638 GB/s.
+# ICI: Google's per-chip "Interchip Interconnect BW" in Gbps, one direction, all links together: v5e
+# 1,600 (the v6e page's v5e/v6e table), v5p 4,800 (cloud.google.com/tpu/docs/v5p), v6e 3,584 (the v6e
+# page's table; a later revision lists 3,200 Gbps and "bidirectional 800 GBps"), v4 2,400 (6 links x 400
+# Gbps; the v4 page gives no ICI figure, so this one is unchecked). The pages now print "bidirectional ICI
+# bandwidth per chip" instead, twice these (v5e 400, v5p 1,200 GB/s): sent plus received. hlo_stats
+# counts the bytes a chip sends, so the one-direction figure is its rate; a ring over one torus axis
+# uses 2 of the 4 (2D) or 6 (3D) links, so collective bytes / this figure is a lower bound on the time.
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("v4", 16 * GIB, 137.5e12, 600e9, 150e9, "cores", 3, "TPU v4"),
-    "v5e": Chip("v5e", 16 * 10 ** 9, 197e12, 819e9, 400e9, "chips", 2, "TPU v5 lite"),
-    "v5p": Chip("v5p", 95 * GIB, 459e12, 2765e9, 1200e9, "cores", 3, "TPU v5"),
-    "v6e": Chip("v6e", 32 * 10 ** 9, 918e12, 1638e9, 800e9, "chips", 2, "TPU v6 lite"),
+    "v4": Chip("v4", 16 * GIB, 137.5e12, 600e9, 2400e9 / 8 / 2, "cores", 3, "TPU v4"),  # per TensorCore
+    "v5e": Chip("v5e", 16 * 10 ** 9, 197e12, 819e9, 1600e9 / 8, "chips", 2, "TPU v5 lite"),
+    "v5p": Chip("v5p", 95 * GIB, 459e12, 2765e9, 4800e9 / 8, "cores", 3, "TPU v5"),
+    "v6e": Chip("v6e", 32 * 10 ** 9, 918e12, 1638e9, 3584e9 / 8, "chips", 2, "TPU v6 lite"),
+    # TPU7x (Ironwood), cloud.google.com/tpu/docs/tpu7x: per chip 2,307 TFLOP/s bf16, 192 GiB HBM at 7,380
+    # GB/s, 1,200 GB/s bidirectional ICI (600 one way); a chip is two dies, each its own jax device (libtpu's
+    # "tpu7x:2x2x1" has 8 devices for 4 chips), so a device gets half of each. The "-N" names count
+    # TensorCores (devices) as v5p's do; GKE names slices by topology ("tpu7x:2x2x1" is accepted too).
+    "tpu7x": Chip("tpu7x", 96 * GIB, 2307e12 / 2, 7380e9 / 2, 1200e9 / 2 / 2, "cores", 3, "TPU7x"),
 }
 
 # Slice shapes by chip count, as the Cloud TPU docs list them.
@@ -87,7 +98,7 @@ def parse_topology(name: str, slices: int = 1) -> Topology:
     raise ValueError(f"--slices={slices} must be >= 1")
   text = name.strip().lower()
   known = ", ".join(known_topologies())
-  m = re.fullmatch(r"(v4|v5e|v5p|v6e)(?:-(\d+)|:(\d+(?:x\d+){1,2}))", text)
+  m = re.fullmatch(r"(v4|v5e|v5p|v6e|tpu7x)(?:-(\d+)|:(\d+(?:x\d+){1,2}))", text)
   if not m:
     raise UnknownTopologyError(f"unknown TPU topology {name!r}; known: {known} (or <chip>:<AxB[xC]>, "
                                f"chips {', '.join(CHIPS)})")
