@@ -26,8 +26,8 @@ _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
                "add-dependency", "custom-call-done", "async-start", "async-update", "async-done"}
 # Custom calls that only annotate or move data: no matmul FLOPs to count (any other is listed as uncounted).
 # The TPU compiler's own (seen in its optimised HLO of the rollout and update): gather / scatter index
-# hints, layout rewrites, and the start / done markers of collectives it made asynchronous (no arithmetic;
-# whether the collective they bracket is also printed as a collective op is not checked yet).
+# hints, layout rewrites, and the start / done markers of collectives it made asynchronous (no arithmetic:
+# a start's operand is the collective op itself, e.g. `custom-call(%all-gather.255)`, counted as one).
 NO_FLOP_TARGETS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost", "MoveToDevice",
                    "AllocateBuffer", "LayoutConstraint", "annotate_device_placement", "PadToStatic", "SliceToDynamic",
                    "X64Combine", "X64SplitLow", "X64SplitHigh", "AssumeGatherIndicesInBound",
