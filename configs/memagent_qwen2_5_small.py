@@ -4,9 +4,9 @@
 The released workflow (5000-token chunks, 1024-token memory and answer, 8 chunks per training
 document) and DAPO-style objective, with batches sized for 8 chips instead of 32-64 GPUs; the mesh
 splits rows and weights over all chips (fsdp), the 3B also over tensor = 2 so rollout weights fit a
-16 GB v5e chip. Check a variant on your pod with `memagent compile --config ... --topology v5e-8`: the 3B
-fits a v5e-8; the 0.5B and 1.5B updates ask for 17-18 GB of temporaries there (cause not found yet;
-docs/results/tpu_compile.md) and so need a v5p-8.
+16 GB v5e chip. Check a variant on your pod with `memagent compile --config ... --topology v5e-8`: the
+0.5B update's step peak there is 9.6 of 14.9 GiB per chip (one 8K-token row per chip; it asked for 18.9
+before activations were pinned to their rows between blocks, models/attention.constrain_rows).
 """
 
 import ml_collections

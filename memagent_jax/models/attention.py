@@ -230,6 +230,28 @@ def cudnn_attention(q, k, v, key_valid, *, implementation: str = "cudnn"):
 
 # --- splash: segment ids ---
 
+def row_axes(rows: int) -> tuple[str, ...] | None:
+  """Mesh axes in context ("data", "fsdp" where > 1) that split `rows` evenly; None when there is no
+  mesh, one device, a manual (shard_map) region, or the rows do not divide."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or mesh.are_all_axes_manual:
+    return None
+  axes = tuple(a for a in ("data", "fsdp") if mesh.shape.get(a, 1) > 1)
+  if not axes or rows % math.prod(mesh.shape[a] for a in axes):
+    return None
+  return axes
+
+
+def constrain_rows(x):
+  """x [B, ...] split by rows over the mesh in context. Between blocks this keeps FSDP honest: XLA
+  then gathers each fsdp-sharded weight to the rows, instead of sharding activations like the weights
+  and holding every row's [B, T, F] intermediates on every chip."""
+  axes = row_axes(x.shape[0])
+  if axes is None:
+    return x
+  return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(axes, *([None] * (x.ndim - 1))))
+
+
 def _per_shard(kernel, q, k, v, key_valid):
   """Runs a custom-call kernel on each device's rows and kv heads (shard_map over the mesh in context,
   `jax.set_mesh`): XLA cannot partition a Mosaic call, and would otherwise gather every row to every
@@ -238,9 +260,7 @@ def _per_shard(kernel, q, k, v, key_valid):
   if mesh.empty or mesh.size == 1 or mesh.are_all_axes_manual:  # manual: already one device's rows
     return kernel(q, k, v, key_valid)
   P = jax.sharding.PartitionSpec
-  rows = tuple(a for a in ("data", "fsdp") if mesh.shape.get(a, 1) > 1)
-  if q.shape[0] % math.prod(mesh.shape[a] for a in rows):
-    rows = ()
+  rows = row_axes(q.shape[0])
   tp = mesh.shape.get("tensor", 1)
   heads = "tensor" if tp > 1 and k.shape[1] % tp == 0 else None
   rows = rows or None

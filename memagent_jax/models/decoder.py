@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models.attention import AttentionSpec, attend
+from memagent_jax.models.attention import AttentionSpec, attend, constrain_rows
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.kv_cache import KVCache, LayerCache
 
@@ -231,6 +231,7 @@ class Decoder(nnx.Module):
     if self.token_shift is not None:
       shifted, history = self._shifted_embeddings(tokens, key_valid, cache, write_index)
       x = x + shifted
+    x = constrain_rows(x)  # [B, T, E] rows over (data, fsdp), as between every two blocks
     cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)  # [B, T, D]
     layers = []
     last = len(self.layers) - 1
@@ -244,6 +245,7 @@ class Decoder(nnx.Module):
                                    policy=policy)(layer, x, layer_cache)
       else:
         x, layer_cache = layer(x, cos, sin, seen, layer_cache, write_index, spec, slots)
+      x = constrain_rows(x)
       layers.append(layer_cache)
     if out_slots is not None and cut is None:
       x = x[:, out_slots[0]:out_slots[1]]
