@@ -107,7 +107,8 @@ def smollm_reference():
 
 
 def make_tiny_hf_dir(tmp_path_factory, arch: str, seed: int = 0) -> str:
-  """A random tiny Llama or Qwen2 checkpoint saved by transformers itself (non-zero biases)."""
+  """A random tiny Llama, Qwen2 or Qwen3 checkpoint saved by transformers itself (non-zero biases,
+  q/k norm scales away from 1)."""
   import torch
   import transformers
   torch.manual_seed(seed)
@@ -117,13 +118,16 @@ def make_tiny_hf_dir(tmp_path_factory, arch: str, seed: int = 0) -> str:
   if arch == "qwen2":
     cfg = transformers.Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
     model = transformers.Qwen2ForCausalLM(cfg)
+  elif arch == "qwen3":  # head_dim 32 != hidden / heads = 16, as the real Qwen3 models
+    cfg = transformers.Qwen3Config(**common, head_dim=32, rope_theta=1e6, tie_word_embeddings=True)
+    model = transformers.Qwen3ForCausalLM(cfg)
   else:
     cfg = transformers.LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=True)
     model = transformers.LlamaForCausalLM(cfg)
   with torch.no_grad():
     for name, p in model.named_parameters():
       if "norm" in name:
-        p.copy_(1.0 + 0.1 * torch.randn_like(p))  # non-trivial norm scales
+        p.copy_(1.0 + 0.1 * torch.randn_like(p))  # non-trivial norm scales (Qwen3's q_norm, k_norm too)
       else:
         p.copy_(0.05 * torch.randn_like(p))  # includes q/k/v biases for Qwen2
   out = tmp_path_factory.mktemp(f"tiny-{arch}")

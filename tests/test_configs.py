@@ -10,7 +10,7 @@ import pytest
 from memagent_jax.experiment.config_checks import validate_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ["base", "toy_cpu", "memagent_qwen2_5_7b", "memagent_qwen2_5_14b"]
+CONFIGS = ["base", "toy_cpu", "memagent_qwen2_5_7b", "memagent_qwen2_5_14b", "memagent_qwen3"]
 
 
 def _get(name, variant=""):
@@ -41,6 +41,32 @@ def test_released_settings(name, questions, mini):
   d = _get(name, "dapo")
   assert (d.rl.clip_low, d.rl.clip_high, d.rl.kl_coef) == (0.2, 0.28, 0.0)
   assert d.rl.dynamic_sampling and d.rl.overlong.enable and d.rl.max_extra_gen_batches > 0
+
+
+@pytest.mark.parametrize("size,fsdp,tensor", [("1.7b", 8, 1), ("4b", 8, 2), ("8b", 8, 4)])
+def test_qwen3_configs_keep_the_released_objective(size, fsdp, tensor):
+  """configs/memagent_qwen3.py (issue 59 D2): each size, and its dapo variant, validates and runs the Qwen3
+  preset with the released verifier, KL and clipping, mean-centred advantages and the released reader."""
+  from memagent_jax.models.config import get_preset
+  c = _get("memagent_qwen3", size)
+  validate_config(c)
+  assert c.model.source == f"qwen3-{size}" and get_preset(c.model.source).arch == "qwen3"
+  assert (c.agent.chunk_tokens, c.agent.memory_tokens, c.agent.answer_tokens) == (5000, 1024, 1024)
+  assert c.rl.reward == "memagent_verifier" and c.rl.advantage == "mean_centred"
+  assert (c.rl.kl_coef, c.rl.kl_kind) == (0.001, "low_var_kl")
+  assert (c.rl.clip_low, c.rl.clip_high, c.rl.clip_c) == (0.2, 0.2, 3.0)
+  assert c.rl.group_size == 16 and not c.rl.dynamic_sampling and not c.rl.overlong.enable
+  assert (c.mesh.fsdp, c.mesh.tensor) == (fsdp, tensor) and 8 % tensor == 0  # tensor divides the 8 kv heads
+  assert c.train.workdir == f"runs/memagent_qwen3_{size}"
+  d = _get("memagent_qwen3", f"{size},dapo")
+  validate_config(d)
+  assert d.model.source == c.model.source and d.train.workdir == f"runs/memagent_qwen3_{size}_dapo"
+  assert (d.rl.clip_low, d.rl.clip_high, d.rl.kl_coef, d.rl.advantage) == (0.2, 0.28, 0.0, "grpo")
+  assert d.rl.dynamic_sampling and d.rl.overlong.enable
+  assert _get("memagent_qwen3", "dapo").model.source == "qwen3-4b"
+  for bad in ("14b", "4b,8b", "4b,dapo,dapo"):
+    with pytest.raises(ValueError, match="unknown variant"):
+      _get("memagent_qwen3", bad)
 
 
 def test_sweeps_list_overrides_of_real_fields():
@@ -115,18 +141,19 @@ def test_one_host_configs_are_valid(variant):
 
 def _variants():
   """Every config file with every variant it names."""
-  from configs import memagent_qwen2_5_small, toy_memagent
+  from configs import memagent_qwen2_5_small, memagent_qwen3, toy_memagent
   yield from (("base", ""), ("toy_cpu", ""), ("toy_cpu", "tiny"), ("toy_cpu", "dapo"), ("smollm2_niah_rl", ""),
               ("smollm2_niah_rl", "smoke"))
   yield from ((n, v) for n in ("memagent_qwen2_5_7b", "memagent_qwen2_5_14b") for v in ("", "dapo"))
   yield from (("memagent_qwen2_5_small", v) for v in memagent_qwen2_5_small.SIZES)
+  yield from (("memagent_qwen3", f"{size}{dapo}") for size in memagent_qwen3.SIZES for dapo in ("", ",dapo"))
   yield from (("toy_memagent", ",".join((stage, scale, world))) for stage in toy_memagent.STAGES
               for scale in toy_memagent.SCALES for world in toy_memagent.WORLDS)
 
 
 def test_every_configs_sharding_rules_shard_every_param_without_a_collision():
   """The rules of each config (training and rollout layout) map no two logical axes of any param
-  (Llama and Qwen2 layouts, token shift) to one mesh axis; a collision would raise."""
+  (Llama, Qwen2 and Qwen3 layouts, token shift) to one mesh axis; a collision would raise."""
   import jax.numpy as jnp
   from flax import nnx
   from jax.sharding import AbstractMesh
@@ -135,7 +162,7 @@ def test_every_configs_sharding_rules_shard_every_param_without_a_collision():
   from memagent_jax.models.decoder import Decoder
   from memagent_jax.runtime import parallel
   states = [nnx.state(nnx.eval_shape(lambda p=p: Decoder(get_preset(p), jnp.float32, rngs=nnx.Rngs(0))), nnx.Param)
-            for p in ("tiny-llama", "tiny-qwen2", "toy-1m-shift2")]
+            for p in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "toy-1m-shift2")]
   mesh = AbstractMesh((2, 2, 2), parallel.MESH_AXES)
   seen = 0
   for name, variant in _variants():

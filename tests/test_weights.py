@@ -69,10 +69,11 @@ def test_bfloat16_policy(tiny_hf_dir):
 
 def test_every_parameter_has_logical_axis_names():
   from flax import nnx
-  model = mj.load_policy("random:tiny-qwen2").model
-  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    axes = var.get_metadata().get("out_sharding")
-    assert axes is not None and len(axes) == var[...].ndim, f"{path}: axes {axes}"
+  for preset in ("tiny-qwen2", "tiny-qwen3"):  # biases; q/k norms
+    model = mj.load_policy(f"random:{preset}").model
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+      axes = var.get_metadata().get("out_sharding")
+      assert axes is not None and len(axes) == var[...].ndim, f"{path}: axes {axes}"
 
 
 def test_preset_config_round_trips_through_hf_dict():

@@ -1,4 +1,4 @@
-"""Model hyper-parameters for the Qwen2 / Llama decoder family, with named presets."""
+"""Model hyper-parameters for the Llama / Qwen2 / Qwen3 decoder family, with named presets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numbers
 from typing import Any
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                "num_kv_heads", "head_dim", "max_position_embeddings")
 
@@ -31,7 +31,7 @@ def _positive_float(v) -> bool:
 class ModelConfig:
   """Shapes and constants of a decoder-only LM; hashable so it can be a static jit argument."""
 
-  arch: str  # "llama" or "qwen2"
+  arch: str  # "llama", "qwen2" or "qwen3"
   vocab_size: int
   hidden_size: int
   intermediate_size: int
@@ -44,6 +44,9 @@ class ModelConfig:
   max_position_embeddings: int = 8192
   tie_word_embeddings: bool = True
   attention_bias: bool = False  # q/k/v projection biases (Qwen2: True)
+  # RMSNorm over each head's D values of q and k, after the projection and before RoPE (Qwen3; its
+  # transformers config has no key for it: model_type qwen3 always has q_norm and k_norm).
+  qk_norm: bool = False
   # Token shift: learnt embeddings of the previous N tokens added to each token's input embedding,
   # so one attention layer can match a key a few tokens back. Not in transformers (its config key
   # is memagent_token_shift); toy models use it to learn content lookup in minutes
@@ -73,7 +76,7 @@ class ModelConfig:
     attn = e * d * (2 * self.num_heads + 2 * self.num_kv_heads)
     if self.attention_bias:
       attn += d * (self.num_heads + 2 * self.num_kv_heads)
-    layer = attn + 3 * e * f + 2 * e
+    layer = attn + 3 * e * f + 2 * e + (2 * d if self.qk_norm else 0)
     embed = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
     return self.num_layers * layer + embed + e + self.token_shift * self.vocab_size * e
 
@@ -83,7 +86,7 @@ class ModelConfig:
   # --- HF config.json interchange -------------------------------------------------
   @classmethod
   def from_hf_dict(cls, hf: dict[str, Any], source: str = "config.json") -> "ModelConfig":
-    """Builds a config from a transformers `config.json` dict (Llama or Qwen2); errors name the key."""
+    """Builds a config from a transformers `config.json` dict (Llama, Qwen2, Qwen3); errors name the key."""
     if not isinstance(hf, dict):
       raise ValueError(f"{source}: expected a JSON object, got a JSON {type(hf).__name__}")
     model_type = hf.get("model_type")
@@ -128,6 +131,7 @@ class ModelConfig:
         max_position_embeddings=num("max_position_embeddings", 8192),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
+        qk_norm=model_type == "qwen3",
         token_shift=get("memagent_token_shift", lambda x: type(x) is int and x >= 0, "an integer >= 0", 0))
     try:
       return cls(**kw)
@@ -153,8 +157,13 @@ class ModelConfig:
         "hidden_act": "silu",
         "torch_dtype": dtype,
     }
+    if self.qk_norm != (self.arch == "qwen3"):
+      raise ValueError(f"{self.arch} in transformers {'always' if self.arch == 'qwen3' else 'never'} has q/k "
+                       f"norms; qk_norm={self.qk_norm} has no transformers config")
     if self.arch == "llama":
       d.update(attention_bias=self.attention_bias, mlp_bias=False)
+    elif self.arch == "qwen3":
+      d.update(attention_bias=self.attention_bias, use_sliding_window=False)
     elif not self.attention_bias:
       raise ValueError("qwen2 in transformers always has q/k/v biases; set attention_bias=True")
     if self.token_shift:  # ours only: transformers ignores the key, so such weights run only here
@@ -192,6 +201,34 @@ PRESETS: dict[str, ModelConfig] = {
         arch="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_layers=48,
         num_heads=40, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
         max_position_embeddings=32768, tie_word_embeddings=False, attention_bias=True),
+    # Qwen3 dense models (hybrid thinking; MemAgent's prompts run with thinking off). Every number is
+    # from the model's published config.json (huggingface.co/Qwen/Qwen3-<size>): 4B, 8B and 14B as
+    # copied verbatim in github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md; 0.6B from a printout of
+    # AutoConfig.from_pretrained("Qwen/Qwen3-0.6B") (kiraa-blog.vercel.app/post/learning-qwen3-0.6b),
+    # 1.7B from secondary copies of its config (apxml.com/models/qwen3-1-7b: hidden 2048, FFN 6144);
+    # layers, heads and tying of all five agree with the Qwen3 report (arXiv 2505.09388). All: head_dim 128
+    # (not hidden / heads), no q/k/v bias, q/k norms, rope_theta 1e6, rms_norm_eps 1e-6, vocab 151936,
+    # max_position_embeddings 40960; embeddings tied up to 4B, untied from 8B.
+    "qwen3-0.6b": ModelConfig(
+        arch="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
+        num_heads=16, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, tie_word_embeddings=True, attention_bias=False, qk_norm=True),
+    "qwen3-1.7b": ModelConfig(
+        arch="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=28,
+        num_heads=16, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, tie_word_embeddings=True, attention_bias=False, qk_norm=True),
+    "qwen3-4b": ModelConfig(
+        arch="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36,
+        num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, tie_word_embeddings=True, attention_bias=False, qk_norm=True),
+    "qwen3-8b": ModelConfig(
+        arch="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
+        num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, tie_word_embeddings=False, attention_bias=False, qk_norm=True),
+    "qwen3-14b": ModelConfig(
+        arch="qwen3", vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_layers=40,
+        num_heads=40, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, tie_word_embeddings=False, attention_bias=False, qk_norm=True),
     # Tiny configs for tests and toy experiments.
     "tiny-llama": ModelConfig(
         arch="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -201,6 +238,11 @@ PRESETS: dict[str, ModelConfig] = {
         arch="qwen2", vocab_size=256, hidden_size=64, intermediate_size=160, num_layers=2,
         num_heads=4, num_kv_heads=1, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
         max_position_embeddings=512, tie_word_embeddings=False, attention_bias=True),
+    # Qwen3's layout in miniature: head_dim 32 is not hidden / heads = 16, as in the real models.
+    "tiny-qwen3": ModelConfig(
+        arch="qwen3", vocab_size=256, hidden_size=64, intermediate_size=160, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=512, tie_word_embeddings=True, attention_bias=False, qk_norm=True),
     # SmolLM2's vocabulary (so the embedded tokenizer works) on a tiny body: agent tests, scaling bench.
     "tiny-smollm2": ModelConfig(
         arch="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,

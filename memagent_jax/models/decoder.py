@@ -1,4 +1,5 @@
-"""Flax NNX decoder-only LM for the Llama and Qwen2 families (RMSNorm, RoPE, GQA, SwiGLU).
+"""Flax NNX decoder-only LM for the Llama, Qwen2 and Qwen3 families (RMSNorm, RoPE, GQA, SwiGLU;
+Qwen2's q/k/v biases and Qwen3's q/k norms are config switches).
 
 Hot paths use it functionally: `graphdef, state = nnx.split(model)` once, then
 `nnx.merge(graphdef, state)` inside jitted code. Every parameter carries logical axis
@@ -63,7 +64,7 @@ def apply_rope(x, cos, sin):  # x [B, T, H, D]; cos, sin [B, T, D]
 
 
 class Attention(nnx.Module):
-  """Grouped-query attention with optional q/k/v bias and a static-shape KV cache."""
+  """Grouped-query attention with optional q/k/v bias, optional q/k norms and a static-shape KV cache."""
 
   def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
     e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -78,6 +79,9 @@ class Attention(nnx.Module):
       self.v_bias = _param(None, (k, d), ("kv_heads", "head_dim"), dtype, init="zeros")
     else:
       self.q_bias = self.k_bias = self.v_bias = None
+    # Qwen3: RMSNorm over each head's D values of q and k, one scale [D] shared by all heads.
+    self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, axis="head_dim") if cfg.qk_norm else None
+    self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, axis="head_dim") if cfg.qk_norm else None
 
   def __call__(self, x, cos, sin, key_valid, cache: LayerCache | None, write_index, spec: AttentionSpec,
                out_slots: tuple[int, int] | None = None):
@@ -91,6 +95,8 @@ class Attention(nnx.Module):
     q = dense(x[:, a:b], self.q[...])  # [B, b - a, H, D]
     if self.q_bias is not None:
       q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+    if self.q_norm is not None:  # before RoPE, as transformers' Qwen3Attention
+      q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos[:, a:b], sin[:, a:b]), apply_rope(k, cos, sin)
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
     if cache is not None:

@@ -1,4 +1,4 @@
-"""The map between our parameter tree and transformers' Llama/Qwen2 tensor names and layouts."""
+"""The map between our parameter tree and transformers' Llama/Qwen2/Qwen3 tensor names and layouts."""
 
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ def hf_layout(cfg: ModelConfig) -> list[TensorSpec]:
         TensorSpec(p + ("mlp", "up"), n + "mlp.up_proj.weight", (f, e), transpose, transpose),
         TensorSpec(p + ("mlp", "down"), n + "mlp.down_proj.weight", (e, f), transpose, transpose),
     ]
+    if cfg.qk_norm:  # [D] both ways
+      specs += [TensorSpec(p + ("attn", f"{name}_norm", "scale"), n + f"self_attn.{name}_norm.weight", (d,),
+                           same, same) for name in ("q", "k")]
     if cfg.attention_bias:
       for name, heads in (("q", h), ("k", k), ("v", k)):
         specs.append(TensorSpec(p + ("attn", f"{name}_bias"), n + f"self_attn.{name}_proj.bias",

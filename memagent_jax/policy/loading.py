@@ -26,6 +26,12 @@ HUB_IDS = {
     "qwen2.5-3b-instruct": "Qwen/Qwen2.5-3B-Instruct",
     "qwen2.5-7b-instruct": "Qwen/Qwen2.5-7B-Instruct",
     "qwen2.5-14b-instruct": "Qwen/Qwen2.5-14B-Instruct",
+    # Qwen3's hybrid-thinking chat models (one checkpoint per size; no separate -Instruct).
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "qwen3-1.7b": "Qwen/Qwen3-1.7B",
+    "qwen3-4b": "Qwen/Qwen3-4B",
+    "qwen3-8b": "Qwen/Qwen3-8B",
+    "qwen3-14b": "Qwen/Qwen3-14B",
 }
 # The toy world's word-level tokenizer (memagent_jax.data.toy_tokenizer).
 TOY_TOKENIZER = "toy-words"

@@ -2,5 +2,6 @@
 
   tokenizer   the `Tokenizer` interface (HF tokenizer + chat template + stop tokens)
   templates   MemAgent's prompt templates, byte for byte, and their pre-tokenised segments
+  chat_templates  chat templates of models whose tokenizer files are not shipped (Qwen3)
   answers     answer extraction (\\boxed{...}, "the answer is ...")
 """

@@ -48,9 +48,11 @@ class Tokenizer:
     return self.decode([int(t) for t in ids if int(t) not in stops])
 
   def chat_text(self, user_text: str) -> str:
-    """One user turn wrapped by the chat template, ending with the generation prompt."""
+    """One user turn wrapped by the chat template, ending with the generation prompt. Thinking is off:
+    MemAgent's turns answer directly (Qwen3's template then opens the reply with an empty think block;
+    templates without the switch ignore it)."""
     return self.hf.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
-                                       add_generation_prompt=True)
+                                       add_generation_prompt=True, enable_thinking=False)
 
   def apply_chat_template(self, user_text: str) -> list[int]:
     return self.encode(self.chat_text(user_text))
