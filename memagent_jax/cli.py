@@ -262,11 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
   _common(a)
   a.set_defaults(func=cmd_answer)
   e = sub.add_parser("eval", help="accuracy on a RULER or long-QA task at a length")
-  e.add_argument("--task", required=True, help="niah_single_1 .. fwe, or squad / hotpotqa")
+  e.add_argument("--task", required=True, help="niah_single_1 .. fwe, squad / hotpotqa, or jsonl (your own "
+                                                 "questions, one JSON object a line)")
   e.add_argument("--length", type=_int_flag(1), required=True, help="context tokens per sample")
   e.add_argument("--n", type=_int_flag(1), default=16, help="number of samples")
   e.add_argument("--data-seed", type=int, default=0)
-  e.add_argument("--data-dir", help="squad/hotpotqa: directory (or file) of the JSON corpus")
+  e.add_argument("--data-dir", help="squad/hotpotqa: directory (or file) of the JSON corpus; jsonl: the file")
   e.add_argument("--batch-size", type=_int_flag(1), default=4)
   e.add_argument("--out", help="JSONL of every prediction (default runs/eval/eval_<task>_<length>_<method>"
                                ".jsonl); finished batches are kept in <out>.partial until the run succeeds")
