@@ -38,9 +38,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       context_tokens=0,  # direct only: context window (0 = the model's); evaluation centre-truncates beyond
   ))
   c.data = ml_collections.ConfigDict(dict(
-      task="niah_single_1",  # a memagent_jax.data.tasks name (RULER, squad, hotpotqa, toy_kv)
+      task="niah_single_1",  # a memagent_jax.data.tasks name (RULER, squad, hotpotqa, jsonl, toy_kv)
       length=4096,  # context tokens of training documents
-      data_dir="",  # local corpus for QA tasks: the training file (or a dir holding it)
+      data_dir="",  # local corpus for QA tasks: the training file (or a dir holding it; jsonl: the file)
       train_size=1024,  # questions in the training pool (reshuffled every epoch)
       tfds="",  # '<builder>/<config>' (experiment/tfds_builders.py): train on that prepared array_record set
       tfds_split="train",  # its split ("test" for the synthetic builders)

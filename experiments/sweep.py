@@ -18,6 +18,7 @@ import time
 
 from absl import app, flags
 
+from memagent_jax.experiment import config_overrides
 from memagent_jax.rl.metrics import read_jsonl
 from memagent_jax.runtime.atomic_io import atomic_write
 
@@ -42,6 +43,20 @@ def load_sweep(path: str) -> dict:
   if not sweep.get("runs"):
     raise SystemExit(f"sweep: {path} lists no runs")
   return sweep
+
+
+def check_sweep_keys(path: str, sweep: dict, extra: dict):
+  """Every run's override keys and every --set key exist in the sweep's config: a mistyped key fails the
+  sweep before its first run, naming the nearest valid key."""
+  cfg = config_overrides.load_config_file(sweep["config"])
+  for run, overrides in sweep["runs"].items():
+    for key in overrides:
+      try:
+        config_overrides.check_key(cfg, key, flag="")
+      except config_overrides.ConfigKeyError as e:
+        raise config_overrides.ConfigKeyError(f"{path}, run {run!r}: {e}") from None
+  for key in extra:
+    config_overrides.check_key(cfg, key, flag="--set ")
 
 
 def run_command(config: str, overrides: dict, workdir: str) -> list[str]:
@@ -97,6 +112,11 @@ def main(argv):
       raise app.UsageError(f"--set {item!r} must be KEY=VALUE")
     k, v = item.split("=", 1)
     extra[k] = v
+  try:
+    check_sweep_keys(_SWEEP.value, sweep, extra)
+  except (config_overrides.ConfigKeyError, FileNotFoundError) as e:
+    print(f"sweep: error: {e}", file=sys.stderr)
+    sys.exit(2)
   rows = []
   for run, overrides in sweep["runs"].items():
     workdir = os.path.join(root, run)
@@ -117,4 +137,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("sweep")
-  app.run(main)
+  app.run(main, flags_parser=config_overrides.absl_flags_parser("sweep"))

@@ -35,6 +35,7 @@ from experiments.toy_report import ToyRun
 from memagent_jax.runtime.atomic_io import atomic_write
 from memagent_jax.data import curriculum, toy
 from memagent_jax.evaluation.length_sweep import SweepRow, SweepSpec, sweep_lengths
+from memagent_jax.experiment import config_overrides
 from memagent_jax.experiment.assembly import enable_compilation_cache, load_reader, train_phases
 from memagent_jax.models import safetensors_io
 from memagent_jax.policy.export import export_checkpoint
@@ -75,6 +76,22 @@ _BASE = flags.DEFINE_string("base", None, "an exported base model of this world 
 _WARM_START = flags.DEFINE_string("warm_start", None, "an exported warm start of this world and scale (a warm_start "
                                   "stage's export, e.g. experiments/data/toy_warm_start_lookup_demo): used instead "
                                   "of training the warm_start stage")
+
+
+@flags.validator("steps")
+def _steps_name_trained_stages(text: str) -> bool:
+  """--steps names stages that train, each with a step count: a mistyped stage would be ignored."""
+  for item in filter(None, text.split(",")):
+    stage, sep, steps = item.partition("=")
+    if stage not in TRAIN_STAGES:
+      near = config_overrides.nearest_choice(stage, TRAIN_STAGES)
+      raise flags.ValidationError(f"no stage {stage!r}; " + (f"did you mean {near!r}?" if near else
+                                                            f"the trained stages are {', '.join(TRAIN_STAGES)}"))
+    if not sep or not steps.isdigit():
+      raise flags.ValidationError(f"{item!r} must be <stage>=<steps>, e.g. rl=2")
+  return True
+
+
 BASE_META = "base.json"  # written into every pretrain and warm-start export: the world, scale and steps it was trained for
 
 
@@ -409,4 +426,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=config_overrides.absl_flags_parser("toy_reproduction"))

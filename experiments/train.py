@@ -18,6 +18,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from memagent_jax.experiment import config_overrides
 from memagent_jax.experiment.assembly import train_phases
 from memagent_jax.runtime.checkpointing import CheckpointCorruptError
 from memagent_jax.runtime.preemption import Preempted
@@ -56,4 +57,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main)
+  app.run(main, flags_parser=config_overrides.absl_flags_parser("train", "config"))  # a mistyped key: one line, exit 2

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import json
 import math
 import os
@@ -19,7 +18,7 @@ import memagent_jax as mj
 from configs import base as base_config
 from memagent_jax import evaluation
 from memagent_jax.data import tasks
-from memagent_jax.experiment import assembly, compile_report
+from memagent_jax.experiment import assembly, compile_report, config_overrides
 from memagent_jax.policy import export
 from memagent_jax.runtime import checkpointing, tpu_targets
 from memagent_jax.runtime.atomic_io import atomic_directory
@@ -141,26 +140,18 @@ def cmd_export(args) -> int:
 
 
 def load_config(spec: str, overrides: list[str]):
-  """A training config file[:variant] with `--config.<key>=<value>` overrides applied (as train.py takes)."""
-  path, _, variant = spec.partition(":")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file not found: {path}")
-  module_spec = importlib.util.spec_from_file_location("memagent_user_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  cfg = module.get_config(variant)
+  """A training config file[:variant] with `--config.<key>=<value>` overrides applied (as train.py takes);
+  a mistyped key is an error naming the nearest valid one."""
+  cfg = config_overrides.load_config_file(spec)
   for item in overrides:
     if not item.startswith("--config.") or "=" not in item:
       _fail(f"unrecognized argument {item!r} (overrides look like --config.rl.clip_high=0.28)")
     key, text = item[len("--config."):].split("=", 1)
+    config_overrides.check_key(cfg, key)
     *parents, leaf = key.split(".")
     node = cfg
     for name in parents:
-      if name not in node:
-        _fail(f"--config.{key}: the config has no section {name!r}")
       node = node[name]
-    if leaf not in node:
-      _fail(f"--config.{key}: the config has no key {key!r}")
     try:
       value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -271,11 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
   _common(a)
   a.set_defaults(func=cmd_answer)
   e = sub.add_parser("eval", help="accuracy on a RULER or long-QA task at a length")
-  e.add_argument("--task", required=True, help="niah_single_1 .. fwe, or squad / hotpotqa")
+  e.add_argument("--task", required=True, help="niah_single_1 .. fwe, squad / hotpotqa, or jsonl (your own "
+                                                 "questions, one JSON object a line)")
   e.add_argument("--length", type=_int_flag(1), required=True, help="context tokens per sample")
   e.add_argument("--n", type=_int_flag(1), default=16, help="number of samples")
   e.add_argument("--data-seed", type=int, default=0)
-  e.add_argument("--data-dir", help="squad/hotpotqa: directory (or file) of the JSON corpus")
+  e.add_argument("--data-dir", help="squad/hotpotqa: directory (or file) of the JSON corpus; jsonl: the file")
   e.add_argument("--batch-size", type=_int_flag(1), default=4)
   e.add_argument("--out", help="JSONL of every prediction (default runs/eval/eval_<task>_<length>_<method>"
                                ".jsonl); finished batches are kept in <out>.partial until the run succeeds")

@@ -100,7 +100,8 @@ def test_every_numeric_field_of_base_has_a_range():
 VARIANTS = [("base", ""), ("toy_cpu", ""), ("toy_cpu", "tiny"), ("toy_cpu", "dapo"),
             ("memagent_qwen2_5_7b", ""), ("memagent_qwen2_5_7b", "dapo"),
             ("memagent_qwen2_5_14b", ""), ("memagent_qwen2_5_14b", "dapo"),
-            ("smollm2_niah_rl", ""), ("smollm2_niah_rl", "smoke")]
+            ("smollm2_niah_rl", ""), ("smollm2_niah_rl", "smoke"),
+            ("own_data", ""), ("own_data", "smoke"), ("own_data", "tiny")]
 VARIANTS += [("toy_memagent", f"{stage}{scale}{world}")
              for stage in ("pretrain", "warm_start", "rl", "full_attention")
              for scale in ("", ",demo") for world in ("", ",lookup")]

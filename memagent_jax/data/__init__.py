@@ -10,6 +10,7 @@ synthetic sample does not pay for the input-pipeline stack:
   fitting         binary search of the haystack size against a token budget
   tokens          token counters (a tokenizer or a `str -> int` callable), cached
   longqa          SQuAD / HotpotQA loaders and MemAgent's padded long-document QA
+  jsonl_qa        your own QA data: a JSONL file, every line checked, padded as longqa pads HotpotQA
   toy             the toy memory world (seeded key-value documents); toy_tokenizer: its word tokenizer
   tasks           a task name -> samples (RULER, QA, toy), for training pools and evaluation alike
   pipeline        grain input pipeline with a checkpointable position

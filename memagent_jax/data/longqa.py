@@ -140,10 +140,18 @@ def iter_long_qa(examples: QACorpus | Sequence[QAExample], num_docs: int, seed: 
   pool_set = frozenset(pool)
   items = examples.examples if isinstance(examples, QACorpus) else examples
   for index, ex in enumerate(items):
-    rng = random.Random(f"longqa:{seed}:{index}")
-    docs = pad_documents(ex.paragraphs, pool, num_docs, rng, pool_set)
-    yield {"question": ex.question, "context": render_documents(docs),
-           "answers": list(ex.answers), "num_docs": num_docs, "id": ex.id, "index": index}
+    yield padded_sample(ex, index, num_docs, seed, pool, pool_set)
+
+
+def padded_sample(ex: QAExample, index: int, num_docs: int, seed: int, pool: Sequence[str],
+                  pool_set: frozenset[str]) -> dict:
+  """Sample `index` of a padded set: ex's paragraphs among pool paragraphs, shuffled by (seed, index).
+
+  `pool` must be deduplicated and `pool_set` its set."""
+  rng = random.Random(f"longqa:{seed}:{index}")
+  docs = pad_documents(ex.paragraphs, pool, num_docs, rng, pool_set)
+  return {"question": ex.question, "context": render_documents(docs),
+          "answers": list(ex.answers), "num_docs": num_docs, "id": ex.id, "index": index}
 
 
 def build_long_qa(examples: QACorpus | Sequence[QAExample], num_docs: int, seed: int = 0,

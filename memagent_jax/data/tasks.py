@@ -11,9 +11,10 @@ import os
 import random
 from typing import Mapping, Sequence
 
-from memagent_jax.data import longqa, ruler, toy
+from memagent_jax.data import jsonl_qa, longqa, ruler, toy
 
-QA_TASKS = ("squad", "hotpotqa")
+# "jsonl": your own questions, one JSON object a line (data/jsonl_qa.py); its data_dir is the file itself
+QA_TASKS = ("squad", "hotpotqa", "jsonl")
 QA_FILES = {"squad": ("dev-v1.1.json", "train-v1.1.json"),
             "hotpotqa": ("hotpot_dev_distractor_v1.json", "hotpot_train_v1.1.json")}
 
@@ -51,6 +52,13 @@ def task_names() -> list[str]:
 
 
 def _qa_file(task: str, data_dir: str | None) -> str:
+  if task == "jsonl":
+    if not data_dir:
+      raise ValueError("task 'jsonl' reads your JSONL file: pass its path (--data-dir FILE; in a config "
+                       "data.data_dir, and eval.data_dir for the held-out file)")
+    if os.path.isdir(data_dir):
+      raise IsADirectoryError(f"task 'jsonl' reads one JSONL file, got the directory {data_dir}")
+    return data_dir
   if not data_dir:
     raise ValueError(f"task {task!r} reads a local corpus: pass --data-dir with one of "
                      f"{', '.join(QA_FILES[task])}")
@@ -94,12 +102,32 @@ def make_samples(task: str, length: int, n: int, seed: int, tokenizer, data_dir:
   if task not in QA_TASKS:
     raise ValueError(f"unknown task {task!r}; known: {', '.join(task_names())}")
   path = _qa_file(task, data_dir)
-  corpus = longqa.load_squad(path) if task == "squad" else longqa.load_hotpotqa(path)
+  if task == "jsonl":
+    corpus = jsonl_qa.load_jsonl(path)
+  else:
+    corpus = longqa.load_squad(path) if task == "squad" else longqa.load_hotpotqa(path)
   if n > len(corpus):
-    raise ValueError(f"n={n} but {path} has only {len(corpus)} questions")
+    raise ValueError(f"{n} questions asked for (data.train_size, eval.size or --n) but {path} has only "
+                     f"{len(corpus)}")
   chosen = random.Random(f"eval:{task}:{seed}").sample(range(len(corpus)), n)  # spread over articles
+  if task == "jsonl":
+    padded = [corpus.examples[i] for i in chosen if corpus.padded[i]]
+    num_docs = documents_for_length(padded, corpus.pool, length, tokenizer, path) if padded else 0
+    return jsonl_qa.build_samples(corpus, chosen, num_docs, seed)
   examples = [corpus.examples[i] for i in chosen]
-  sample_pool = corpus.pool[:200]
+  num_docs = documents_for_length(examples, corpus.pool, length, tokenizer, path)
+  return longqa.build_long_qa(longqa.QACorpus(tuple(examples), corpus.pool), num_docs, seed)
+
+
+def documents_for_length(examples: Sequence[longqa.QAExample], pool: Sequence[str], length: int, tokenizer,
+                         path: str) -> int:
+  """Documents per padded sample for about `length` tokens (mean pool paragraph + its header), at least
+  every example's own; an error when the corpus has too few distinct documents for that."""
+  sample_pool = pool[:200]
   per_doc = sum(len(tokenizer.encode(p)) for p in sample_pool) / max(1, len(sample_pool))
   num_docs = max(max(len(e.paragraphs) for e in examples), round(length / (per_doc + 5)))
-  return longqa.build_long_qa(longqa.QACorpus(tuple(examples), corpus.pool), num_docs, seed)
+  if num_docs > len(pool):
+    raise ValueError(f"{length} tokens take about {num_docs} documents per question but {path} has only "
+                     f"{len(pool)} distinct documents to pad with: lower the length (data.length, eval.length "
+                     "or --length) or add documents")
+  return num_docs
