@@ -83,7 +83,8 @@ def plot(rows: list[SweepRow], path: str, title: str):
   ticks = sorted(set(xs) | {n for n, _ in paper})
   ax.set_xscale("log")
   ax.set_xticks(ticks, [rhq.PAPER_TOKENS.get(n, str(n)) for n in ticks], rotation=45)
-  ax.set(xlabel="context (paper's token length)", ylabel="accuracy % (sub_em)", ylim=(-2, 102), title=title)
+  ax.set(xlabel="context (paper's token length)", ylabel="accuracy % (sub_em)", ylim=(-2, 102))
+  ax.set_title(title, fontsize=10)
   ax.legend(fontsize=8)
   fig.tight_layout()
   save_figure(fig, path, dpi=110)
@@ -123,7 +124,7 @@ def main(argv):
   print(table)
   with atomic_write(os.path.join(args.out, f"ruler_hotpotqa_{name}.md")) as f:
     f.write(table + f"\n![accuracy](ruler_hotpotqa_{name}.png)\n")
-  plot(rows, os.path.join(args.out, f"ruler_hotpotqa_{name}.png"), title)
+  plot(rows, os.path.join(args.out, f"ruler_hotpotqa_{name}.png"), f"RULER-HotpotQA: MemAgent on {name}")
 
 
 if __name__ == "__main__":
