@@ -1,5 +1,5 @@
 """`memagent` command line: `answer` reads a document with the memory agent; `eval` scores a task;
-`export` writes a training checkpoint as a transformers model directory; `compile` compiles a training
+`build-ruler-hotpotqa` builds the paper's test set from a HotpotQA dev file; `export` writes a training checkpoint as a transformers model directory; `compile` compiles a training
 config's RL step for a TPU topology on this machine and reports its memory, FLOPs and collectives."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import traceback
 import memagent_jax as mj
 from configs import base as base_config
 from memagent_jax import evaluation
-from memagent_jax.data import tasks
+from memagent_jax.data import ruler_hotpotqa, tasks
 from memagent_jax.experiment import assembly, compile_report, config_overrides
-from memagent_jax.policy import export
+from memagent_jax.policy import export, loading
 from memagent_jax.runtime import checkpointing, tpu_targets
-from memagent_jax.runtime.atomic_io import atomic_directory
+from memagent_jax.runtime.atomic_io import atomic_directory, atomic_write
 
 INT_MAX = 2 ** 31 - 1  # sizes end up in int32 arrays
 
@@ -118,8 +118,41 @@ def cmd_eval(args, *, make_samples=tasks.make_samples, make_reader=_reader) -> i
                                 progress=not args.quiet)
   summary.update(method=args.method, length=args.length, model=args.model, predictions=out)
   print(json.dumps(summary))
-  print(f"{args.task} @ {args.length} tokens, {args.method}: accuracy {summary['score']:.3f} "
+  unit = "documents" if args.task in tasks.BUILT_QA_TASKS else "tokens"
+  print(f"{args.task} @ {args.length} {unit}, {args.method}: {evaluation.format_scores(args.task, summary)} "
         f"(n={summary['n']}); predictions in {out}", file=sys.stderr)
+  return 0
+
+
+def _int_list(text: str) -> list[int]:
+  try:
+    values = [int(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+  if not values or min(values) < 1:
+    raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}")
+  return values
+
+
+def cmd_build_ruler_hotpotqa(args) -> int:
+  """Builds RULER-HotpotQA into --out and writes its table of lengths and gold positions."""
+  ids = None
+  if args.ids:
+    with open(args.ids, encoding="utf-8") as f:
+      ids = [line.strip() for line in f if line.strip()]
+  tokenizer = None if args.tokenizer == "none" else loading.load_tokenizer(args.tokenizer)
+  manifest = ruler_hotpotqa.build_set(
+      args.input, args.out, num_docs=args.num_docs, n=args.n, seed=args.seed, ids=ids, tokenizer=tokenizer,
+      tokenizer_name=args.tokenizer, progress=lambda n: print(f"[memagent] building {n} documents", file=sys.stderr))
+  flags = [f"--input={args.input}", f"--out={args.out}", f"--n={args.n}", f"--seed={args.seed}",
+           f"--tokenizer={args.tokenizer}"]
+  flags += [f"--num-docs={','.join(map(str, args.num_docs))}"] if args.num_docs else []
+  flags += [f"--ids={args.ids}"] if args.ids else []
+  table = ruler_hotpotqa.build_table(manifest, command="memagent build-ruler-hotpotqa " + " ".join(flags))
+  if args.table:
+    with atomic_write(args.table) as f:
+      f.write(table)
+  print(table)
   return 0
 
 
@@ -262,17 +295,33 @@ def build_parser() -> argparse.ArgumentParser:
   _common(a)
   a.set_defaults(func=cmd_answer)
   e = sub.add_parser("eval", help="accuracy on a RULER or long-QA task at a length")
-  e.add_argument("--task", required=True, help="niah_single_1 .. fwe, squad / hotpotqa, or jsonl (your own "
-                                                 "questions, one JSON object a line)")
-  e.add_argument("--length", type=_int_flag(1), required=True, help="context tokens per sample")
+  e.add_argument("--task", required=True, help="niah_single_1 .. fwe, squad / hotpotqa, ruler_hotpotqa (a built "
+                                                 "set), or jsonl (your own questions, one JSON object a line)")
+  e.add_argument("--length", type=_int_flag(1), required=True,
+                 help="context tokens per sample (ruler_hotpotqa: documents, a length of the built set)")
   e.add_argument("--n", type=_int_flag(1), default=16, help="number of samples")
   e.add_argument("--data-seed", type=int, default=0)
-  e.add_argument("--data-dir", help="squad/hotpotqa: directory (or file) of the JSON corpus; jsonl: the file")
+  e.add_argument("--data-dir", help="squad/hotpotqa: directory (or file) of the JSON corpus; jsonl: the file; "
+                                    "ruler_hotpotqa: the built set's directory")
   e.add_argument("--batch-size", type=_int_flag(1), default=4)
   e.add_argument("--out", help="JSONL of every prediction (default runs/eval/eval_<task>_<length>_<method>"
                                ".jsonl); finished batches are kept in <out>.partial until the run succeeds")
   _common(e)
   e.set_defaults(func=cmd_eval)
+  b = sub.add_parser("build-ruler-hotpotqa", help="build the paper's RULER-HotpotQA test set (eval_<docs>.json "
+                                                   "per length + manifest.json) from a HotpotQA dev JSON")
+  b.add_argument("--input", required=True, help="hotpot_dev_distractor_v1.json (HotpotQA dev, distractor setting)")
+  b.add_argument("--out", required=True, help="directory of the built set")
+  b.add_argument("--num-docs", type=_int_list, help="documents per sample, comma-separated (default the paper's "
+                                                    "50,100,...,6400, and 12800,25600 when the pool allows)")
+  b.add_argument("--n", type=_int_flag(1), default=ruler_hotpotqa.PAPER_QUESTIONS, help="questions, drawn by --seed")
+  b.add_argument("--ids", help="file of HotpotQA _ids to ask instead (one a line), e.g. the paper's filtered 128")
+  b.add_argument("--seed", type=int, default=0, help="questions drawn, padding and order")
+  b.add_argument("--tokenizer", default=loading.EMBEDDED_DEFAULT,
+                 help="tokenizer source that measures the tokens (load_tokenizer), or none")
+  b.add_argument("--table", help="also write the markdown table to this file")
+  _debug_flag(b)
+  b.set_defaults(func=cmd_build_ruler_hotpotqa)
   x = sub.add_parser("export", help="write a training checkpoint as a transformers model directory")
   x.add_argument("--ckpt", required=True, help="checkpoint directory written by training")
   x.add_argument("--out", required=True, help="output directory (config.json + model.safetensors), "

@@ -23,6 +23,7 @@ class QAExample:
   question: str
   answers: tuple[str, ...]
   paragraphs: tuple[str, ...]  # its own paragraphs (SQuAD: 1; HotpotQA distractor: ~10)
+  gold: tuple[str, ...] = ()  # those the answer rests on (SQuAD: its paragraph; HotpotQA: supporting_facts titles)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +63,8 @@ def load_squad(path: str) -> QACorpus:
           answers = _dedup(a["text"] for a in qa["answers"])
           if qa.get("is_impossible") or not answers:
             continue
-          examples.append(QAExample(str(qa["id"]), qa["question"], answers, (para["context"],)))
+          examples.append(QAExample(str(qa["id"]), qa["question"], answers, (para["context"],),
+                                    gold=(para["context"],)))
   except (KeyError, TypeError) as e:
     raise ValueError(f"{path} is not SQuAD JSON (missing or bad field {e})") from None
   return QACorpus(tuple(examples), _dedup(pool))
@@ -87,11 +89,12 @@ def load_hotpotqa(path: str, own: str = "all") -> QACorpus:
     for i, item in enumerate(data):
       paras = [(t, hotpot_paragraph(t, s)) for t, s in item["context"]]
       pool.extend(p for _, p in paras)
+      titles = {t for t, _ in item["supporting_facts"]}
+      gold = _dedup(p for t, p in paras if t in titles)
       if own == "supporting":
-        titles = {t for t, _ in item["supporting_facts"]}
         paras = [(t, p) for t, p in paras if t in titles]
       examples.append(QAExample(str(item.get("_id", i)), item["question"], (item["answer"],),
-                                _dedup(p for _, p in paras)))
+                                _dedup(p for _, p in paras), gold=gold))
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f"{path} is not HotpotQA JSON (missing or bad field {e})") from None
   return QACorpus(tuple(examples), _dedup(pool))

@@ -11,10 +11,11 @@ import os
 import random
 from typing import Mapping, Sequence
 
-from memagent_jax.data import jsonl_qa, longqa, ruler, toy
+from memagent_jax.data import jsonl_qa, longqa, ruler, ruler_hotpotqa, toy
 
 # "jsonl": your own questions, one JSON object a line (data/jsonl_qa.py); its data_dir is the file itself
 QA_TASKS = ("squad", "hotpotqa", "jsonl")
+BUILT_QA_TASKS = (ruler_hotpotqa.TASK,)  # read from a set built beforehand; lengths in documents
 QA_FILES = {"squad": ("dev-v1.1.json", "train-v1.1.json"),
             "hotpotqa": ("hotpot_dev_distractor_v1.json", "hotpot_train_v1.1.json")}
 
@@ -48,7 +49,7 @@ class QuestionBatch:
 
 
 def task_names() -> list[str]:
-  return list(ruler.TASKS) + list(QA_TASKS) + list(toy.TASKS)
+  return list(ruler.TASKS) + list(QA_TASKS) + list(BUILT_QA_TASKS) + list(toy.TASKS)
 
 
 def _qa_file(task: str, data_dir: str | None) -> str:
@@ -81,6 +82,10 @@ def make_samples(task: str, length: int, n: int, seed: int, tokenizer, data_dir:
                  chunk_tokens: int, options: Mapping | None = None) -> list[dict]:
   """n samples whose contexts have about `length` tokens (RULER: fitted; QA: padded documents).
 
+  ruler_hotpotqa: `length` is a document count of the set built in data_dir (the paper's lengths are
+  50, 100, ... documents), n its first questions; the set was drawn when it was built, so `seed` and
+  `tokenizer` are not used.
+
   chunk_tokens: the reader's chunk size. The toy world places no fact across a boundary of it
   (so a config's agent.chunk_tokens shapes its documents; None: facts anywhere); other tasks
   ignore it.
@@ -99,6 +104,11 @@ def make_samples(task: str, length: int, n: int, seed: int, tokenizer, data_dir:
   if task == toy.ONE_KEY_TASK:
     makeup = toy.Makeup(chunk_tokens=chunk_tokens, asked_keys=toy.ONE_KEY, **options)
     return [{**s, "task": task} for s in toy.generate(n, length, seed, makeup=makeup)]
+  if task == ruler_hotpotqa.TASK:
+    if not data_dir:
+      raise ValueError(f"task {task!r} reads a built set: pass its directory as data_dir (--data-dir); build it "
+                       "with `memagent build-ruler-hotpotqa`")
+    return ruler_hotpotqa.load_samples(data_dir, length, n)
   if task not in QA_TASKS:
     raise ValueError(f"unknown task {task!r}; known: {', '.join(task_names())}")
   path = _qa_file(task, data_dir)

@@ -3,4 +3,4 @@
   evaluate      `run_eval` (one task at one length, JSONL rows, resumable), `score`
   length_sweep  `sweep_lengths`: accuracy (Wilson interval), seconds and peak memory against length
 """
-from memagent_jax.evaluation.evaluate import Sampling, partial_path, run_eval, score
+from memagent_jax.evaluation.evaluate import METRICS, Sampling, format_scores, partial_path, run_eval, score

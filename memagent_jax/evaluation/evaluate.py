@@ -1,10 +1,10 @@
 """Evaluation: a task at a length -> samples -> MemAgent or direct reading -> scores + JSONL.
 
 RULER tasks are scored with string_match_all (paper Eq. 7) on the extracted answer, or on the
-whole response when it has none (RULER's convention); QA tasks with sub_em (the paper's test
-metric) on the extracted answer only (no \\boxed{} / "the answer is" = wrong), with EM and token
-F1 logged beside it; the toy task (data.toy) with exact match of the extracted answer, sub_em
-beside it.
+whole response when it has none (RULER's convention); QA tasks with sub_em (what the paper's tables
+call accuracy) on the extracted answer only (no \\boxed{} / "the answer is" = wrong), with EM and
+token F1 beside it and, apart, the training verifier (boxed exact match, the RL reward); the toy task
+(data.toy) with exact match of the extracted answer, sub_em beside it. `METRICS` names each score.
 """
 
 from __future__ import annotations
@@ -37,14 +37,24 @@ def _ruler_scores(result, answers):
 
 def _qa_scores(result, answers):
   p = result.prediction
-  return {"score": rewards.sub_em(p, answers), "em": rewards.exact_match(p, answers), "f1": rewards.f1(p, answers)}
+  return {"score": rewards.sub_em(p, answers), "em": rewards.exact_match(p, answers), "f1": rewards.f1(p, answers),
+          "verifier": rewards.memagent_verifier(result.answer, answers)}
 
 
 # task name -> its metrics; a task missing here is an error, never silently scored by another metric
 SCORERS: Registry = Registry("task metric")
-for _names, _fn in ((toy.TASKS, _toy_scores), (ruler.TASKS, _ruler_scores), (tasks.QA_TASKS, _qa_scores)):
+for _names, _fn in ((toy.TASKS, _toy_scores), (ruler.TASKS, _ruler_scores),
+                    (tasks.QA_TASKS + tasks.BUILT_QA_TASKS, _qa_scores)):
   for _name in _names:
     SCORERS.register(_name, _fn)
+
+
+QA_METRICS = {"score": "sub_em (the paper's accuracy)", "em": "EM", "f1": "F1",
+              "verifier": "training verifier (boxed exact match; not the paper's metric)"}
+# task name -> {score key: what it is}, in report order: the task's headline "score" first
+METRICS = {**{t: {"score": "exact match", "sub_em": "sub_em"} for t in toy.TASKS},
+           **{t: {"score": "string_match_all (paper Eq. 7)"} for t in ruler.TASKS},
+           **{t: QA_METRICS for t in tasks.QA_TASKS + tasks.BUILT_QA_TASKS}}
 
 
 def score(task: str, result, answers: list[str]) -> dict[str, float]:
@@ -54,6 +64,15 @@ def score(task: str, result, answers: list[str]) -> dict[str, float]:
 
 def scorer(task: str):
   return SCORERS.get(task)
+
+
+def format_scores(task: str, summary: dict) -> str:
+  """`sub_em (the paper's accuracy) 0.500, EM 0.250, F1 0.400; training verifier (...) 0.125`: the
+  headline score first and named, the verifier apart, so a validation score is not read as the paper's."""
+  names = METRICS.get(task, {"score": "score"})
+  head = ", ".join(f"{label} {summary[k]:.3f}" for k, label in names.items() if k != "verifier" and k in summary)
+  return head + (f"; {names['verifier']} {summary['verifier']:.3f}" if "verifier" in names and "verifier" in summary
+                 else "")
 
 
 def _batches(items: list, size: int) -> Iterable[list]:

@@ -15,7 +15,7 @@ import os
 import threading
 
 from memagent_jax.data import tasks
-from memagent_jax.evaluation.evaluate import Sampling, run_eval
+from memagent_jax.evaluation.evaluate import METRICS, Sampling, run_eval
 from memagent_jax.runtime.atomic_io import atomic_write
 
 
@@ -74,19 +74,26 @@ class SweepSpec:
   chunk_tokens: int  # the documents' layout (the same documents for every reader)
   warmup_each_length: bool = True
   warmup_length: int | None = None
+  data_dir: str | None = None  # a corpus file or a built set (ruler_hotpotqa: lengths are its document counts)
 
   def key(self, reader_id: str | None, length: int) -> dict:
     """What a kept row must have been measured with to be reused."""
-    return {"reader": reader_id, "task": self.task, "length": length, "n": self.n, "seed": self.seed,
-            "batch_size": self.batch_size, "temperature": self.temperature, "top_p": self.top_p,
-            "chunk_tokens": self.chunk_tokens}
+    key = {"reader": reader_id, "task": self.task, "length": length, "n": self.n, "seed": self.seed,
+           "batch_size": self.batch_size, "temperature": self.temperature, "top_p": self.top_p,
+           "chunk_tokens": self.chunk_tokens}
+    return key if self.data_dir is None else {**key, "data_dir": os.path.abspath(self.data_dir)}
+
+  def samples(self, length: int, n: int, tokenizer) -> list[dict]:
+    """The documents of one length (seed + length: each length its own draw)."""
+    return tasks.make_samples(self.task, length, n, self.seed + length, tokenizer, self.data_dir,
+                              chunk_tokens=self.chunk_tokens)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepRow:
   """One reader at one length: accuracy with its 95% Wilson interval, time and peak memory."""
   method: str
-  length: int  # document tokens
+  length: int  # document tokens (ruler_hotpotqa: documents)
   n: int
   accuracy: float  # in [0, 1]
   ci_low: float
@@ -95,6 +102,7 @@ class SweepRow:
   peak_rss_mib: float
   doc_tokens: float  # mean tokens of the documents read
   concurrent_sweeps: int = 1  # sweeps that shared the machine while this row ran
+  others: dict[str, float] = dataclasses.field(default_factory=dict)  # the task's other scores (QA: em, f1, verifier)
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -102,6 +110,11 @@ class SweepRow:
   @classmethod
   def from_json(cls, row: dict) -> "SweepRow":
     return cls(**row)
+
+
+def scorer_keys(task: str) -> list[str]:
+  """The scores a row keeps beside its accuracy (the task's headline score)."""
+  return [k for k in METRICS.get(task, {}) if k != "score"]
 
 
 def _finished_row(path: str, key: dict) -> SweepRow | None:
@@ -131,15 +144,13 @@ def sweep_lengths(reader, name: str, spec: SweepSpec, *, out_dir: str | None = N
       if on_row:
         on_row(row)
       continue
-    samples = tasks.make_samples(spec.task, length, spec.n, spec.seed + length, reader.tokenizer,
-                                 chunk_tokens=spec.chunk_tokens)
+    samples = spec.samples(length, spec.n, reader.tokenizer)
     if not warmed or spec.warmup_each_length:
       # a reader whose shapes do not depend on the length warms up on the shortest documents: a resumed
       # sweep would otherwise read one batch of its first unfinished (longest so far) length twice
       warm_length = length if spec.warmup_each_length else (spec.warmup_length or min(spec.lengths))
-      warm = samples[:spec.batch_size] if warm_length == length else tasks.make_samples(
-          spec.task, warm_length, min(spec.n, spec.batch_size), spec.seed + warm_length, reader.tokenizer,
-          chunk_tokens=spec.chunk_tokens)
+      warm = samples[:spec.batch_size] if warm_length == length else spec.samples(
+          warm_length, min(spec.n, spec.batch_size), reader.tokenizer)
       reader.answer_batch([s["question"] for s in warm], [s["context"] for s in warm],
                           temperature=spec.temperature, top_p=spec.top_p, seed=spec.seed)  # compile these shapes
       warmed = True
@@ -151,7 +162,8 @@ def sweep_lengths(reader, name: str, spec: SweepSpec, *, out_dir: str | None = N
     lo, hi = wilson_interval(acc * spec.n, spec.n)
     rows.append(SweepRow(method=name, length=length, n=spec.n, accuracy=acc, ci_low=lo, ci_high=hi,
                          seconds_per_doc=summary["seconds"] / spec.n, peak_rss_mib=mem.peak / 2 ** 20,
-                         doc_tokens=summary["mean_document_tokens"], concurrent_sweeps=concurrent_sweeps))
+                         doc_tokens=summary["mean_document_tokens"], concurrent_sweeps=concurrent_sweeps,
+                         others={k: summary[k] for k in scorer_keys(spec.task) if k in summary}))
     if kept_path:
       with atomic_write(kept_path) as f:
         json.dump({"key": key, "row": rows[-1].to_json()}, f)
