@@ -1,6 +1,9 @@
 """Data-parallel RL on a mesh: two training steps of configs/toy_cpu.py:tiny give the same params
 on 1 device, on 4 devices (rows over `data`), and on 2 processes x 2 devices joined by
-jax.distributed (each process generating only its half of the rollout rows)."""
+jax.distributed (each process generating only its half of the rollout rows). The same processes
+first evaluate the starting policy on the held-out set: on 2 processes each reads its half of every
+batch (not the whole set on both), and the sampled answers and scores are those of one process, row
+for row. (One set of processes for both: each start, model build and compile is paid once.)"""
 
 import json
 import os
@@ -14,24 +17,45 @@ import pytest
 from test_parallel import REPO, _clean_env, _collect, _free_port
 
 TRAIN_SCRIPT = textwrap.dedent("""
-    import json, os, sys
+    import dataclasses, json, os, sys
     import jax, numpy as np
     from jax.experimental import multihost_utils
     from configs import toy_cpu
     from memagent_jax.rl.metrics import read_jsonl
     from memagent_jax.rl.rollout import REWARD_FNS
-    from memagent_jax.experiment.assembly import build_trainer
+    from memagent_jax.experiment.assembly import Evaluator, build_experiment
     # a from-scratch toy model scores 0 everywhere; a reward on the sampled text itself gives
     # every group a signal, so the updates move the params
     REWARD_FNS.register("answer_parity", lambda answer, pred, gold: float(sum(map(ord, answer)) % 2))
     cfg = toy_cpu.get_config("tiny")
     cfg.rl.reward = "answer_parity"
     cfg.train.steps = 2
+    evaluating = os.environ["EVAL"] == "1"
+    if evaluating:  # a held-out set of 2 batches of 4 documents, sampled
+      cfg.eval.update(every=1, size=8, batch_size=4, temperature=1.0, top_p=0.9)
     cfg.mesh.update(data=int(os.environ["DATA"]), fsdp=int(os.environ["FSDP"]), tensor=1)
     cfg.distributed.update(num_processes=int(os.environ["NPROC"]), process_id=int(os.environ["PID"]),
                            coordinator_address=os.environ["COORD"])
     workdir = os.path.join(os.environ["OUT"], os.environ["TAG"])
-    trainer = build_trainer(cfg, workdir=workdir)
+    exp = build_experiment(cfg, workdir=workdir)
+    trainer, calls, summary, refused = exp.trainer, [], {}, None
+    if evaluating:  # the starting policy, once, before training (which then evaluates no more)
+      reader = exp.evaluator.reader
+      answer_batch = reader.answer_batch
+      def recording(questions, documents, **kw):  # what this process read, and what it sampled
+        results = answer_batch(questions, documents, **kw)
+        calls.append([[r.answer, r.memories] for r in results])
+        return results
+      reader.answer_batch = recording
+      summary = trainer.evaluate()
+      summary.pop("seconds")
+      reader.answer_batch = answer_batch
+      try:  # 5 held-out documents do not split over 2 processes
+        Evaluator(reader, exp.evaluator.task, exp.evaluator.samples[:5], cfg.eval)
+        refused = ""
+      except ValueError as e:
+        refused = str(e)
+      trainer.spec = dataclasses.replace(trainer.spec, eval_every=0)
     start = multihost_utils.process_allgather(trainer.state.params, tiled=True)
     trainer.train()
     full = multihost_utils.process_allgather(trainer.state.params, tiled=True)
@@ -41,31 +65,40 @@ TRAIN_SCRIPT = textwrap.dedent("""
       np.savez(os.path.join(os.environ["OUT"], os.environ["TAG"] + ".npz"),
                *[np.asarray(x) for x in jax.tree.leaves(full)])
     logged = read_jsonl(os.path.join(workdir, "logs", "metrics.jsonl")) if jax.process_index() == 0 else []
+    logged = [m for m in logged if "train/reward_mean" in m]
     print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
                       "devices": jax.device_count(), "step": trainer.state.step, "moved": moved,
                       "rows_per_process": [m.get("train/perf/rollout_rows_per_process") for m in logged],
-                      "reward": [m.get("train/reward_mean") for m in logged]}))
+                      "reward": [m.get("train/reward_mean") for m in logged],
+                      "calls": calls, "summary": summary, "refused": refused}))
 """)
 
 
-def _run(tag, out, devices, nproc=1, data=1, fsdp=1):
+def _run(tag, out, devices, nproc=1, data=1, fsdp=1, evaluate=True):
   coord = f"localhost:{_free_port()}" if nproc > 1 else ""
   procs = [subprocess.Popen(
       [sys.executable, "-c", TRAIN_SCRIPT], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True, env=_clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                                 OUT=str(out), TAG=tag, NPROC=str(nproc), PID=str(i), COORD=coord,
-                                DATA=str(data), FSDP=str(fsdp)))
+                                DATA=str(data), FSDP=str(fsdp), EVAL=str(int(evaluate))))
            for i in range(nproc)]
   outs = _collect(procs, timeout=600)
   params = np.load(os.path.join(out, tag + ".npz"))
   return outs, [params[k] for k in sorted(params.files, key=lambda k: int(k.split("_")[1]))]
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """The three layouts, each trained 2 steps; 1x1 and the 2 processes evaluate first (the one-process
+  evaluation on 4 devices is the 1x1 code path: the reader splits rows over processes only)."""
+  out = tmp_path_factory.mktemp("dp")
+  return {"1x1": _run("1x1", out, devices=1), "1x4": _run("1x4", out, devices=4, data=4, evaluate=False),
+          "2x2": _run("2x2", out, devices=2, nproc=2, data=4)}
+
+
 @pytest.mark.slow
-def test_two_steps_equal_on_1x1_1x4_and_2_processes(tmp_path):
-  single, p1 = _run("1x1", tmp_path, devices=1)
-  four, p4 = _run("1x4", tmp_path, devices=4, data=4)
-  two, p22 = _run("2x2", tmp_path, devices=2, nproc=2, data=4)
+def test_two_steps_equal_on_1x1_1x4_and_2_processes(runs):
+  (single, p1), (four, p4), (two, p22) = runs["1x1"], runs["1x4"], runs["2x2"]
   assert single[0]["step"] == four[0]["step"] == two[0]["step"] == 2
   assert four[0]["devices"] == 4 and two[0]["processes"] == 2 and two[0]["devices"] == 4
   # each process generated half of the step's 8 trajectories (4 questions x G = 2)
@@ -76,3 +109,20 @@ def test_two_steps_equal_on_1x1_1x4_and_2_processes(tmp_path):
     np.testing.assert_allclose(c, a, rtol=0, atol=1e-4)
   assert single[0]["moved"] > 1e-4  # the two steps changed the params
   assert len(set(single[0]["reward"])) > 0 and 0 < max(single[0]["reward"]) < 1  # a real signal
+
+
+@pytest.mark.slow
+def test_two_processes_split_the_held_out_set_and_score_as_one(runs):
+  [one], (first, second) = runs["1x1"][0], runs["2x2"][0]
+  assert second["processes"] == 2 and one["processes"] == 1
+  # one process: 2 batches of 4 documents; two: each process reads 2 of each batch's 4
+  assert [len(c) for c in one["calls"]] == [4, 4]
+  assert [len(c) for c in first["calls"]] == [len(c) for c in second["calls"]] == [2, 2]
+  # the first half of each batch on process 0, the second on process 1, each row sampled as in one process
+  # (its answer and its memories)
+  assert [a + b for a, b in zip(first["calls"], second["calls"])] == one["calls"]
+  assert len({a for c in one["calls"] for a, _ in c}) > 1  # sampled text, not one constant answer
+  assert first["summary"] == second["summary"] == one["summary"]
+  assert first["summary"]["mean_document_tokens"] > 0
+  assert one["refused"] == ""  # one process takes any size
+  assert "eval.size=5 and eval.batch_size=4 must be multiples of the 2 processes" in first["refused"]

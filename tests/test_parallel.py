@@ -255,8 +255,21 @@ SHARDED_STEP_SCRIPT = STEP_CODE + textwrap.dedent("""
 """)
 
 
-def test_sharded_train_step_matches_one_device():
-  out = run_on_emulated_devices(SHARDED_STEP_SCRIPT, n=8)
+@pytest.fixture(scope="module")
+def eight_devices() -> dict:
+  """SHARDED_STEP_SCRIPT's and RL_UPDATE_SCRIPT's outputs, run one after the other in one process on 8
+  emulated devices: one start, one import of jax, one tiny model's first tracing for both tests."""
+  env = _clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  proc = subprocess.run([sys.executable, "-c", SHARDED_STEP_SCRIPT + RL_UPDATE_SCRIPT], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=240)
+  if proc.returncode:
+    pytest.fail(f"subprocess failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+  step, rl = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")][-2:]
+  return {"step": step, "rl": rl}
+
+
+def test_sharded_train_step_matches_one_device(eight_devices):
+  out = eight_devices["step"]
   assert out["devices"] == 8
   assert out["embed"] == [128, 16]  # [V=256 / tensor 2, E=64 / fsdp 4]
   assert out["q"] == [16, 2, 16]  # [E / 4, H=4 / 2, D]
@@ -439,11 +452,11 @@ RL_UPDATE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_rl_update_step_sharded_matches_one_device():
+def test_rl_update_step_sharded_matches_one_device(eight_devices):
   """Loss, gradients (an SGD step of lr 1) and AdamW-updated params agree to <= 1e-5. AdamW uses
   eps 1e-6: with 1e-8, elements whose gradient is ~1e-8 turn float-rounding differences of the
   sharded reductions into update differences of ~1e-5 (measured 1.4e-5)."""
-  out = run_on_emulated_devices(RL_UPDATE_SCRIPT, n=8)
+  out = eight_devices["rl"]
   assert out["devices"] == 8
   for name in ("sgd", "adamw"):
     r = out[name]

@@ -160,7 +160,7 @@ KILL_SCRIPT = textwrap.dedent("""
                       "start_checksum": start_sum, "rng": rng, "step": t.state.step,
                       "checksum": checksum(t.state.params)}))
 """)
-PAIR_STEPS = 6  # more than the signalled restart runs before its stop lands
+PAIR_STEPS = 4  # more than the signalled restart runs before its stop lands (signalled after step 2: stops at 2 or 3)
 
 
 def _pair_env(**extra) -> dict:

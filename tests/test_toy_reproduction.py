@@ -12,7 +12,9 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = ["-m", "experiments.toy_reproduction"]
-TINY = ["--scale=demo", "--steps=pretrain=2,warm_start=2,rl=2,full_attention=2", "--n=6", "--max_multiple=2"]
+# one step per stage: each stage starts from an earlier one's export, so one step's update still reaches every
+# later stage and sweep (a demo RL step samples 192 rows: a second one cost 10 s)
+TINY = ["--scale=demo", "--steps=pretrain=1,warm_start=1,rl=1,full_attention=1", "--n=6", "--max_multiple=2"]
 
 
 def _run(args, cwd, xla_cache=None):
@@ -142,7 +144,7 @@ def test_seed_run_trains_from_the_perturbed_warm_start_and_sweeps_rl_only(run, t
   the default, with eval the only stage), RL alone still runs as two tasks at once (its longest length
   apart), with the rows and per-document answers of its serial sweep."""
   work = tmp_path / "s"
-  seed_run = ["--scale=demo", f"--base={run.root}/run/pretrain/export", "--steps=warm_start=2,rl=1", "--n=6",
+  seed_run = ["--scale=demo", f"--base={run.root}/run/pretrain/export", "--steps=warm_start=1,rl=1", "--n=6",
               "--max_multiple=2", "--eval_methods=rl", "--seed=3", "--perturb=1e-6", f"--workdir={work}",
               f"--results_dir={work}/results"]
   _run([*seed_run, "--stages=warm_start,rl,eval", "--eval_workers=1"], cwd=tmp_path)

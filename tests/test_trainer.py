@@ -47,13 +47,8 @@ def _trained(workdir, steps: int) -> dict:
           "ref_params": t.state.ref_params}
 
 
-# The plain tiny runs several tests compare against, trained once per module (each run ~10 s);
-# tests that change a run's workdir work on a copy of it.
-@pytest.fixture(scope="module")
-def base1(tmp_path_factory):
-  return _trained(tmp_path_factory.mktemp("base1"), steps=1)
-
-
+# The plain tiny run several tests compare against (its first step, or its checkpoints), trained once per
+# module (~10 s); tests that change a run's workdir work on a copy of it.
 @pytest.fixture(scope="module")
 def base2(tmp_path_factory):
   return _trained(tmp_path_factory.mktemp("base2"), steps=2)
@@ -119,8 +114,8 @@ def test_bad_configs_fail_before_any_work(tmp_path):
     assembly.build_trainer(tiny(**{"rl.ppo_mini_batch": 3}), workdir=str(tmp_path / "d"))
 
 
-def test_resume_from_another_model_shape_is_refused(tmp_path, base1):
-  shutil.copytree(base1["workdir"], tmp_path, dirs_exist_ok=True)  # a 1-step tiny run
+def test_resume_from_another_model_shape_is_refused(tmp_path, base2):
+  shutil.copytree(base2["workdir"], tmp_path, dirs_exist_ok=True)  # a 2-step tiny run
   with pytest.raises(checkpointing.CheckpointMismatchError):
     assembly.build_trainer(tiny(**{"model.source": "random:toy-1m"}), workdir=str(tmp_path))
 
@@ -218,10 +213,10 @@ def test_kl_pulls_towards_a_frozen_reference(tmp_path, base2, moving, parity_rew
   assert diff > 1e-6
 
 
-def test_max_chunks_truncates_training_documents_only(tmp_path, base1):
+def test_max_chunks_truncates_training_documents_only(tmp_path, base2):
   """The training rollouts (what a step collects) read one chunk of documents that have two; the
   evaluation reader reads them whole."""
-  assert base1["history"][0].rollout.chunks_per_doc == 2.0  # the same run without max_chunks
+  assert base2["history"][0].rollout.chunks_per_doc == 2.0  # the same run without max_chunks
   run = assembly.build_experiment(tiny(**{"train.steps": 1, "agent.max_chunks": 1}), workdir=str(tmp_path))
   t = run.trainer
   assert t.collector.collect(t.batches, t._seed).metrics.chunks_per_doc == 1.0
@@ -230,9 +225,9 @@ def test_max_chunks_truncates_training_documents_only(tmp_path, base1):
 
 
 @pytest.mark.parametrize("knob", ["train.seed", "data.seed", "model.seed"])
-def test_seeds_change_the_run(tmp_path, knob, base1):
-  a = base1["history"][0]
-  b = assembly.build_trainer(tiny(**{"train.steps": 1, knob: 7}), workdir=str(tmp_path / "b")).train().history[0]
+def test_seeds_change_the_run(tmp_path, knob, base2):
+  a = base2["history"][0]  # its first step, against the first step of the same run with another seed
+  b = assembly.build_trainer(tiny(**{"train.steps": 2, knob: 7}), workdir=str(tmp_path / "b")).train(until=1).history[0]
   keys = ("rollout_tokens", "memory_tokens", "answer_tokens", "entropy", "loss")
   assert any(a.scalars()[k] != b.scalars()[k] for k in keys)
 
