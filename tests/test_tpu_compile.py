@@ -59,23 +59,33 @@ SMALL = ModelConfig(arch="llama", vocab_size=2048, hidden_size=512, intermediate
                     tie_word_embeddings=False)
 
 
-@pytest.mark.parametrize("topology,mesh", [("v5e:2x2", ["--config.mesh.fsdp=4"]),
-                                           ("v5p:2x2x1", ["--config.mesh.fsdp=2", "--config.mesh.data=2"])])
-def test_small_step_compiles_for_tpu(tmp_path, capsys, topology, mesh):
+# The whole step on v5e; on v5p (a 3-D torus, with a data axis) the update alone: what the mesh changes there
+# is how the update's weights, optimizer state and batch split (checked below); the rollout, answer and log-prob
+# programs and the step estimate are the same code on both (2 compiles instead of 6).
+@pytest.mark.parametrize("topology,mesh,programs", [
+    ("v5e:2x2", ["--config.mesh.fsdp=4"], "rollout,answer,logprobs,update"),
+    ("v5p:2x2x1", ["--config.mesh.fsdp=2", "--config.mesh.data=2"], "update")])
+def test_small_step_compiles_for_tpu(tmp_path, capsys, topology, mesh, programs):
   model_dir = tmp_path / "model"
   model_dir.mkdir()
   (model_dir / "config.json").write_text(json.dumps(SMALL.to_hf_dict()))
-  code, r, out = _compile(tmp_path, capsys, "--topology", topology, f"--config.model.source={model_dir}", *mesh)
+  code, r, out = _compile(tmp_path, capsys, "--topology", topology, f"--config.model.source={model_dir}",
+                          "--programs", programs, *mesh)
   assert code == 0
-  # the trainer's programs: its two width groups give two log-prob passes, the first update reads old = current
-  assert {name.split("#")[0] for name in r["programs"]} == {"rollout", "answer", "logprobs", "update"}
-  assert "| update |" in out.out and "step estimate" in out.out
-  # the step at MaxText's training MFU for the chip: the roofline divided by it, in wall and chip seconds
-  lo, hi = compile_report.MAXTEXT_MFU[r["chip"]]
-  assert r["step_wall_s_range"] == pytest.approx([r["step_estimate_s"] / hi, r["step_estimate_s"] / lo])
-  assert r["step_chip_s_range"] == pytest.approx([w * r["chips"] for w in r["step_wall_s_range"]])
-  assert r["step_estimate_s"] == pytest.approx(sum(p["calls_per_step"] * p["live_share"] * p["roofline_s"]
-                                                   for p in r["programs"].values()))
+  assert "| update |" in out.out
+  whole_step = programs.count(",") == 3
+  if whole_step:
+    # the trainer's programs: its two width groups give two log-prob passes, the first update reads old = current
+    assert {name.split("#")[0] for name in r["programs"]} == {"rollout", "answer", "logprobs", "update"}
+    assert "step estimate" in out.out
+    # the step at MaxText's training MFU for the chip: the roofline divided by it, in wall and chip seconds
+    lo, hi = compile_report.MAXTEXT_MFU[r["chip"]]
+    assert r["step_wall_s_range"] == pytest.approx([r["step_estimate_s"] / hi, r["step_estimate_s"] / lo])
+    assert r["step_chip_s_range"] == pytest.approx([w * r["chips"] for w in r["step_wall_s_range"]])
+    assert r["step_estimate_s"] == pytest.approx(sum(p["calls_per_step"] * p["live_share"] * p["roofline_s"]
+                                                     for p in r["programs"].values()))
+  else:
+    assert {name.split("#")[0] for name in r["programs"]} == {"update"} and r["step_estimate_s"] is None
   fsdp = r["mesh"]["fsdp"]
   params = SMALL.num_params
   for name, p in r["programs"].items():
@@ -86,7 +96,6 @@ def test_small_step_compiles_for_tpu(tmp_path, capsys, topology, mesh):
   up = r["programs"]["update"]
   # the splash kernel (a Mosaic custom call) runs inside the update and the rollout's prefill
   assert up["custom_calls"].get("tpu_custom_call", 0) >= 1
-  assert r["programs"]["rollout"]["custom_calls"].get("tpu_custom_call", 0) >= 1
   # arguments: fp32 params + AdamW's two moments, split over fsdp (norm scales are replicated), + the
   # mini-batch's width groups (tokens int32, valid bool; loss mask bool, old and reference log-probs f32)
   s = r["shapes"]
@@ -97,6 +106,9 @@ def test_small_step_compiles_for_tpu(tmp_path, capsys, topology, mesh):
   # donation: the updated params and optimizer state reuse the input buffers
   weights = r["per_device_weight_bytes"]["train"] * 3
   assert up["alias_bytes"] >= 0.95 * weights
+  if not whole_step:
+    return
+  assert r["programs"]["rollout"]["custom_calls"].get("tpu_custom_call", 0) >= 1
   # the rollout's scan and decode loops are multiplied in: more than XLA's count of each body once
   ro = r["programs"]["rollout"]
   assert ro["flops"] > 2 * ro["xla_cost_flops_loop_bodies_once"]
