@@ -15,7 +15,6 @@ memagent_jax/runtime/parallel.py). docs/pods.md and the README print exactly thi
 """
 
 import dataclasses
-import importlib.util
 import math
 import os
 import shlex
@@ -23,7 +22,7 @@ import sys
 
 from absl import app, flags
 
-from memagent_jax.experiment import specs
+from memagent_jax.experiment import config_overrides, specs
 from memagent_jax.runtime import parallel, tpu_targets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,14 +44,7 @@ def train_command(config: str, workdir: str) -> str:
 def config_mesh(config: str) -> parallel.MeshSpec:
   """The mesh of a config file[:variant], read as experiments/train.py reads it (a relative path from
   the repository root, where the training command runs)."""
-  path, _, variant = config.partition(":")
-  path = os.path.join(REPO, path)
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file not found: {path}")
-  module_spec = importlib.util.spec_from_file_location("launch_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return specs.mesh_spec(module.get_config(variant) if variant else module.get_config())
+  return specs.mesh_spec(config_overrides.load_config_file(os.path.join(REPO, config)))
 
 
 def fixed_devices(mesh: parallel.MeshSpec) -> int:

@@ -176,6 +176,13 @@ class ModelConfig:
 TOY_VOCAB_SIZE = 192
 
 # Values from the models' published config.json files.
+def _qwen3(*, hidden: int, ffn: int, layers: int, heads: int, tied: bool) -> ModelConfig:
+  """A Qwen3 dense size: what differs by size is given, the rest is shared by the whole family."""
+  return ModelConfig(arch="qwen3", vocab_size=151936, hidden_size=hidden, intermediate_size=ffn, num_layers=layers,
+                     num_heads=heads, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+                     max_position_embeddings=40960, tie_word_embeddings=tied, attention_bias=False, qk_norm=True)
+
+
 PRESETS: dict[str, ModelConfig] = {
     "smollm2-135m-instruct": ModelConfig(
         arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
@@ -209,26 +216,11 @@ PRESETS: dict[str, ModelConfig] = {
     # layers, heads and tying of all five agree with the Qwen3 report (arXiv 2505.09388). All: head_dim 128
     # (not hidden / heads), no q/k/v bias, q/k norms, rope_theta 1e6, rms_norm_eps 1e-6, vocab 151936,
     # max_position_embeddings 40960; embeddings tied up to 4B, untied from 8B.
-    "qwen3-0.6b": ModelConfig(
-        arch="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
-        num_heads=16, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
-        max_position_embeddings=40960, tie_word_embeddings=True, attention_bias=False, qk_norm=True),
-    "qwen3-1.7b": ModelConfig(
-        arch="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=28,
-        num_heads=16, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
-        max_position_embeddings=40960, tie_word_embeddings=True, attention_bias=False, qk_norm=True),
-    "qwen3-4b": ModelConfig(
-        arch="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36,
-        num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
-        max_position_embeddings=40960, tie_word_embeddings=True, attention_bias=False, qk_norm=True),
-    "qwen3-8b": ModelConfig(
-        arch="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
-        num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
-        max_position_embeddings=40960, tie_word_embeddings=False, attention_bias=False, qk_norm=True),
-    "qwen3-14b": ModelConfig(
-        arch="qwen3", vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_layers=40,
-        num_heads=40, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
-        max_position_embeddings=40960, tie_word_embeddings=False, attention_bias=False, qk_norm=True),
+    "qwen3-0.6b": _qwen3(hidden=1024, ffn=3072, layers=28, heads=16, tied=True),
+    "qwen3-1.7b": _qwen3(hidden=2048, ffn=6144, layers=28, heads=16, tied=True),
+    "qwen3-4b": _qwen3(hidden=2560, ffn=9728, layers=36, heads=32, tied=True),
+    "qwen3-8b": _qwen3(hidden=4096, ffn=12288, layers=36, heads=32, tied=False),
+    "qwen3-14b": _qwen3(hidden=5120, ffn=17408, layers=40, heads=40, tied=False),
     # Tiny configs for tests and toy experiments.
     "tiny-llama": ModelConfig(
         arch="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
