@@ -1,13 +1,16 @@
-"""MemAgent RL on Qwen3 dense models with the released run's objective (MEMAGENT_FACTS.md section 3).
+"""MemAgent RL on Qwen3 dense models with the released run's objective, each size on one TPU host.
 
   --config=configs/memagent_qwen3.py:4b          (also 8b, 1.7b; no size means 4b)
   --config=configs/memagent_qwen3.py:4b,dapo     DAPO on top (clip-higher, dynamic sampling, no KL, overlong)
-What matters from the released RL-MemAgent run is kept as is: the released verifier, KL 1e-3 to the
-reference with the k3 ("low_var_kl") estimator, clip 0.2/0.2 with dual clip 3, mean-centred advantages (no
-std division), 16 rollouts per question, 5000-token chunks, 1024-token memory and answer, AdamW 1e-6. Batches
-are the released 7B run's (128 questions per step, 16 updates of 8). Qwen3 models think unless told not to;
-MemAgent's turns render with thinking off (an empty think block opens each reply: Tokenizer.chat_text).
-Meant for a pod (bf16); the mesh per size is fsdp x tensor, with data filling the other chips.
+What matters from the released RL-MemAgent run is kept as is (MEMAGENT_FACTS.md section 3): the released
+verifier, KL 1e-3 to the reference with the k3 ("low_var_kl") estimator, clip 0.2/0.2 with dual clip 3,
+mean-centred advantages (no std division), 16 rollouts per question, 5000-token chunks, 1024-token memory
+and answer, AdamW 1e-6. Qwen3 models think unless told not to; MemAgent's turns render with thinking off (an
+empty think block opens each reply: Tokenizer.chat_text).
+Each size is sized for the one 8-chip host a re-implementer would pick (`POD`; the mesh is fsdp x tensor
+over all of its chips): 32 questions x 16 rollouts per step in 8 updates of 4 questions, one trajectory per
+update micro-batch. The release's 128 questions per step: --config.rl.questions_per_step=128 on a larger pod.
+Check a size on your pod with `memagent compile --config=configs/memagent_qwen3.py:SIZE --topology=POD`.
 """
 
 import ml_collections
@@ -15,11 +18,16 @@ import ml_collections
 from configs import base
 from configs.memagent_qwen2_5_7b import dapo, released
 
-# size -> (preset, fsdp, tensor). tensor divides the 8 kv heads of every Qwen3 size; 8B shards as the 7B
-# release (32 chips a replica), 4B on 16, 1.7B on 8.
-SIZES = {"1.7b": ("qwen3-1.7b", 8, 1),
-         "4b": ("qwen3-4b", 8, 2),
-         "8b": ("qwen3-8b", 8, 4)}
+QUESTIONS_PER_STEP, QUESTIONS_PER_UPDATE = 32, 4
+# size -> (preset, pod, fsdp, tensor, rollout rows). fsdp x tensor is the pod's chip count; tensor divides
+# the 8 kv heads of every Qwen3 size. Per chip, from 12 B/param of fp32 weights + Adam over all chips, 4 B
+# the reference, 2 B/tensor the bf16 rollout copy, and a 7.2K-token row's KV cache (0.83 GB at 1.7B, 1.06 GB
+# at 4B and 8B) over tensor: 1.7B about 9 of 16 GB (v5e), 4B about 21 of 32 GB (v6e), 8B about 58 of 95 GB
+# (v5p); 8B cannot train on v5e-8 (its weights + Adam alone are 12 of 16 GB per chip).
+SIZES = {"1.7b": ("qwen3-1.7b", "v5e-8", 4, 2, 32),
+         "4b": ("qwen3-4b", "v6e-8", 4, 2, 64),
+         "8b": ("qwen3-8b", "v5p-8", 2, 2, 64)}
+POD = {size: spec[1] for size, spec in SIZES.items()}
 
 
 def parse_variant(variant: str) -> tuple[str, bool]:
@@ -35,7 +43,10 @@ def parse_variant(variant: str) -> tuple[str, bool]:
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   size, with_dapo = parse_variant(variant)
-  preset, fsdp, tensor = SIZES[size]
-  c = released(base.get_config(), model=preset, questions_per_step=128, mini_batch=8, fsdp=fsdp, tensor=tensor)
+  preset, _, fsdp, tensor, rollout_rows = SIZES[size]
+  c = released(base.get_config(), model=preset, questions_per_step=QUESTIONS_PER_STEP,
+               mini_batch=QUESTIONS_PER_UPDATE, fsdp=fsdp, tensor=tensor)
+  c.rl.update(micro_batches=QUESTIONS_PER_UPDATE * c.rl.group_size, rollout_batch=rollout_rows)
+  c.eval.batch_size = rollout_rows
   c.train.workdir = f"runs/memagent_qwen3_{size}" + ("_dapo" if with_dapo else "")
   return dapo(c) if with_dapo else c

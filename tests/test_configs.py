@@ -43,11 +43,15 @@ def test_released_settings(name, questions, mini):
   assert d.rl.dynamic_sampling and d.rl.overlong.enable and d.rl.max_extra_gen_batches > 0
 
 
-@pytest.mark.parametrize("size,fsdp,tensor", [("1.7b", 8, 1), ("4b", 8, 2), ("8b", 8, 4)])
-def test_qwen3_configs_keep_the_released_objective(size, fsdp, tensor):
-  """configs/memagent_qwen3.py (issue 59 D2): each size, and its dapo variant, validates and runs the Qwen3
-  preset with the released verifier, KL and clipping, mean-centred advantages and the released reader."""
+@pytest.mark.parametrize("size,pod,fsdp,tensor", [("1.7b", "v5e-8", 4, 2), ("4b", "v6e-8", 4, 2),
+                                                   ("8b", "v5p-8", 2, 2)])
+def test_qwen3_configs_keep_the_released_objective(size, pod, fsdp, tensor):
+  """configs/memagent_qwen3.py: each size, and its dapo variant, validates and runs the Qwen3 preset with the
+  released verifier, KL and clipping, mean-centred advantages and the released reader, on every chip of the
+  one host it is sized for."""
+  from configs import memagent_qwen3
   from memagent_jax.models.config import get_preset
+  from memagent_jax.runtime.tpu_targets import parse_topology
   c = _get("memagent_qwen3", size)
   validate_config(c)
   assert c.model.source == f"qwen3-{size}" and get_preset(c.model.source).arch == "qwen3"
@@ -57,6 +61,9 @@ def test_qwen3_configs_keep_the_released_objective(size, fsdp, tensor):
   assert (c.rl.clip_low, c.rl.clip_high, c.rl.clip_c) == (0.2, 0.2, 3.0)
   assert c.rl.group_size == 16 and not c.rl.dynamic_sampling and not c.rl.overlong.enable
   assert (c.mesh.fsdp, c.mesh.tensor) == (fsdp, tensor) and 8 % tensor == 0  # tensor divides the 8 kv heads
+  assert memagent_qwen3.POD[size] == pod and fsdp * tensor == parse_topology(pod).chips
+  # one host's batch: 32 questions in 8 updates of 4, one trajectory per update micro-batch
+  assert (c.rl.questions_per_step, c.rl.ppo_mini_batch, c.rl.micro_batches) == (32, 4, 64)
   assert c.train.workdir == f"runs/memagent_qwen3_{size}"
   d = _get("memagent_qwen3", f"{size},dapo")
   validate_config(d)

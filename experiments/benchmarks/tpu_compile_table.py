@@ -17,10 +17,12 @@ import time
 
 from absl import app, flags
 
+from configs import memagent_qwen3
 from memagent_jax.runtime import tpu_targets
 
 GIB = 1024 ** 3
 Q7, Q14, SMALL = "configs/memagent_qwen2_5_7b.py", "configs/memagent_qwen2_5_14b.py", "configs/memagent_qwen2_5_small.py"
+QWEN3 = "configs/memagent_qwen3.py"
 # name -> (config, topology, overrides, what the row shows)
 ROWS = {
     "7b_v5p-64": (Q7, "v5p-64", [], "released 7B on its mesh (fsdp 8 x tensor 4), replicated rollout layout"),
@@ -36,6 +38,8 @@ ROWS = {
     "3b_v6e-8": (f"{SMALL}:3b", "v6e-8", [], "Qwen2.5-3B on one v6e (Trillium) host (tensor 2)"),
     "7b_v6e-64": (Q7, "v6e-64", [], "released 7B on 64 v6e chips (data 2 x fsdp 8 x tensor 4)"),
     "7b_tpu7x-32": (Q7, "tpu7x-32", [], "released 7B on 16 TPU7x (Ironwood) chips, 32 devices"),
+    **{f"qwen3_{size}_{pod}": (f"{QWEN3}:{size}", pod, [], f"Qwen3-{size.upper()} on the one host it is sized for")
+       for size, pod in memagent_qwen3.POD.items()},
 }
 # Rows compiled before a change, kept as JSON (`<row>_before.json` in the folder): the "before" of a section.
 BEFORE_ROWS = {"0.5b_v5e-8", "1.5b_v5e-8", "3b_v5e-8"}
