@@ -96,7 +96,56 @@ def demo(repo: str) -> str:
   return "\n".join([*lines, "", f"n = {result['n']} per point; this run: {_ran(result)}.", ""])
 
 
-BLOCKS = {"toy_reproduction": toy_reproduction, "seeds": seeds, "demo": demo}
+# The configs a user sizes a pod by (tpu_compile_table's rows), and the length of the paper's RL runs.
+POD_ROWS = ("qwen3_1.7b_v5e-8", "qwen3_4b_v6e-8", "qwen3_8b_v5p-8", "7b_v5p-64", "14b_v5p-128")
+COMPILE_ROWS = os.path.join(RESULTS, "tpu_compile_rows")
+PAPER_STEPS = (150, 400)
+FREE_FRACTION = 0.10  # what a config should leave free of each chip's HBM
+
+
+def _pod_row(name: str, report: dict) -> str:
+  """One line: config, pod, fits (with what is free), largest step peak, step seconds and the paper's run."""
+  from experiments.benchmarks.tpu_compile_table import ROWS
+  config, pod = ROWS[name][0], ROWS[name][1]
+  worst_name, worst = max(report["programs"].items(), key=lambda kv: kv[1]["hbm_share"])
+  free = 1 - worst["hbm_share"]
+  fits = all(p["fits"] for p in report["programs"].values())
+  verdict = (f"yes, {100 * free:.0f}% free" if fits and free >= FREE_FRACTION else
+             f"tight, {100 * free:.0f}% free" if fits else "no")
+  head = (f"| `{config}` | {pod} ({report['chips']} chips) | {verdict} | "
+          f"{worst['step_peak_bytes'] / 1024 ** 3:.1f} GiB ({100 * worst['hbm_share']:.0f}%, {worst_name}) |")
+  wall = report.get("step_wall_s_range")
+  if not wall:
+    return head + " - | - |"
+  lo, hi = PAPER_STEPS
+  return head + f" {wall[0]:.0f}-{wall[1]:.0f} | {lo * wall[0] / 3600:.1f}-{hi * wall[1] / 3600:.1f} |"
+
+
+def pods(repo: str) -> str:
+  """The pod table: each config's compile row from docs/results/tpu_compile_rows/, or the command to make it."""
+  lines = [f"| config | pod | fits ({100 * FREE_FRACTION:.0f}% free asked) | step peak / chip (largest) | "
+           f"step s at MaxText's MFU | {PAPER_STEPS[0]}-{PAPER_STEPS[1]} steps, hours |", "|---|---|---|---|---|---|"]
+  missing = []
+  for name in POD_ROWS:
+    report = _load(repo, os.path.join("tpu_compile_rows", f"{name}.json"))
+    if report is None:
+      missing.append(name)
+    else:
+      lines.append(_pod_row(name, report))
+  if len(missing) == len(POD_ROWS):
+    lines = []
+  if missing:
+    lines += ["", f"Not compiled yet: {', '.join(missing)} (`python -m experiments.benchmarks.tpu_compile_table "
+              f"--folder={COMPILE_ROWS} --rows={','.join(missing)}`)."]
+  lines += ["", "Per chip, from the compile rows in docs/results/tpu_compile_rows/ (the compiler's estimate, not a "
+            "measured run): the step peak is the largest program's own bytes plus what the trainer keeps beside it; "
+            "step seconds are the roofline at MaxText's published MFU range for the chip; the hours are the paper's "
+            f"{PAPER_STEPS[0]}-{PAPER_STEPS[1]} RL steps at this config's batch (the Qwen3 configs take 32 questions "
+            "per step, the released 7B and 14B 128 and 256)."]
+  return "\n".join(lines) + "\n"
+
+
+BLOCKS = {"toy_reproduction": toy_reproduction, "seeds": seeds, "demo": demo, "pods": pods}
 
 
 def render(text: str, repo: str = REPO) -> str:

@@ -111,7 +111,7 @@ def test_readme_results_are_generated_from_the_result_files():
   """Every table and number in the README's generated blocks is what docs/results' JSON files say now."""
   from experiments import readme_results
   text = open(os.path.join(REPO, "README.md")).read()
-  assert "<!-- generated:toy_reproduction -->" in text and "<!-- generated:demo -->" in text
+  assert all(f"<!-- generated:{name} -->" in text for name in readme_results.BLOCKS)
   assert readme_results.render(text) == text, "run: python -m experiments.readme_results"
 
 
@@ -130,3 +130,29 @@ def test_readme_generator_follows_its_json(tmp_path):
   json.dump(data, open(tmp_path / "docs" / "results" / "toy_reproduction_lookup_demo.json", "w"))
   after = readme_results.render(block, repo=str(tmp_path))
   assert before != after and "12.3" in after
+
+
+def test_pod_table_row_is_computed_from_its_compile_report(tmp_path):
+  """The README's pod table from a hand-made compile row: peak 12 of 16 GiB is 25% free, a step of 60-90 s
+  is 150 x 60 s = 2.5 h to 400 x 90 s = 10 h; a row over 90% of HBM is "tight", one over 100% does not fit."""
+  import json
+  from experiments import readme_results
+  gib = 1024 ** 3
+  folder = tmp_path / "docs" / "results" / "tpu_compile_rows"
+  os.makedirs(folder)
+  program = dict(hbm_share=0.75, step_peak_bytes=12 * gib, fits=True)
+  report = {"chips": 8, "programs": {"rollout": program, "answer": dict(program, hbm_share=0.5)},
+            "step_wall_s_range": [60.0, 90.0]}
+  json.dump(report, open(folder / "qwen3_1.7b_v5e-8.json", "w"))
+  block = readme_results.pods(str(tmp_path))
+  row = next(line for line in block.splitlines() if "qwen3.py:1.7b" in line)
+  assert row == ("| `configs/memagent_qwen3.py:1.7b` | v5e-8 (8 chips) | yes, 25% free | 12.0 GiB (75%, rollout) | "
+                 "60-90 | 2.5-10.0 |")
+  assert "Not compiled yet: qwen3_4b_v6e-8" in block
+  program.update(hbm_share=0.95)
+  json.dump(report, open(folder / "qwen3_1.7b_v5e-8.json", "w"))
+  assert "| tight, 5% free |" in readme_results.pods(str(tmp_path))
+  program.update(hbm_share=1.2, fits=False)
+  report["step_wall_s_range"] = None
+  json.dump(report, open(folder / "qwen3_1.7b_v5e-8.json", "w"))
+  assert "| no | 12.0 GiB (120%, rollout) | - | - |" in readme_results.pods(str(tmp_path))
