@@ -52,9 +52,10 @@ def _compile(tmp_path, capsys, *args):
   return code, json.loads(out.read_text()), capsys.readouterr()
 
 
-# A 2-layer Llama whose every sharded dimension is a multiple of 128, so TPU tiling adds no padding and
-# the argument bytes can be checked against the parameter count (toy-tiny's 16-wide heads pad 8x).
-SMALL = ModelConfig(arch="llama", vocab_size=2048, hidden_size=512, intermediate_size=1024, num_layers=2,
+# A 1-layer Llama whose every sharded dimension is a multiple of 128, so TPU tiling adds no padding and
+# the argument bytes can be checked against the parameter count (toy-tiny's 16-wide heads pad 8x). One
+# layer: libtpu's compile time grows with the layers, and a second layer is the same program again.
+SMALL = ModelConfig(arch="llama", vocab_size=2048, hidden_size=512, intermediate_size=1024, num_layers=1,
                     num_heads=4, num_kv_heads=4, head_dim=128, max_position_embeddings=4096,
                     tie_word_embeddings=False)
 

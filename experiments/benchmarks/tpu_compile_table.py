@@ -1,10 +1,11 @@
-"""docs/results/tpu_compile.md: the paper's configs and small-pod configs compiled for real TPU
+"""docs/results/tpu_compile.md: the paper's configs and one-host configs compiled for real TPU
 topologies on this CPU (`memagent compile`, one command per row), with before/after rows for the
-rollout weight layout and the small models' log-prob chunk.
+rollout weight layout and the small models' activations pinned to their rows.
 
   python -m experiments.benchmarks.tpu_compile_table [--rows=NAME,...] [--out=docs/results/tpu_compile.md]
-Each row's JSON is kept in runs/tpu_compile/<row>.json; a row whose JSON exists is not compiled again
-(delete it to redo). Takes about an hour on 2 CPU cores for every row.
+Each row's JSON is kept in docs/results/tpu_compile_rows/<row>.json (committed: the README's pod table reads
+them); a row whose JSON exists is not compiled again (delete it to redo), so an interrupted run resumes.
+Several hours on 2 CPU cores for every row (the 14B alone about an hour, up to 15 GiB of host memory).
 """
 
 from __future__ import annotations
@@ -140,12 +141,12 @@ def steps(reports: dict[str, dict]) -> list[str]:
 
 
 def comparisons(reports: dict[str, dict]) -> list[str]:
-  """The before/after sections (small models' log-prob chunk, rollout layout) and the 7B step beside
+  """The before/after sections (small models' activations pinned to rows, rollout layout) and the 7B step beside
   the reference's on a common basis."""
   out = []
   pairs = [(n, f"{n}_before") for n in reports if f"{n}_before" in reports]
   if pairs:
-    out += ["## Small models on one host: before and after sharding the log-prob chunk's rows", "",
+    out += ["## Small models on one host: before and after pinning activations to their rows", "",
             "| row | program | temp GiB before | after | step peak GiB before | after | collective GB before | after |",
             "|---|---|---|---|---|---|---|---|"]
     for after_name, before_name in pairs:
@@ -191,7 +192,7 @@ REFERENCE = (32, 989e12, 2400, 2100)
 
 flags.DEFINE_string("rows", ",".join(ROWS), "comma-separated row names")
 flags.DEFINE_string("out", "docs/results/tpu_compile.md", "the markdown written")
-flags.DEFINE_string("folder", "runs/tpu_compile", "each row's JSON (a row whose JSON exists is not compiled again)")
+flags.DEFINE_string("folder", "docs/results/tpu_compile_rows", "each row's JSON (a row whose JSON exists is not compiled again)")
 
 
 def main(argv):
@@ -230,8 +231,9 @@ def main(argv):
   lines += ["## Commands", ""]
   lines += [f"- `{name}` ({ROWS[name][3]}): `{' '.join(command(name, f'{args.folder}/{name}.json'))}` "
             f"({reports[name].get('wall_s', float('nan')):.0f} s wall on 2 cores)" for name in reports if name in ROWS]
-  lines += [f"- `{name}`: the row's command at commit {reports[name].get('commit', 'unknown')}, before the log-prob "
-            f"chunk's rows were sharded (`{args.folder}/{name}.json`, kept)" for name in reports if name not in ROWS]
+  lines += [f"- `{name}`: the row's command at commit {reports[name].get('commit', 'unknown')}, before activations "
+            f"were pinned to their rows between blocks (models/attention.constrain_rows; `{args.folder}/{name}.json`, "
+            "kept)" for name in reports if name not in ROWS]
   with open(args.out, "w") as f:
     f.write("\n".join(lines) + "\n")
   print(f"wrote {args.out}")
