@@ -117,11 +117,13 @@ def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smo
 
   def transformers_greedy(prompt, n):
     if prompt.tobytes() not in reference:
-      with torch.no_grad():
+      with torch.no_grad():  # generate's own raw logits: each new token's distribution, no second forward
         ref = smollm_reference.generate(torch.tensor(prompt[None].astype(np.int64)), max_new_tokens=n,
-                                        do_sample=False, eos_token_id=stops, pad_token_id=stops[0])
-      ids = ref[0, len(prompt):].numpy()
-      logp = torch.log_softmax(torch.tensor(torch_logits(smollm_reference, ref.numpy())[0, len(prompt) - 1:-1]), -1)
+                                        do_sample=False, eos_token_id=stops, pad_token_id=stops[0],
+                                        output_logits=True, return_dict_in_generate=True)
+      ids = ref.sequences[0, len(prompt):].numpy()
+      logp = torch.log_softmax(torch.stack(ref.logits, 1)[0].float(), -1)  # [new tokens, V]
+      assert logp.shape[0] == len(ids)
       reference[prompt.tobytes()] = ids, logp[torch.arange(len(ids)), torch.tensor(ids)].numpy()
     return reference[prompt.tobytes()]
 
