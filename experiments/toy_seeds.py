@@ -5,10 +5,13 @@ more from a warm start perturbed at float rounding's size, and seed 0 once more 
   python -m experiments.toy_seeds            # make seeds: each run about as long as make reproduce, resumable
   python -m experiments.toy_seeds --dry_run  # the commands only
 
-Seed 0 is make reproduce's own run (runs/toy_full_lookup: reused when it is there, trained
-otherwise); the perturbed run starts from a copy of seed 0's warm start, every weight times
-1 + 1e-6 N(0, 1). A finished run is not run again; the table is rewritten after every run. Each run sweeps only RL (n = 200, 1x..256x); the table and plot go to
-docs/results/toy_reproduction_seeds.{md,png}.
+Seed 0 is make reproduce's own run (runs/toy_full_lookup when it is there, else its committed result
+docs/results/toy_reproduction_lookup.json); the perturbed run starts from a copy of seed 0's warm start,
+every weight times 1 + 1e-6 N(0, 1). Each run sweeps only RL (n = 200, 1x..256x). A finished run's record
+(its RL rows, minutes and commit) is written to docs/results/toy_seeds/<run>.json, to be committed: a run
+recorded there is not run again, on this machine or another, so the five runs (about 2.5 h each on 2 cores)
+may finish on different days. The table is rewritten after every run, with the runs finished so far:
+docs/results/toy_reproduction_seeds.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from memagent_jax.evaluation.length_sweep import SweepRow
 from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 
 REPRODUCE_ROOT = "runs/toy_full_lookup"  # make reproduce's workdir: seed 0
+REPRODUCE_RESULT = "docs/results/toy_reproduction_lookup.json"  # make reproduce's committed result: seed 0 too
+FINISHED = "docs/results/toy_seeds"  # each finished run's record, committed
 PERTURB = 1e-6
 TOLERANCE = 5.0  # points: each run's accuracy at every length within this of its own 1x (issue 34)
 
@@ -87,14 +92,34 @@ def reuse_warm_start(run: dict):
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("export_perturbed_*"))
 
 
-def rl_rows(run: dict) -> list[SweepRow] | None:
-  """RL-MemAgent's rows of a finished run, by length (None: the run has not finished)."""
-  path = os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json")
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    rows = json.load(f)["rows"]
-  return sorted((SweepRow.from_json(r) for r in rows if r["method"] == "rl"), key=lambda r: r.length)
+def record_path(run: dict, finished: str = FINISHED) -> str:
+  return os.path.join(finished, os.path.basename(os.path.normpath(run["workdir"])) + ".json")
+
+
+def finished_run(run: dict, finished: str = FINISHED) -> dict | None:
+  """A finished run: {rows: RL-MemAgent's rows by length, minutes, commit, source}, from its workdir's
+  results, else its committed record (seed 0: make reproduce's committed result); None: not finished."""
+  paths = [os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json"),
+           record_path(run, finished)]
+  if run["workdir"] == REPRODUCE_ROOT:
+    paths.append(REPRODUCE_RESULT)
+  for path in paths:
+    if os.path.isfile(path):
+      with open(path) as f:
+        data = json.load(f)
+      rows = sorted((SweepRow.from_json(r) for r in data["rows"] if r["method"] == "rl"), key=lambda r: r.length)
+      return dict(rows=rows, minutes=data.get("minutes"), commit=data.get("commit"), source=path)
+  return None
+
+
+def keep_record(run: dict, command_line: str, minutes: float, finished: str = FINISHED):
+  """The finished run's RL rows, this command's minutes for it and the commit, where it is committed from."""
+  done = finished_run(run, finished)
+  os.makedirs(finished, exist_ok=True)
+  with atomic_write(record_path(run, finished)) as f:
+    json.dump({"label": run["label"], "seed": run["seed"], "perturb": run["perturb"], "command": command_line,
+               "minutes": minutes, "commit": toy_report.current_commit(), "cpu_cores": os.cpu_count(),
+               "rows": [r.to_json() for r in done["rows"]]}, f, indent=1)
 
 
 def verdict(rows: list[SweepRow]) -> tuple[float, bool]:
@@ -104,30 +129,33 @@ def verdict(rows: list[SweepRow]) -> tuple[float, bool]:
   return drop, drop <= TOLERANCE
 
 
-def markdown(results: list[tuple[dict, list[SweepRow]]], commands: list[str], minutes: list[float | None],
+def markdown(results: list[tuple[dict, dict]], commands: list[str],
              plot_name: str = "toy_reproduction_seeds.png") -> str:
-  """The finished runs' table; minutes[i] None: run i was finished before this command."""
-  lengths = [r.length for r in results[0][1]]
+  """The finished runs' table (results: (run, finished_run(run)))."""
+  lengths = [r.length for r in results[0][1]["rows"]]
   head = ("| run | " + " | ".join(f"{length // lengths[0]}x" for length in lengths)
-          + " | largest drop below 1x (points) | within 5 points at every length | wall min |")
-  lines = [head, "|---|" + "---|" * (len(lengths) + 3)]
-  for (run, rows), wall in zip(results, minutes):
-    drop, ok = verdict(rows)
-    cells = [toy_report.acc_cell(r) for r in rows]
-    wall = "-" if wall is None else f"{wall:.1f}"
-    lines.append(f"| {run['label']} | " + " | ".join(cells) + f" | {drop:.1f} | {'yes' if ok else '**no**'} | {wall} |")
+          + " | largest drop below 1x (points) | within 5 points at every length | wall min | commit |")
+  lines = [head, "|---|" + "---|" * (len(lengths) + 4)]
+  for run, done in results:
+    drop, ok = verdict(done["rows"])
+    cells = [toy_report.acc_cell(r) for r in done["rows"]]
+    wall = "-" if done["minutes"] is None else f"{done['minutes']:.1f}"
+    lines.append(f"| {run['label']} | " + " | ".join(cells) + f" | {drop:.1f} | {'yes' if ok else '**no**'} | {wall} | "
+                 f"{done['commit'] or '-'} |")
   return "\n".join([
       "# The toy recipe across seeds (lookup world, RL-MemAgent)", "",
       "Command: `python -m experiments.toy_seeds` (make seeds). Each run is make reproduce's recipe "
       "(warm start 300 steps, RL 400 steps on configs/toy_memagent.LOOKUP_CURRICULUM, KL 0.005) from the "
       "committed base, swept at n = 200 per length (evaluation seed 1000, temperature 0.7, top-p 0.95); "
-      "accuracy in % with a 95% Wilson interval. Wall min: this command's minutes for the run (- when "
-      "it was finished before). The runs:", "",
+      "accuracy in % with a 95% Wilson interval. Wall min: the minutes of the command that finished the run "
+      "(a run resumed from its checkpoints counts only its last command), on 2 CPU cores that may have been "
+      "shared with other work; commit: the tree it finished on. The runs:", "",
       *[f"    {c}" for c in commands], "", *lines, "",
       f"![RL-MemAgent across seeds]({plot_name})", ""])
 
 
 def plot(results: list[tuple[dict, list[SweepRow]]], path: str):
+  """Accuracy against length multiple, one line (with its interval) per run."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -156,36 +184,35 @@ def main(argv):
   if FLAGS.dry_run:
     print("\n".join(commands))
     return
-  minutes = [None] * len(todo)
-  for i, (run, cmd) in enumerate(zip(todo, commands)):
-    if rl_rows(run) is None:
+  for run, cmd in zip(todo, commands):
+    if finished_run(run) is None:
       print(f"\n==== {run['label']}: {cmd}", flush=True)
       reuse_warm_start(run)
       t0 = time.perf_counter()
       subprocess.run(command(run), check=True, env=run_environment(run))
-      minutes[i] = (time.perf_counter() - t0) / 60
-    write_table(todo, commands, minutes, FLAGS.out)  # after every run: a stopped command leaves the runs it finished
-  print(f"\nTable: {FLAGS.out}.md\nPlot:  {FLAGS.out}.png")
+      keep_record(run, cmd, (time.perf_counter() - t0) / 60)
+    write_table(todo, commands, FLAGS.out)  # after every run: a stopped command leaves the runs it finished
+  print(f"\nTable: {FLAGS.out}.md\nPlot:  {FLAGS.out}.png\nCommit the runs' records: {FINISHED}/")
 
 
-def write_table(todo: list[dict], commands: list[str], minutes: list[float | None], out: str):
+def write_table(todo: list[dict], commands: list[str], out: str, finished: str = FINISHED):
   """Table (out.md) and plot (out.png) of the finished runs, each with its verdict printed."""
-  done = [(i, run, rows) for i, run in enumerate(todo) if (rows := rl_rows(run)) is not None]
-  if not done:
+  results = [(run, done) for run in todo if (done := finished_run(run, finished)) is not None]
+  if not results:
     return
   os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-  results = [(run, rows) for _, run, rows in done]
   with atomic_write(out + ".md") as f:
-    f.write(markdown(results, commands, [minutes[i] for i, _, _ in done], os.path.basename(out) + ".png"))
+    f.write(markdown(results, commands, os.path.basename(out) + ".png"))
   with atomic_write(out + ".json") as f:  # what the README's sentence about seeds is generated from
     json.dump({"tolerance_points": TOLERANCE, "commit": toy_report.current_commit(),
                "runs": [{"label": run["label"], "seed": run["seed"], "perturb": run["perturb"],
-                         "minutes": minutes[i], "largest_drop_points": verdict(rows)[0],
-                         "accuracy": {str(r.length): r.accuracy for r in rows}}
-                        for i, run, rows in done]}, f, indent=1)
-  plot(results, out + ".png")
-  for run, rows in results:
-    drop, ok = verdict(rows)
+                         "minutes": done["minutes"], "commit": done["commit"],
+                         "largest_drop_points": verdict(done["rows"])[0],
+                         "accuracy": {str(r.length): r.accuracy for r in done["rows"]}}
+                        for run, done in results]}, f, indent=1)
+  plot([(run, done["rows"]) for run, done in results], out + ".png")
+  for run, done in results:
+    drop, ok = verdict(done["rows"])
     print(f"{run['label']}: largest drop below 1x {drop:.1f} points ({'within' if ok else 'OUTSIDE'} {TOLERANCE:g})",
           flush=True)
 

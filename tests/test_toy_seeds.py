@@ -51,11 +51,13 @@ def test_five_runs_each_with_its_own_workdir_and_results(monkeypatch):
 def test_table_marks_a_run_that_falls(tmp_path):
   from experiments import toy_seeds
   runs = toy_seeds.runs(str(tmp_path))
-  results = [(runs[0], _rows([99.0, 98.0, 96.0])), (runs[2], _rows([99.0, 92.0, 95.0]))]
-  text = toy_seeds.markdown(results, ["cmd a", "cmd b"], [None, 24.5])
+  results = [(runs[0], dict(rows=_rows([99.0, 98.0, 96.0]), minutes=None, commit=None)),
+             (runs[2], dict(rows=_rows([99.0, 92.0, 95.0]), minutes=24.5, commit="abc123"))]
+  text = toy_seeds.markdown(results, ["cmd a", "cmd b"])
   lines = [line for line in text.splitlines() if line.startswith("| seed")]
-  assert lines[0] == "| seed 0 (make reproduce) | 99.0 [96, 100] | 98.0 [95, 100] | 96.0 [93, 98] | 3.0 | yes | - |"
-  assert lines[1].endswith("| 7.0 | **no** | 24.5 |")
+  assert lines[0] == ("| seed 0 (make reproduce) | 99.0 [96, 100] | 98.0 [95, 100] | 96.0 [93, 98] | 3.0 | yes | - "
+                      "| - |")
+  assert lines[1].endswith("| 7.0 | **no** | 24.5 | abc123 |")
   assert "| run | 1x | 2x | 4x |" in text
 
 
@@ -97,22 +99,40 @@ def test_seed_reaches_every_trained_stage_and_perturb_rls_source(tmp_path):
 
 
 def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
-  """A stopped `make seeds` leaves a table of the runs it finished; unfinished ones are left out."""
+  """A stopped `make seeds` leaves a table of the runs it finished; unfinished ones are left out. A
+  finished run's record, committed, counts as finished on a machine without its workdir; seed 0 without
+  its workdir is make reproduce's committed result."""
   from experiments import toy_report, toy_seeds
   monkeypatch.setattr(toy_seeds, "REPRODUCE_ROOT", str(tmp_path / "seed0"))
+  monkeypatch.setattr(toy_seeds, "REPRODUCE_RESULT", str(tmp_path / "reproduce.json"))
+  finished = str(tmp_path / "finished")
   runs = toy_seeds.runs(str(tmp_path))
   for run, accs in ((runs[0], [99.0, 98.0, 97.0]), (runs[2], [99.5, 93.0, 99.0])):
     os.makedirs(os.path.join(run["workdir"], "results"))
     rows = [r.to_json() for r in _rows(accs) + [dataclasses.replace(_rows([50.0])[0], method="warm_start")]]  # ignored
     with open(os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json"), "w") as f:
-      json.dump({"rows": rows}, f)
+      json.dump({"rows": rows, "minutes": 12.0 if run is runs[2] else None}, f)
   out = str(tmp_path / "res" / "seeds")
-  toy_seeds.write_table(runs, ["a", "b", "c", "d", "e"], [None, None, 12.0, None, None], out)
+  toy_seeds.write_table(runs, ["a", "b", "c", "d", "e"], out, finished=finished)
   text = open(out + ".md").read()
   assert [line.split(" |")[0] for line in text.splitlines() if line.startswith("| seed")] == [
       "| seed 0 (make reproduce)", "| seed 1"]
   assert "| 6.5 | **no** | 12.0 |" in text and "![RL-MemAgent across seeds](seeds.png)" in text
   assert os.path.getsize(out + ".png") > 1000
+  # seed 1's record kept, its workdir gone (another machine): still finished, with its minutes and commit
+  toy_seeds.keep_record(runs[2], "c", 12.0, finished=finished)
+  shutil.rmtree(runs[2]["workdir"])
+  record = json.load(open(os.path.join(finished, "seed1.json")))
+  assert record["label"] == "seed 1" and record["minutes"] == 12.0 and len(record["rows"]) == 3
+  assert [r.accuracy for r in toy_seeds.finished_run(runs[2], finished)["rows"]] == [0.995, 0.93, 0.99]
+  # seed 0's workdir gone: make reproduce's committed result stands for it
+  shutil.rmtree(runs[0]["workdir"])
+  assert toy_seeds.finished_run(runs[0], finished) is None
+  with open(tmp_path / "reproduce.json", "w") as f:
+    json.dump({"rows": [r.to_json() for r in _rows([99.0, 98.0, 97.0])], "minutes": 147.3, "commit": "b8afd27"}, f)
+  done = toy_seeds.finished_run(runs[0], finished)
+  assert done["minutes"] == 147.3 and done["commit"] == "b8afd27" and done["source"] == str(tmp_path / "reproduce.json")
+  assert toy_seeds.finished_run(runs[3], finished) is None  # seed 2: neither workdir nor record
 
 
 def test_imports_beside_other_scripts_with_flags_of_the_same_names():
