@@ -54,7 +54,8 @@ class FakeAgent:
                                 sample_logprobs=np.zeros(final_len, np.float32), truncated=final_len >= 6,
                                 is_final=True))
       out.append(AgentResult(question=q, answer=answer, boxed=None, prediction=answer, memories=["m"] * n_mem,
-                             conversations=convs, num_chunks=n_mem, document_tokens=10))
+                             conversations=convs, num_chunks=n_mem, document_tokens=10,
+                             decoded_tokens=sum(len(c.response_ids) for c in convs), seconds=0.0))
     return out
 
   def rollout_slots(self, questions, documents, *, decode, prompt_width, response_width, **kw):
