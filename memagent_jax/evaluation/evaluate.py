@@ -161,7 +161,8 @@ def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, ba
         if getattr(r, "gates", None) is not None:  # the same four keys on every process
           gate_counts = gate_counts or dict.fromkeys(GATE_NAMES, 0.0)
           for g in r.gates:
-            gate_counts[g] += 1        for k, v in scores.items():
+            gate_counts[g] += 1
+        for k, v in scores.items():
           totals[k] = totals.get(k, 0.0) + v
         lines.append(_row(task, s, r, scores))
       if fd is not None:
