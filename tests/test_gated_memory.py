@@ -60,7 +60,8 @@ def test_toy_vocabulary_appends_gate_words_inside_the_padded_rows():
   """The words before the gated ones are the vocabulary of the committed toy checkpoints, id for id."""
   words = toy_tokenizer.vocabulary()
   saved = _saved_vocab()
-  assert [w for w, _ in sorted(saved.items(), key=lambda kv: kv[1])] == words[:len(saved)]
+  assert [w for w, _ in sorted(saved.items(), key=lambda kv: kv[1])] == words[:len(saved)] == \
+      toy_tokenizer.base_vocabulary()
   assert {"<keep>", "<stop>"} <= set(words[len(saved):])
   assert len(words) <= mj.get_preset("toy-1m-shift2").vocab_size
 

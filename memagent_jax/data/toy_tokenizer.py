@@ -70,11 +70,16 @@ def gated_words(base: set[str]) -> list[str]:
   return sorted(words - base)
 
 
-def vocabulary() -> list[str]:
-  """Special tokens, the sorted union of template, chat-role and toy-world tokens, then the gated
-  memory's tokens (appended: the ids before them are those of the world without gates)."""
+def base_vocabulary() -> list[str]:
+  """Special tokens, then the sorted union of template, chat-role and toy-world tokens: the vocabulary
+  of the toy world before the gated memory (the committed toy checkpoints' tokenizer)."""
   words = template_words() | set(CHAT_ROLES) | set(toy.vocabulary_words())
-  base = list(SPECIAL_TOKENS) + sorted(words - set(SPECIAL_TOKENS))
+  return list(SPECIAL_TOKENS) + sorted(words - set(SPECIAL_TOKENS))
+
+
+def vocabulary() -> list[str]:
+  """`base_vocabulary()`, then the gated memory's tokens (appended: no earlier id moves)."""
+  base = base_vocabulary()
   return base + gated_words(set(base))
 
 
