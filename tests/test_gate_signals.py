@@ -1,12 +1,16 @@
 """Gate reward terms, turn-level advantages and their mix, each against numbers worked out by hand,
 and through the rollout collector (rows of a scripted gated reader)."""
 
+import types
+
 import numpy as np
 import pytest
 
 from memagent_jax.agent import gates
 from memagent_jax.agent.results import AgentResult, Conversation, slots_from_results
+from memagent_jax.data import toy
 from memagent_jax.data.tasks import QuestionBatch
+from memagent_jax.evaluation import Sampling, run_eval
 from memagent_jax.rl import gate_signals, rollout
 from reference_rows import host_rows
 
@@ -128,3 +132,25 @@ def test_spec_checks_names_and_weight():
     rollout.RolloutSpec(group_size=2, questions_per_step=1, rollout_batch=2, advantage_mode="turn")
   with pytest.raises(ValueError, match="turn_advantage_weight"):
     rollout.RolloutSpec(group_size=2, questions_per_step=1, rollout_batch=2, turn_advantage_weight=1.5)
+
+
+class StubReader:
+  """Every document: 3 chunks read, 10 tokens decoded, 0.5 s; gated: gates keep, keep, stop."""
+
+  def __init__(self, gated: bool):
+    self.gated = gated
+
+  def answer_batch(self, questions, documents, **kw):
+    return [types.SimpleNamespace(prediction="tiger", answer="\\boxed{ tiger }", boxed=" tiger ", num_chunks=3,
+                                  document_tokens=64, memories=["m"] * 3, decoded_tokens=10, seconds=0.5,
+                                  gates=["keep", "keep", "stop"] if self.gated else None) for _ in questions]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_evaluation_reports_cost_per_document(gated, tmp_path):
+  samples = [{"question": f"q{i}", "context": "doc", "answers": ["tiger"], "index": i} for i in range(4)]
+  summary = run_eval(StubReader(gated), toy.TASK, samples, str(tmp_path / "out.jsonl"), batch_size=3,
+                     sampling=Sampling(), progress=False)
+  assert (summary["decoded_tokens_per_doc"], summary["chunks_per_doc"], summary["seconds_per_doc"]) == (10, 3, 0.5)
+  fracs = {k: summary.get(k) for k in ("keep_frac", "stop_frac", "invalid_frac")}
+  assert fracs == ({"keep_frac": 2 / 3, "stop_frac": 1 / 3, "invalid_frac": 0.0} if gated else dict.fromkeys(fracs))
