@@ -36,6 +36,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       max_chunks=0,  # training-time centre truncation to this many chunks; 0 = read everything
       kind="memagent",  # "memagent", or "direct": the whole document in one prompt (full-attention baseline)
       context_tokens=0,  # direct only: context window (0 = the model's); evaluation centre-truncates beyond
+      # "overwrite" (MemAgent: every memory turn writes a new memory) | "gated": a memory turn may reply
+      # with a short form instead (agent/gates.py): <keep> leaves the memory unchanged, <stop> ends reading
+      memory="overwrite",
+      gate_forms="keep",  # gated only: "keep" (<keep>) | "keep_stop" (<keep> and <stop>)
+      invalid_gate="as_memory",  # gated only: a reply holding a form but more than it: "as_memory" | "keep"
   ))
   c.data = ml_collections.ConfigDict(dict(
       task="niah_single_1",  # a memagent_jax.data.tasks name (RULER, squad, hotpotqa, jsonl, toy_kv)
@@ -72,6 +77,14 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       on_insufficient="fail",  # when dynamic sampling runs out: "fail" or "proceed" with fewer groups
       mask_truncated=False,  # drop conversations that hit their token cap from the loss
       overlong=ml_collections.ConfigDict(dict(enable=False, max_tokens=1024, cache_tokens=256)),
+      # gated memory (agent.memory="gated"): weights of the gate terms added to the final reward
+      # (rl/gate_signals.py): update (keeping, signed by the answer), exit (stopping early, signed),
+      # format (invalid replies); 0 = the final reward alone
+      gate_rewards=ml_collections.ConfigDict(dict(update=0.0, exit=0.0, format=0.0)),
+      # "trajectory": every turn gets its trajectory's advantage (Multi-Conv DAPO) | "turn_mix":
+      # (1 - turn_advantage_weight) x that + turn_advantage_weight x the turn's own (group-centred)
+      advantage_mode="trajectory",
+      turn_advantage_weight=0.5,  # "turn_mix" only, in [0, 1]
   ))
   c.teacher = ml_collections.ConfigDict(dict(  # read when train.source == "teacher"
       name="toy_memory",  # a memagent_jax.rl.toy_teacher.TEACHERS entry

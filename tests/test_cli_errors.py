@@ -178,7 +178,8 @@ class StubReader:
     if self.calls == self.fail_at:
       raise self.fail("stopped")
     return [types.SimpleNamespace(prediction=f"a{q[1:-1]}", answer=f"\\boxed{{a{q[1:-1]}}}", boxed=None,
-                                  num_chunks=1, document_tokens=2, memories=["m"]) for q in questions]
+                                  num_chunks=1, document_tokens=2, memories=["m"], decoded_tokens=3,
+                                  seconds=0.0) for q in questions]
 
 
 @pytest.mark.parametrize("fail", [KeyboardInterrupt, ValueError])

@@ -57,10 +57,13 @@ def _conv(prompt: int, response: int, *, truncated: bool, final: bool) -> Conver
 class ScriptedAgent:
   """Stands for the MemAgent in rollouts: trajectory r answers right (plus one extra word, so
   containment and exact match differ) when r % 4 == 0, wrong otherwise; its memory update is
-  truncated when r % 3 == 0; its final answer is 6 tokens. Records every call."""
+  truncated when r % 3 == 0; its final answer is 6 tokens; a gated agent's memory turn keeps when
+  r % 3 == 1, stops when r % 3 == 2 (of a document of 3 chunks) and is invalid when r % 5 == 0.
+  Records every call."""
 
   def __init__(self, agent):
     self.pad_id, self.stop_tokens, self.tokenizer = agent.pad_id, agent.stop_tokens, agent.tokenizer
+    self.gated = getattr(agent, "gate", None) is not None
     self.calls = []
 
   def answer_batch(self, questions, documents, *, temperature=0.0, top_p=1.0, seed=0, row_ids=None, **_):
@@ -74,12 +77,15 @@ class ScriptedAgent:
       convs = [_conv(10, 5, truncated=r % 3 == 0, final=False), _conv(12, 6, truncated=False, final=True)]
       out.append(AgentResult(question=q, answer=f"\\boxed{{ {pred} }}", boxed=f" {pred} ", prediction=pred,
                              memories=["memory"], conversations=convs, num_chunks=1,
-                             document_tokens=len(doc.split())))
+                             document_tokens=len(doc.split()), decoded_tokens=11, seconds=0.0,
+                             gates=[("invalid" if r % 5 == 0 else ("memory", "keep", "stop")[r % 3])]
+                             if self.gated else None))
     return out
 
   def rollout_slots(self, questions, documents, *, decode, prompt_width, response_width, **kw):
     results = self.answer_batch(questions, documents, temperature=decode.temperature, top_p=decode.top_p, **kw)
-    return slots_from_results(results, self.pad_id, prompt_width=prompt_width, response_width=response_width)
+    slots = slots_from_results(results, self.pad_id, prompt_width=prompt_width, response_width=response_width)
+    return dataclasses.replace(slots, doc_chunks=np.full(len(results), 3, np.int32)) if self.gated else slots
 
 
 class Run:
@@ -203,6 +209,14 @@ def final_prompt(run):  # the fixed token pieces of the final-answer prompt the 
   return [np.asarray(p).tolist() for p in run.exp.agent.final_segments.pieces]
 
 
+def memory_prompt(run):  # the fixed token pieces of the memory-update prompt (gated: the forms' sentences)
+  return [np.asarray(p).tolist() for p in run.exp.agent.memory_segments.pieces]
+
+
+def gate_spec(run):  # the compiled recurrence's gate settings (None: overwrite)
+  return run.exp.agent.gate
+
+
 def direct_budget(run):  # document tokens a direct reader keeps for a 10-token question
   return run.exp.agent.document_budget(10)
 
@@ -218,6 +232,9 @@ def row_multiple(run):
 TEACHER = {"train.source": "teacher", "rl.loss": "sft"}  # supervised rows (toy_memory teacher)
 DIRECT = {**TEACHER, "agent.kind": "direct", "teacher.name": "toy_direct", "teacher.options": {}}
 DYNAMIC = {"rl.dynamic_sampling": True, "rl.on_insufficient": "proceed"}
+GATED = {"agent.memory": "gated"}  # the scripted agent's turns keep, stop or are invalid (ScriptedAgent)
+GATED_STOP = {**GATED, "agent.gate_forms": "keep_stop"}
+TURN_MIX = {**GATED, "rl.gate_rewards.update": 1.0, "rl.advantage_mode": "turn_mix"}
 OVERLONG = {"rl.overlong.enable": True}  # max_tokens 8, cache_tokens 4: a 6-token answer is penalised -0.5
 SQUAD_A = {"data.task": "squad", "data.data_dir": "{squad_a}"}
 TFDS = {"data.tfds": "memagent_toy_kv/x1", "data.tfds_split": "test", "data.tfds_dir": "{tfds_a}"}
@@ -236,6 +253,9 @@ KNOBS = [
     ("agent.max_chunks", 1, {}, probe("blocks", "tokens_read")),
     ("agent.kind", "direct", {**DIRECT, "agent.kind": "memagent"}, reader_kind),
     ("agent.context_tokens", 1024, DIRECT, direct_budget),
+    ("agent.memory", "gated", {}, memory_prompt),
+    ("agent.gate_forms", "keep_stop", GATED, memory_prompt),
+    ("agent.invalid_gate", "keep", GATED, gate_spec),
     ("data.task", "squad", {"data.data_dir": "{squad_a}"}, pool),
     ("data.length", 128, {}, pool),
     ("data.train_size", 8, {}, pool),
@@ -269,6 +289,11 @@ KNOBS = [
     ("rl.overlong.enable", True, {}, probe("rollout", "reward_mean")),
     ("rl.overlong.max_tokens", 7, OVERLONG, probe("rollout", "reward_mean")),
     ("rl.overlong.cache_tokens", 2, OVERLONG, probe("rollout", "reward_mean")),
+    ("rl.gate_rewards.update", 1.0, GATED, probe("rollout", "reward_mean")),
+    ("rl.gate_rewards.exit", 1.0, GATED_STOP, probe("rollout", "reward_mean")),
+    ("rl.gate_rewards.format", 1.0, GATED, probe("rollout", "reward_mean")),
+    ("rl.advantage_mode", "turn_mix", {**GATED, "rl.gate_rewards.update": 1.0}, probe("rollout", "advantages")),
+    ("rl.turn_advantage_weight", 1.0, TURN_MIX, probe("rollout", "advantages")),
     ("teacher.name", "toy_recall", DIRECT, probe("teacher", "tokens")),
     ("teacher.options", {"overwrite_prob": 1.0},  # documents of 6 chunks: some hold only other keys' facts
      {**TEACHER, "teacher.options": {"overwrite_prob": 0.0}, "data.length": 384}, probe("teacher", "memories")),

@@ -33,7 +33,8 @@ def _results(seed: int, trajectories: int):
                                 sample_logprobs=np.zeros(ln, np.float32), truncated=bool(rng.random() < 0.3),
                                 is_final=t == turns))
     out.append(AgentResult(question="q", answer="a", boxed=None, prediction=None, memories=[], conversations=convs,
-                           num_chunks=turns, document_tokens=0))
+                           num_chunks=turns, document_tokens=0,
+                           decoded_tokens=sum(len(c.response_ids) for c in convs), seconds=0.0))
   return out
 
 

@@ -44,7 +44,8 @@ class _Oracle:
       told = [v for k, v in facts_in(d) if k == asked_key(q)]
       v = told[-1] if len(d.split(" ")) <= self.limit else "nothing"
       out.append(AgentResult(question=q, answer=f"\\boxed{{ {v} }}", boxed=f" {v} ", prediction=f" {v} ",
-                             memories=[], conversations=[], num_chunks=1, document_tokens=len(d.split(" "))))
+                             memories=[], conversations=[], num_chunks=1, document_tokens=len(d.split(" ")),
+                             decoded_tokens=4, seconds=0.0))
     return out
 
 

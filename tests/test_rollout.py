@@ -54,7 +54,8 @@ class FakeAgent:
                                 sample_logprobs=np.zeros(final_len, np.float32), truncated=final_len >= 6,
                                 is_final=True))
       out.append(AgentResult(question=q, answer=answer, boxed=None, prediction=answer, memories=["m"] * n_mem,
-                             conversations=convs, num_chunks=n_mem, document_tokens=10))
+                             conversations=convs, num_chunks=n_mem, document_tokens=10,
+                             decoded_tokens=sum(len(c.response_ids) for c in convs), seconds=0.0))
     return out
 
   def rollout_slots(self, questions, documents, *, decode, prompt_width, response_width, **kw):
@@ -97,6 +98,9 @@ def test_every_row_gets_its_trajectory_advantage():
   np.testing.assert_array_equal(rows.question, [0, 0, 0, 0, 1, 1, 1, 1, 1, 1])
   assert rows.tokens.shape == (10, 16) and rows.prompt_width == 8
   assert out.metrics.reward_mean == 0.75 and out.metrics.kept_group_frac == 1.0
+  # decoded tokens: q0's trajectories 3 + 3 and 3 + 2, q1's 2 x 3 + 3 each -> 29 / 4; no gate shares
+  assert out.metrics.decoded_tokens_per_doc == 7.25 and out.metrics.chunks_per_doc == 1.5
+  assert out.metrics.keep_frac is None and "keep_frac" not in out.metrics.scalars()
 
 
 def test_dynamic_sampling_drops_equal_groups_and_refills():

@@ -120,7 +120,7 @@ def test_tasks_read_the_built_set(built):
 
 def _result(answer: str, prediction):
   return AgentResult(question="q", answer=answer, boxed=None, prediction=prediction, memories=[], conversations=[],
-                     num_chunks=1, document_tokens=1)
+                     num_chunks=1, document_tokens=1, decoded_tokens=1, seconds=0.0)
 
 
 def test_paper_metric_first_verifier_apart():
@@ -150,7 +150,7 @@ class _Reader:
       answer = f"Therefore, the answer is {truth[q]} indeed" if short else f"\\boxed{{{truth[q]}}}"
       out.append(AgentResult(question=q, answer=answer, boxed=None if short else truth[q],
                              prediction=f"{truth[q]} indeed" if short else truth[q], memories=[], conversations=[],
-                             num_chunks=1, document_tokens=len(d.split())))
+                             num_chunks=1, document_tokens=len(d.split()), decoded_tokens=1, seconds=0.0))
     return out
 
 

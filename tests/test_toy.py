@@ -15,7 +15,7 @@ from memagent_jax.models.config import PRESETS, TOY_VOCAB_SIZE
 from memagent_jax.policy.loading import TOY_TOKENIZER, load_tokenizer
 from memagent_jax.rl import rewards
 from memagent_jax.text.tokenizer import Tokenizer
-from memagent_jax.data.toy_tokenizer import IM_END, UnknownWordError, toy_tokenizer, vocabulary
+from memagent_jax.data.toy_tokenizer import IM_END, UnknownWordError, base_vocabulary, toy_tokenizer, vocabulary
 
 
 FIELDS = dict(prompt="what is the latest code of oslo ?", memory=NO_MEMORY,
@@ -29,9 +29,12 @@ def tok():
 
 # ----- tokenizer ---------------------------------------------------------------------------------
 def test_vocabulary_is_small_sorted_and_matches_the_presets(tok):
-  words = vocabulary()
+  words, base = vocabulary(), base_vocabulary()
   assert words[:5] == ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
-  assert words[5:] == sorted(words[5:]) and len(set(words)) == len(words)
+  # sorted, then the gated memory's words sorted after them (so that no earlier id moves)
+  assert words[:len(base)] == base and base[5:] == sorted(base[5:]) and len(set(words)) == len(words)
+  gated = words[len(base):]
+  assert gated == sorted(gated) and {"<keep>", "<stop>"} <= set(gated)
   assert tok.vocab_size == len(words) < 400
   assert TOY_VOCAB_SIZE == -(-len(words) // 64) * 64
   for name in ("toy-1m", "toy-tiny"):

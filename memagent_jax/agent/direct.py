@@ -6,6 +6,7 @@ model's context window: longer documents are an error, or centre-truncated when 
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -70,6 +71,7 @@ class DirectReader:
     """Answers each question from its whole document in one prompt."""
     if len(questions) != len(documents) or not questions:
       raise ValueError(f"got {len(questions)} questions for {len(documents)} documents")
+    t0 = time.perf_counter()
     built = [self.prompt_ids(q, d, index=i, from_file=from_files)
              for i, (q, d) in enumerate(zip(questions, documents))]
     prompts = [p for p, _ in built]
@@ -78,6 +80,7 @@ class DirectReader:
                              params=DecodeSpec(temperature=temperature, top_p=top_p, top_k=top_k),
                              seed=seed, cache_size=longest + self.answer_tokens)
     results = []
+    seconds = (time.perf_counter() - t0) / len(built)  # the batch's wall time, shared by its documents
     for i, (prompt, n_doc) in enumerate(built):
       n = int(gen.lengths[i])
       conv = Conversation(prompt_ids=np.asarray(prompt, np.int32), response_ids=gen.tokens[i, :n],
@@ -86,7 +89,8 @@ class DirectReader:
       answer = self.tokenizer.decode_response(conv.response_ids)
       results.append(AgentResult(question=questions[i], answer=answer, boxed=answers.extract_boxed(answer),
                                  prediction=answer_text_to_prediction(answer, "boxed"), memories=[],
-                                 conversations=[conv], num_chunks=0, document_tokens=n_doc))
+                                 conversations=[conv], num_chunks=0, document_tokens=n_doc, decoded_tokens=n,
+                                 seconds=seconds))
     return results
 
   def answer(self, question: str, document: str, *, temperature: float = 0.0, top_p: float = 1.0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -17,15 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from memagent_jax.agent import chunking
+from memagent_jax.agent import chunking, gates
 from memagent_jax.agent.placement import RowPlacement
 from memagent_jax.agent.recurrence import (ChunkBlock, MemoryRows, RecurrenceSpec, StepOutputs, answer_block,
                                            memory_block)
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationSlots, RolloutSlots
 from memagent_jax.runtime import parallel
 from memagent_jax.runtime.device_clock import DeviceClock
-from memagent_jax.text.templates import (FINAL_TEMPLATES, MEMORY_TEMPLATE, NO_MEMORY,
-                                          TemplateSegments, answer_text_to_prediction)
+from memagent_jax.text.templates import (FINAL_TEMPLATES, NO_MEMORY, TemplateSegments, answer_text_to_prediction,
+                                          memory_template)
 from memagent_jax.text import answers
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.policy.sampling import round_up, row_keys
@@ -74,7 +75,8 @@ class MemAgent:
   # three budgets; the rest default to the released reader (trainer: configs/base.py agent section).
   def __init__(self, policy, *, chunk_tokens: int, memory_tokens: int, answer_tokens: int,
                question_tokens: int = 1024, final_template: str = "boxed", block_chunks: int = 8,
-               max_chunks: int | None = None, mesh=None, template_prefix_cache: str = "auto"):
+               max_chunks: int | None = None, mesh=None, template_prefix_cache: str = "auto",
+               memory: str = "overwrite", gate_forms: str = "keep", invalid_gate: str = "as_memory"):
     for name, v in dict(chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
                         answer_tokens=answer_tokens, question_tokens=question_tokens,
                         block_chunks=block_chunks).items():
@@ -86,19 +88,24 @@ class MemAgent:
       raise ValueError(f"template_prefix_cache={template_prefix_cache!r}; choose one of {PREFIX_CACHE_CHOICES}")
     if max_chunks is not None and max_chunks < 1:
       raise ValueError(f"max_chunks={max_chunks!r} must be None (no truncation) or >= 1")
+    if memory not in gates.MEMORY_KINDS:
+      raise ValueError(f"memory={memory!r}; choose one of {gates.MEMORY_KINDS}")
     self.policy = policy
     self.tokenizer = tok = policy._require_tokenizer()
     self.chunk_tokens, self.memory_tokens, self.answer_tokens = chunk_tokens, memory_tokens, answer_tokens
     self.question_tokens, self.block_chunks, self.max_chunks = question_tokens, block_chunks, max_chunks
     self.mesh = mesh
     self.final_template = final_template
-    self.memory_segments = TemplateSegments.build(tok, MEMORY_TEMPLATE)
+    self.memory_segments = TemplateSegments.build(tok, memory_template(memory, gate_forms))
     self.final_segments = TemplateSegments.build(tok, FINAL_TEMPLATES[final_template])
     self._memory_pieces = tuple(jnp.asarray(p) for p in self.memory_segments.pieces)  # on device once
     self._final_pieces = tuple(jnp.asarray(p) for p in self.final_segments.pieces)
     self.initial_memory = np.asarray(tok.encode(NO_MEMORY), np.int32)
     self.memory_width = max(memory_tokens, len(self.initial_memory))  # M: memory buffer width
     self.stop_tokens = tuple(policy.default_stop_tokens())
+    # gated memory: a reply may keep the memory (or stop reading); None: every reply overwrites it
+    self.gate = (gates.GateSpec.build(tok, forms=gate_forms, invalid_gate=invalid_gate, eos=self.stop_tokens)
+                 if memory == "gated" else None)
     self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     self.context = policy.config.max_position_embeddings
     self.check_budget(question_len=1)
@@ -179,7 +186,7 @@ class MemAgent:
   def _spec(self, keep_prompts: bool) -> RecurrenceSpec:
     return RecurrenceSpec(memory_tokens=self.memory_tokens, answer_tokens=self.answer_tokens,
                           stop_tokens=self.stop_tokens, pad_id=self.pad_id, keep_prompts=keep_prompts,
-                          reuse_prefix=self.reuse_prefix)
+                          reuse_prefix=self.reuse_prefix, gate=self.gate)
 
   @staticmethod
   def _row_keys(questions, documents, seed: int, row_ids) -> np.ndarray:
@@ -210,7 +217,8 @@ class MemAgent:
     memory[:, :len(self.initial_memory)] = self.initial_memory
     rows = MemoryRows(question=place.put(question), q_len=place.put(q_len), memory=place.put(memory),
                       mem_len=place.put(np.full((b,), len(self.initial_memory), np.int32)),
-                      keys=place.put(keys))  # keys [b, 2]
+                      keys=place.put(keys),  # keys [b, 2]
+                      halted=None if self.gate is None else place.put(np.zeros((b,), bool)))
     pol = self.policy
     bar = tqdm(desc="reading", unit="tok", unit_scale=True, disable=not progress, leave=False)
 
@@ -257,7 +265,8 @@ class MemAgent:
     q = self.question_width(self.question_tokens)
     state = MemoryRows(question=place.abstract((rows, q), i32), q_len=place.abstract((rows,), i32),
                        memory=place.abstract((rows, self.memory_width), i32), mem_len=place.abstract((rows,), i32),
-                       keys=place.abstract((rows, 2), np.uint32))
+                       keys=place.abstract((rows, 2), np.uint32),
+                       halted=None if self.gate is None else place.abstract((rows,), bool))
     block = ChunkBlock(chunks=place.abstract((rows, self.block_chunks, self.chunk_tokens), i32),
                        lengths=place.abstract((rows, self.block_chunks), i32), first=scalar(jnp.int32))
     pieces = lambda ps: tuple(jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=scalar(p.dtype).sharding) for p in ps)
@@ -281,25 +290,31 @@ class MemAgent:
 
     Row i samples with the key fold_in(PRNGKey(seed), row_ids[i]) (default: i), so a trajectory
     is the same whichever batch, device or process generates it."""
+    t0 = time.perf_counter()
     b = len(questions)
     conversations = [[] for _ in range(b)]
     memories = [[] for _ in range(b)]
+    gate_names = [[] for _ in range(b)]
     doc_tokens = np.zeros(b, np.int64)
     decode = DecodeSpec(temperature=temperature, top_p=top_p, top_k=top_k)
     to_host = lambda outs, place: place.local(outs, row_axis=1)  # every output to the host: waits for the block
     keys = self._row_keys(questions, documents, seed, row_ids)
     for kind, outs, lengths in self._read(questions, documents, decode=decode, keys=keys, from_files=from_files,
                                           keep_prompts=keep_prompts, progress=progress, fetch=to_host):
-      self._collect(outs, conversations, memories=memories if kind == "block" else None, is_final=kind == "final")
+      self._collect(outs, conversations, memories=memories if kind == "block" else None, is_final=kind == "final",
+                    gate_names=gate_names)
       if lengths is not None:
         doc_tokens += lengths.sum(axis=1)
     results = []
+    seconds = (time.perf_counter() - t0) / b  # the batch's wall time, shared by its documents
     for i in range(b):
       answer = self.tokenizer.decode_response(conversations[i][-1].response_ids)
       results.append(AgentResult(
           question=questions[i], answer=answer, boxed=answers.extract_boxed(answer),
           prediction=answer_text_to_prediction(answer, self.final_template), memories=memories[i],
-          conversations=conversations[i], num_chunks=len(memories[i]), document_tokens=int(doc_tokens[i])))
+          conversations=conversations[i], num_chunks=len(memories[i]), document_tokens=int(doc_tokens[i]),
+          decoded_tokens=int(sum(len(c.response_ids) for c in conversations[i])), seconds=seconds,
+          gates=gate_names[i] if self.gate is not None else None))
     return results
 
   def rollout_slots(self, questions: Sequence[str], documents: Sequence[str], *, decode: DecodeSpec, seed: int,
@@ -321,10 +336,17 @@ class MemAgent:
                          row_axis=1)
 
     keys = self._row_keys(questions, documents, seed, row_ids)
-    counts = [c for _, c, _ in self._read(questions, documents, decode=decode, keys=keys, from_files=False,
-                                          keep_prompts=True, progress=False, fetch=fetch)]
+    doc_chunks = np.zeros(len(questions), np.int32)  # chunks of each document, read or not
+    counts = []
+    for _, c, lengths in self._read(questions, documents, decode=decode, keys=keys, from_files=False,
+                                    keep_prompts=True, progress=False, fetch=fetch):
+      counts.append(c)
+      if lengths is not None:
+        doc_chunks += (lengths > 0).sum(axis=1).astype(np.int32)
     joined = lambda field: np.concatenate([getattr(c, field) for c in counts]).swapaxes(0, 1)  # [b, T]
     active, prompt_len, response_len, stopped = map(joined, ("active", "prompt_len", "response_len", "stopped"))
+    gate = None if self.gate is None else np.concatenate([c.gate for c in counts[:-1]] + [
+        np.full_like(counts[-1].active, gates.MEMORY, np.int32)]).swapaxes(0, 1)  # [b, T]; the answer: no gate
     with self._trace_mesh(), self.device_clock.section():
       slots = _slot_table(tuple(steps), prompt_width=prompt_width, response_width=response_width, pad_id=self.pad_id)
     b, t = active.shape
@@ -335,10 +357,12 @@ class MemAgent:
     return RolloutSlots(slots=slots, active=active, is_final=is_final, prompt_len=prompt_len,
                         response_len=response_len, truncated=~stopped, answers=texts,
                         predictions=[answer_text_to_prediction(a, self.final_template) for a in texts],
-                        num_chunks=active[:, :-1].sum(1).astype(np.int32))
+                        num_chunks=active[:, :-1].sum(1).astype(np.int32), gate=gate,
+                        doc_chunks=None if gate is None else doc_chunks)
 
-  def _collect(self, outs: StepOutputs, conversations, *, memories, is_final: bool):
-    """Per-step stacked outputs [K, B, ...] (on the host) -> Conversations of the active rows, in order."""
+  def _collect(self, outs: StepOutputs, conversations, *, memories, is_final: bool, gate_names=None):
+    """Per-step stacked outputs [K, B, ...] (on the host) -> Conversations of the active rows, in order;
+    with a gate, each memory turn's gate name, and the memory after a kept turn is the one before it."""
     k_steps, b = outs.active.shape
     for k in range(k_steps):
       for i in range(b):
@@ -351,8 +375,15 @@ class MemAgent:
             sample_logprobs=outs.sample_logprobs[k, i, :n],
             truncated=not bool(outs.stopped[k, i]), is_final=is_final)
         conversations[i].append(conv)
-        if memories is not None:
-          memories[i].append(self.tokenizer.decode_response(conv.response_ids))
+        if memories is None:
+          continue
+        reply = self.tokenizer.decode_response(conv.response_ids)
+        if outs.gate is not None:
+          code = int(outs.gate[k, i])
+          gate_names[i].append(gates.GATE_NAMES[code])
+          if bool(gates.kept(np.asarray(code), self.gate)):
+            reply = memories[i][-1] if memories[i] else NO_MEMORY
+        memories[i].append(reply)
 
   def answer(self, question: str, document: str, *, temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, **kwargs) -> AgentResult:

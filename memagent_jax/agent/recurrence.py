@@ -4,6 +4,10 @@ Each scan step assembles every row's prompt from pre-tokenised template pieces +
 memory + chunk, compacts it to left padding (positions follow from the mask), samples the new
 memory and writes it back without its stop token. Rows whose chunk is empty are inactive: they
 generate nothing and keep their memory. A step where no row is active is skipped by `lax.cond`.
+
+With a gate (`RecurrenceSpec.gate`, agent/gates.py) a reply may be a keep form (the memory stays:
+the old memory tokens are selected) or a stop form (the row is halted: it reads no further chunk,
+its later turns are inactive, and it answers from the memory it has).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from memagent_jax.agent import gates
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.policy.sampling import (Generation, PromptRows, fold_rows, prefix_cache, row_prefix,
                                           sample_from_prompts)
@@ -32,6 +37,7 @@ class RecurrenceSpec:
   pad_id: int
   keep_prompts: bool  # return the assembled prompts (RL needs them; long reads may not)
   reuse_prefix: bool  # compute each row's prompt opening (template piece, question, piece) once per block
+  gate: gates.GateSpec | None = None  # gated memory: keep / stop forms (None: every reply overwrites)
 
 
 class MemoryRows(NamedTuple):
@@ -41,6 +47,7 @@ class MemoryRows(NamedTuple):
   memory: jax.Array  # [B, M] int32 memory ids, padded after mem_len
   mem_len: jax.Array  # [B] int32
   keys: jax.Array  # [B, 2] uint32: chunk k samples with fold_in(keys[r], k), the answer with FINAL_STREAM
+  halted: jax.Array | None = None  # [B] bool: the row replied with the stop form (gated memory only)
 
 
 class ChunkBlock(NamedTuple):
@@ -60,13 +67,14 @@ class StepOutputs(NamedTuple):
   prompt_len: jax.Array  # [K, B] int32 real prompt tokens
   active: jax.Array  # [K, B] bool: the row read a chunk at this step (its document had not ended)
   prompt: jax.Array | None = None  # [K, B, P] int32 left-padded prompts (None: not kept)
+  gate: jax.Array | None = None  # [K, B] int32 gates.MEMORY / KEEP / STOP / INVALID (None: no gate)
 
   @classmethod
-  def of(cls, gen: Generation, valid, active, prompt=None) -> "StepOutputs":
+  def of(cls, gen: Generation, valid, active, prompt=None, gate=None) -> "StepOutputs":
     """One step's outputs [B, ...] from its generation and prompt mask valid [B, P]."""
     return cls(response=gen.tokens, logprobs=gen.logprobs, sample_logprobs=gen.sample_logprobs,
                response_len=gen.lengths, stopped=gen.stopped, prompt_len=jnp.sum(valid, axis=1),
-               active=active, prompt=prompt)
+               active=active, prompt=prompt, gate=gate)
 
   def counts(self) -> "StepOutputs":
     """Only the per-step counts (what a rollout brings to the host); token arrays dropped."""
@@ -103,17 +111,27 @@ def _strip_stop(gen: Generation, width: int, pad_id: int):
   return jnp.pad(ids, ((0, 0), (0, width - n)), constant_values=pad_id), length
 
 
+def _strip_eos(gen: Generation, width: int, pad_id: int, gate: gates.GateSpec):
+  """As `_strip_stop`, but only a model stop token is removed: a form token that ended the turn stays
+  (a reply such as "facts <keep>" is all memory when invalid replies become the memory)."""
+  n = gen.tokens.shape[1]
+  length = gates.strip_eos(gen.tokens, gen.lengths, gate)
+  ids = jnp.where(jnp.arange(n)[None, :] < length[:, None], gen.tokens, pad_id)
+  return jnp.pad(ids, ((0, 0), (0, width - n)), constant_values=pad_id), length
+
+
 def _empty_generation(b: int, n: int, pad_id: int) -> Generation:
   z = jnp.zeros((b, n), jnp.float32)
   return Generation(jnp.full((b, n), pad_id, jnp.int32), z, z, jnp.zeros((b,), jnp.int32),
                     jnp.zeros((b,), bool), jnp.int32(0))
 
 
-def _prompt_rows(tokens, valid, keys, inactive, spec: RecurrenceSpec) -> PromptRows:
-  """Left-padded prompts tokens, valid [B, P] with their keys [B, 2], the stop tokens of every row;
-  inactive [B] rows generate nothing."""
+def _prompt_rows(tokens, valid, keys, inactive, spec: RecurrenceSpec, extra_stops: tuple[int, ...] = ()) -> PromptRows:
+  """Left-padded prompts tokens, valid [B, P] with their keys [B, 2], the stop tokens of every row
+  (and extra_stops: a gate's single-token forms end a memory turn); inactive [B] rows generate nothing."""
   b = tokens.shape[0]
-  stops = jnp.broadcast_to(jnp.asarray(spec.stop_tokens or (-1,), jnp.int32)[None], (b, max(1, len(spec.stop_tokens))))
+  ids = spec.stop_tokens + tuple(t for t in extra_stops if t not in spec.stop_tokens)
+  stops = jnp.broadcast_to(jnp.asarray(ids or (-1,), jnp.int32)[None], (b, max(1, len(ids))))
   return PromptRows(tokens=tokens, valid=valid, keys=keys, stop_tokens=stops, inactive=inactive)
 
 
@@ -144,27 +162,40 @@ def memory_block(graphdef, state, *, pieces, rows: MemoryRows, block: ChunkBlock
   n = spec.memory_tokens
   prefix = opening_cache(model, pieces, rows, spec.pad_id) if spec.reuse_prefix else None  # the same every step
 
+  gate = spec.gate
+  extra_stops = gate.end_tokens if gate is not None else ()
+
   def step(carry, xs):
-    memory, mem_len = carry
+    memory, mem_len, halted = carry
     chunk, clen, k = xs  # [B, C], [B], []
-    active = clen > 0
+    active = clen > 0 if halted is None else (clen > 0) & ~halted  # a halted row reads no further chunk
     step_keys = fold_rows(rows.keys, (block.first + k).astype(jnp.uint32))
     tokens, valid = pack_left([_fixed(pieces[0], b), (rows.question, rows.q_len), _fixed(pieces[1], b),
                                (memory, mem_len), _fixed(pieces[2], b), (chunk, clen),
                                _fixed(pieces[3], b)], spec.pad_id)
     gen = jax.lax.cond(
         jnp.any(active),
-        lambda: _sample(model, _prompt_rows(tokens, valid, step_keys, ~active, spec), n=n, decode=decode, spec=spec,
-                        prefix=prefix),
+        lambda: _sample(model, _prompt_rows(tokens, valid, step_keys, ~active, spec, extra_stops), n=n,
+                        decode=decode, spec=spec, prefix=prefix),
         lambda: _empty_generation(b, n, spec.pad_id))
-    new_memory, new_len = _strip_stop(gen, m, spec.pad_id)
-    memory = jnp.where(active[:, None], new_memory, memory)
-    mem_len = jnp.where(active, new_len, mem_len)
-    return (memory, mem_len), StepOutputs.of(gen, valid, active, tokens if spec.keep_prompts else None)
+    if gate is None:
+      new_memory, new_len = _strip_stop(gen, m, spec.pad_id)
+      code = None
+    else:
+      new_memory, new_len = _strip_eos(gen, m, spec.pad_id, gate)
+      code = jnp.where(active, gates.gate_codes(gen.tokens, gen.lengths, gate), gates.MEMORY)  # [B]
+      active_writes = active & ~gates.kept(code, gate)
+      halted = halted | (active & (code == gates.STOP))
+    writes = active if gate is None else active_writes
+    memory = jnp.where(writes[:, None], new_memory, memory)
+    mem_len = jnp.where(writes, new_len, mem_len)
+    return (memory, mem_len, halted), StepOutputs.of(gen, valid, active, tokens if spec.keep_prompts else None,
+                                                     code)
 
   xs = (jnp.swapaxes(block.chunks, 0, 1), jnp.swapaxes(block.lengths, 0, 1), jnp.arange(block.chunks.shape[1]))
-  (memory, mem_len), outs = jax.lax.scan(step, (rows.memory, rows.mem_len), xs)
-  return rows._replace(memory=memory, mem_len=mem_len), outs
+  halted = None if gate is None else (rows.halted if rows.halted is not None else jnp.zeros((b,), bool))
+  (memory, mem_len, halted), outs = jax.lax.scan(step, (rows.memory, rows.mem_len, halted), xs)
+  return rows._replace(memory=memory, mem_len=mem_len, halted=halted), outs
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))

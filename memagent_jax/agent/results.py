@@ -9,6 +9,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from memagent_jax.agent.gates import GATE_NAMES
 from memagent_jax.runtime.process_gather import gather_rows
 
 
@@ -32,8 +33,11 @@ class AgentResult:
   prediction: str | None  # what the answer claims (boxed, or after "the answer is"); None: no format
   memories: list[str]  # memory text after each chunk
   conversations: list[Conversation]  # every memory update in order, then the final answer
-  num_chunks: int
+  num_chunks: int  # chunks read (a gated reader that stopped reads fewer than the document holds)
   document_tokens: int
+  decoded_tokens: int  # tokens generated over every conversation (memory updates and the answer)
+  seconds: float  # wall seconds of reading it (a batch's time shared by its documents)
+  gates: list[str] | None = None  # each memory turn's gate (agent/gates.py GATE_NAMES); None: no gate
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -116,7 +120,9 @@ class RolloutSlots:
   truncated: np.ndarray  # [b, T] bool
   answers: list[str]  # [b] final answer texts
   predictions: list[str | None]  # [b] what each answer claims (None: no recognised format)
-  num_chunks: np.ndarray  # [b] memory updates of each row
+  num_chunks: np.ndarray  # [b] memory updates of each row (chunks read)
+  gate: np.ndarray | None = None  # [b, T] int32 gates.MEMORY / KEEP / STOP / INVALID per turn; None: no gate
+  doc_chunks: np.ndarray | None = None  # [b] chunks of each document, read or not (None: num_chunks)
 
   @property
   def turns(self) -> int:
@@ -151,9 +157,14 @@ def slots_from_results(results: Sequence[AgentResult], pad_id: int, *, prompt_wi
     table[name][slot] = values
   every = gather_rows if gather else np.asarray
   slots = ConversationSlots(**{k: jax.numpy.asarray(every(v)) for k, v in table.items()})
+  gate = None
+  if any(r.gates is not None for r in results):  # memory turns in order, the final answer last
+    gate = np.zeros((b, t), np.int32)
+    for i, r in enumerate(results):
+      gate[i, :len(r.gates or ())] = [GATE_NAMES.index(g) for g in r.gates or ()]
   return RolloutSlots(slots=slots, **host, answers=[r.answer for r in results],
                       predictions=[r.prediction for r in results],
-                      num_chunks=np.asarray([r.num_chunks for r in results], np.int32))
+                      num_chunks=np.asarray([r.num_chunks for r in results], np.int32), gate=gate)
 
 
 def _scatter(shape, where, values, dtype) -> np.ndarray:

@@ -14,7 +14,9 @@ decodes as `\\boxed{ tiger }`, which `rewards.extract_boxed` reads (its content 
 every metric).
 
 The vocabulary is every token of the MemAgent templates, the chat-template roles and the toy
-world's words, sorted after the special tokens: deterministic and a few hundred items.
+world's words, sorted after the special tokens, then the few tokens only the gated memory's
+templates use (`<keep>`, `<stop>`, their sentences), appended so that no earlier id moves:
+deterministic and a few hundred items.
 """
 
 from __future__ import annotations
@@ -60,10 +62,25 @@ def template_words() -> set[str]:
   return words | set(split_words(T.NO_MEMORY))
 
 
-def vocabulary() -> list[str]:
-  """Special tokens, then the sorted union of template, chat-role and toy-world tokens."""
+def gated_words(base: set[str]) -> list[str]:
+  """Tokens of the gated memory templates (forms included) not in `base`, sorted: appended after the
+  original vocabulary, so every earlier id stays (the embedding's padded rows hold them)."""
+  texts = list(T.GATED_MEMORY_TEMPLATES.values())
+  words = {w for t in texts for w in split_words(t.format(prompt="", memory="", chunk=""))}
+  return sorted(words - base)
+
+
+def base_vocabulary() -> list[str]:
+  """Special tokens, then the sorted union of template, chat-role and toy-world tokens: the vocabulary
+  of the toy world before the gated memory (the committed toy checkpoints' tokenizer)."""
   words = template_words() | set(CHAT_ROLES) | set(toy.vocabulary_words())
   return list(SPECIAL_TOKENS) + sorted(words - set(SPECIAL_TOKENS))
+
+
+def vocabulary() -> list[str]:
+  """`base_vocabulary()`, then the gated memory's tokens (appended: no earlier id moves)."""
+  base = base_vocabulary()
+  return base + gated_words(set(base))
 
 
 def build_hf_tokenizer(words: list[str] | None = None):

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from memagent_jax.agent.gates import GATE_NAMES
 from memagent_jax.data import ruler, tasks, toy
 from memagent_jax.rl import rewards
 from memagent_jax.runtime.process_gather import sum_over_processes, this_process_share
@@ -94,9 +95,14 @@ def _row(task: str, s: dict, r, scores: dict) -> str:
   return json.dumps({"task": task, "index": s.get("index"), "question": s["question"],
                      "answers": list(s["answers"]), "prediction": r.prediction, "answer": r.answer,
                      "boxed": r.boxed, **scores, "num_chunks": r.num_chunks,
-                     "document_tokens": r.document_tokens,
+                     "document_tokens": r.document_tokens, "decoded_tokens": r.decoded_tokens,
+                     **({"gates": list(r.gates)} if getattr(r, "gates", None) is not None else {}),
                      "final_memory": r.memories[-1] if r.memories else None,
                      "memories": list(r.memories)}) + "\n"  # every chunk's: where a memory went wrong
+
+
+# what reading a document cost, averaged over the documents in a summary
+COST_KEYS = ("decoded_tokens_per_doc", "chunks_per_doc", "seconds_per_doc")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +139,8 @@ def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, ba
     os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
   done = doc_tokens = 0
+  cost = dict.fromkeys(COST_KEYS, 0.0)  # per-document cost totals (decoded tokens, chunks read, seconds)
+  gate_counts: dict[str, float] = {}  # gated readers: memory turns per gate
   mine_total = len(samples) // jax.process_count() if split_over_processes else len(samples)
   bar = tqdm(total=mine_total, desc=f"eval {task}", unit="doc", disable=not progress)
   try:
@@ -148,6 +156,12 @@ def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, ba
       for s, r in zip(batch, results):
         scores = score(task, r, list(s["answers"]))
         doc_tokens += r.document_tokens
+        for key, value in zip(COST_KEYS, (r.decoded_tokens, r.num_chunks, r.seconds)):
+          cost[key] += value
+        if getattr(r, "gates", None) is not None:  # the same four keys on every process
+          gate_counts = gate_counts or dict.fromkeys(GATE_NAMES, 0.0)
+          for g in r.gates:
+            gate_counts[g] += 1
         for k, v in scores.items():
           totals[k] = totals.get(k, 0.0) + v
         lines.append(_row(task, s, r, scores))
@@ -164,10 +178,17 @@ def run_eval(reader, task: str, samples: list[dict], out_path: str | None, *, ba
       os.close(fd)
   if partial:
     os.replace(partial, out_path)  # only now is an earlier out_path replaced
+  gate_keys = [f"gate/{g}" for g in gate_counts]
   if split_over_processes:
-    totals = sum_over_processes({**totals, "document_tokens": doc_tokens})
+    totals = sum_over_processes({**totals, "document_tokens": doc_tokens, **cost,
+                                 **{f"gate/{g}": n for g, n in gate_counts.items()}})
     doc_tokens = totals.pop("document_tokens")
+    cost = {k: totals.pop(k) for k in COST_KEYS}
+    gate_counts = {k[len("gate/"):]: totals.pop(k) for k in gate_keys}
   summary = {k: v / len(samples) for k, v in totals.items()}
+  summary.update({k: v / len(samples) for k, v in cost.items()})
+  turns = sum(gate_counts.values())
+  summary.update({f"{g}_frac": gate_counts.get(g, 0.0) / turns for g in ("keep", "stop", "invalid")} if turns else {})
   summary.update(task=task, n=len(samples), mean_document_tokens=round(doc_tokens / len(samples)),
                  seconds=round(time.perf_counter() - t0, 2))
   return summary

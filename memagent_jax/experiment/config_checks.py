@@ -7,13 +7,14 @@ import math
 import numbers
 from typing import NamedTuple
 
+from memagent_jax.agent import gates
 from memagent_jax.agent.memagent import PREFIX_CACHE_CHOICES
 from memagent_jax.models.decoder import REMAT_POLICIES
 from memagent_jax.runtime.parallel import CLUSTER_CHOICES, ROLLOUT_LAYOUTS
 from memagent_jax.data import curriculum
 from memagent_jax.experiment import phase_configs
 from memagent_jax.models import attention
-from memagent_jax.rl import advantages, losses, rollout
+from memagent_jax.rl import advantages, gate_signals, losses, rollout
 from memagent_jax.rl.optim import SCHEDULES
 from memagent_jax.rl.toy_teacher import TEACHERS
 
@@ -65,6 +66,10 @@ RANGES: dict[str, Range] = {
     "rl.max_extra_gen_batches": Range(True, 0),
     "rl.overlong.max_tokens": Range(True, 1),
     "rl.overlong.cache_tokens": Range(True, 0),
+    "rl.gate_rewards.update": Range(False, 0),
+    "rl.gate_rewards.exit": Range(False, 0),
+    "rl.gate_rewards.format": Range(False, 0),
+    "rl.turn_advantage_weight": Range(False, 0, high=1),
     "optim.lr": Range(False, 0, low_open=True),
     "optim.warmup_steps": Range(True, 0),
     "optim.min_lr_ratio": Range(False, 0, high=1),
@@ -153,6 +158,29 @@ def check_numbers(cfg):
     _fail(f"eval.size={cfg.eval.size} must be an integer >= 1 when eval.every={cfg.eval.every}")
 
 
+def check_gates(cfg):
+  """agent.memory and its gate keys, and the gate signals of rl: known names, used where they act."""
+  a, rl = cfg.agent, cfg.rl
+  if a.memory not in gates.MEMORY_KINDS:
+    _fail(f"agent.memory={a.memory!r}; choose one of {gates.MEMORY_KINDS}")
+  if a.gate_forms not in gates.GATE_FORMS:
+    _fail(f"agent.gate_forms={a.gate_forms!r}; choose one of {sorted(gates.GATE_FORMS)}")
+  if a.invalid_gate not in gates.INVALID_GATES:
+    _fail(f"agent.invalid_gate={a.invalid_gate!r}; choose one of {gates.INVALID_GATES}")
+  if a.memory == "gated" and a.kind != "memagent":
+    _fail(f"agent.memory='gated' needs agent.kind='memagent' (got {a.kind!r}): the direct reader has no memory")
+  if set(rl.gate_rewards.keys()) != set(gate_signals.GATE_TERMS):
+    _fail(f"rl.gate_rewards has keys {sorted(rl.gate_rewards.keys())}; expected {sorted(gate_signals.GATE_TERMS)}")
+  weighted = sorted(k for k, w in rl.gate_rewards.items() if w)
+  if weighted and a.memory != "gated":
+    _fail(f"rl.gate_rewards {weighted} weigh gate terms, but agent.memory={a.memory!r} has no gates")
+  if rl.gate_rewards.exit and a.gate_forms != "keep_stop":
+    _fail(f"rl.gate_rewards.exit={rl.gate_rewards.exit} rewards stopping, but agent.gate_forms={a.gate_forms!r} "
+          "has no stop form; use 'keep_stop'")
+  if rl.advantage_mode not in gate_signals.ADVANTAGE_MODES:
+    _fail(f"rl.advantage_mode={rl.advantage_mode!r}; known: {sorted(gate_signals.ADVANTAGE_MODES)}")
+
+
 def validate_config(cfg):
   """Raises ValueError for bad values or settings that cannot work together (model-dependent
   checks, such as the context budget, happen when the agent is built)."""
@@ -175,6 +203,7 @@ def validate_config(cfg):
     _fail(f"agent.kind={cfg.agent.kind!r}; choose 'memagent' or 'direct'")
   if cfg.agent.template_prefix_cache not in PREFIX_CACHE_CHOICES:
     _fail(f"agent.template_prefix_cache={cfg.agent.template_prefix_cache!r}; choose one of {PREFIX_CACHE_CHOICES}")
+  check_gates(cfg)
   if cfg.agent.kind == "direct" and t.source != "teacher":
     _fail("agent.kind='direct' (the full-attention baseline) trains only supervised: set train.source='teacher'")
   if cfg.data.get("phases", ""):

@@ -33,7 +33,9 @@ def rollout_spec(cfg) -> RolloutSpec:
                      advantage=r.advantage, eps=r.eps, dynamic_sampling=bool(r.dynamic_sampling),
                      max_extra_gen_batches=r.max_extra_gen_batches, on_insufficient=r.on_insufficient,
                      mask_truncated=bool(r.mask_truncated),
-                     overlong=OverlongSpec(max_tokens=ov.max_tokens, cache_tokens=ov.cache_tokens) if ov.enable else None)
+                     overlong=OverlongSpec(max_tokens=ov.max_tokens, cache_tokens=ov.cache_tokens) if ov.enable else None,
+                     gate_weights=tuple(sorted(dict(r.gate_rewards).items())), advantage_mode=r.advantage_mode,
+                     turn_advantage_weight=r.turn_advantage_weight)
 
 
 def teacher_spec(cfg) -> TeacherSpec:

@@ -15,13 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from memagent_jax.agent import gates
 from memagent_jax.agent.results import AgentResult, RolloutSlots
 from memagent_jax.data.tasks import QuestionBatch
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.runtime.process_gather import gather_rows, this_process_share
 from memagent_jax.runtime.registry import Registry
 from memagent_jax.rl import advantages as adv_lib
-from memagent_jax.rl import rewards
+from memagent_jax.rl import gate_signals, rewards
 from memagent_jax.rl.device_rows import SlotRows
 
 # reward name -> fn(answer text, prediction, gold answers) -> float in [0, 1]: the final answer only.
@@ -77,6 +78,9 @@ class RolloutSpec:
   on_insufficient: str = "fail"  # ON_INSUFFICIENT: when dynamic sampling runs out of batches
   mask_truncated: bool = False  # drop conversations that hit their token cap from the loss
   overlong: OverlongSpec | None = None  # None: no overlong shaping
+  gate_weights: tuple[tuple[str, float], ...] = ()  # (gate_signals.GATE_TERMS name, weight): gated readers
+  advantage_mode: str = "trajectory"  # a gate_signals.ADVANTAGE_MODES name
+  turn_advantage_weight: float = 0.0  # "turn_mix": the turn-level advantages' share, in [0, 1]
 
   def __post_init__(self):
     for name in ("group_size", "questions_per_step", "rollout_batch"):
@@ -92,6 +96,11 @@ class RolloutSpec:
       raise ValueError(f"RolloutSpec.on_insufficient={self.on_insufficient!r}; choose one of {ON_INSUFFICIENT}")
     REWARD_FNS.get(self.reward)  # an unknown name raises, listing the known ones
     adv_lib.get_advantage(self.advantage)
+    gate_signals.ADVANTAGE_MODES.get(self.advantage_mode)
+    for name, _ in self.gate_weights:
+      gate_signals.GATE_TERMS.get(name)
+    if not 0.0 <= self.turn_advantage_weight <= 1.0:
+      raise ValueError(f"RolloutSpec.turn_advantage_weight={self.turn_advantage_weight} must lie in [0, 1]")
 
 
 class DynamicSamplingError(RuntimeError):
@@ -114,6 +123,11 @@ class RolloutMetrics:
   truncated_frac: float | None = None  # conversations that hit their token cap (None: a teacher, never)
   rows_per_process: float = 0.0  # trajectories each process generated
   teacher_accuracy: float | None = None  # a teacher's rollouts: the teacher's own score
+  decoded_tokens_per_doc: float | None = None  # generated tokens per trajectory (memory updates and answer)
+  seconds_per_doc: float | None = None  # rollout wall seconds per trajectory
+  keep_frac: float | None = None  # gated readers: shares of memory turns that kept / stopped / were invalid
+  stop_frac: float | None = None
+  invalid_frac: float | None = None
 
   def scalars(self) -> dict[str, float]:
     """The logged names (a field that is None is not logged)."""
@@ -141,11 +155,15 @@ class _Call:
   truncated: np.ndarray  # [B, T]
   is_final: np.ndarray  # [B, T]
   num_chunks: np.ndarray  # [B]
+  gate: np.ndarray | None = None  # [B, T] gated readers' gates
+  doc_chunks: np.ndarray | None = None  # [B] chunks of each document (read or not)
 
   @classmethod
   def gather(cls, slots: RolloutSlots) -> "_Call":
-    return cls(slots=slots, **{k: gather_rows(getattr(slots, k)) for k in
-                               ("active", "prompt_len", "response_len", "truncated", "is_final", "num_chunks")})
+    optional = {k: gather_rows(getattr(slots, k)) for k in ("gate", "doc_chunks") if getattr(slots, k) is not None}
+    return cls(slots=slots, **optional, **{k: gather_rows(getattr(slots, k)) for k in
+                                           ("active", "prompt_len", "response_len", "truncated", "is_final",
+                                            "num_chunks")})
 
 
 class RolloutCollector:
@@ -178,9 +196,15 @@ class RolloutCollector:
     """Trajectories per reader call on each process."""
     return max(1, self.spec.rollout_batch // jax.process_count())
 
-  def _rewards(self, calls: list[_Call], answers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(shaped reward, raw score, final answer tokens) of this process's trajectories; shaping (DAPO's
-    overlong penalty) applies to the final answer's length only, memory updates are capped by the agent."""
+  def _gate_weights(self, calls: list[_Call]) -> dict[str, float]:
+    """The nonzero gate term weights, when the reader is gated (an overwrite reader has no gates)."""
+    weights = {k: w for k, w in self.spec.gate_weights if w}
+    return weights if weights and all(c.slots.gate is not None for c in calls) else {}
+
+  def _rewards(self, calls: list[_Call], answers) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(reward, raw score, final answer tokens, shaped final reward) of this process's trajectories; shaping
+    (DAPO's overlong penalty) applies to the final answer's length only, memory updates are capped by the
+    agent; the reward adds the weighted gate terms (gate_signals) to the shaped final reward."""
     g = self.spec.group_size
     texts = [(a, p) for c in calls for a, p in zip(c.slots.answers, c.slots.predictions)]
     scores = np.asarray([self.reward_fn(a, p, list(answers[i // g])) for i, (a, p) in enumerate(texts)], np.float32)
@@ -189,7 +213,15 @@ class RolloutCollector:
     ov = self.spec.overlong
     if ov is not None:
       shaped += overlong_penalty(lengths, max_tokens=ov.max_tokens, cache_tokens=ov.cache_tokens)
-    return shaped, scores, lengths
+    weights = self._gate_weights(calls)
+    if not weights:
+      return shaped, scores, lengths, shaped
+    terms, start = [], 0
+    for c in calls:
+      n = len(c.slots.answers)
+      terms.append(gate_signals.weighted_terms(_outcome(c.slots, scores[start:start + n]), weights)[0])
+      start += n
+    return (shaped + np.concatenate(terms)).astype(np.float32), scores, lengths, shaped
 
   def collect(self, batches: Iterator[QuestionBatch], seed_of: Callable[[int, int], int]) -> StepRollout:
     """Draws question batches until `questions_per_step` groups are kept (dynamic sampling) or
@@ -200,14 +232,15 @@ class RolloutCollector:
     spec, g = self.spec, self.spec.group_size
     t0 = time.perf_counter()
     kept, kept_rewards, gens = [], [], []  # kept (gen, q); rewards [G] each; per gen: (calls, share)
-    all_scores, all_rewards, all_lengths = [], [], []
+    all_scores, all_rewards, all_lengths, finals = [], [], [], []  # finals: per gen (shaped final reward, score)
     groups_seen = gen = 0
     while True:
       samples = next(batches)
       calls, mine = self._generate(samples, seed_of(gen, 0))
       answers = samples.answers[mine]
-      shaped, scores, lengths = map(gather_rows, self._rewards(calls, answers))  # every process's
+      shaped, scores, lengths, final = map(gather_rows, self._rewards(calls, answers))  # every process's
       gens.append((calls, mine.stop - mine.start))
+      finals.append((final, scores))
       all_scores.append(scores), all_rewards.append(shaped), all_lengths.append(lengths)
       nq = len(samples)
       groups_seen += nq
@@ -237,17 +270,19 @@ class RolloutCollector:
         reward_mean=float(shaped.mean()), accuracy=float(scores.mean()),
         kept_group_frac=informative / max(1, groups_seen), gen_batches=gen, kept_groups=len(kept),
         answer_tokens=float(lengths.mean()), **_call_metrics(calls),
-        rows_per_process=float(len(scores) / jax.process_count()), rollout_seconds=time.perf_counter() - t0)
-    rows = self._rows(kept, kept_rewards, gens) if kept else None
+        rows_per_process=float(len(scores) / jax.process_count()), rollout_seconds=time.perf_counter() - t0,
+        seconds_per_doc=(time.perf_counter() - t0) / max(1, len(scores)))
+    rows = self._rows(kept, kept_rewards, gens, finals) if kept else None
     return StepRollout(rows=rows, num_questions=len(kept), metrics=metrics)
 
-  def _rows(self, kept: list[tuple[int, int]], kept_rewards: list[np.ndarray], gens) -> SlotRows:
+  def _rows(self, kept: list[tuple[int, int]], kept_rewards: list[np.ndarray], gens, finals) -> SlotRows:
     """The kept groups' rows, planned identically on every process: group k's trajectories in order,
     each trajectory's conversations in order, as slots of the concatenated slot tables of the calls
     that hold them."""
     g, per_call = self.spec.group_size, self._call_rows()
     traj_adv = self.advantage_fn(np.concatenate(kept_rewards), np.repeat(np.arange(len(kept)), g),
                                  eps=self.spec.eps)  # [K * G]
+    turn_adv = self._turn_advantages(kept, traj_adv, gens, finals) if self.spec.advantage_mode != "trajectory" else None
     tables, offsets, slot, question, advantages, tokens, prompt_len = [], {}, [], [], [], [], []
     for k, (gen, q) in enumerate(kept):
       calls, share = gens[gen]
@@ -263,7 +298,7 @@ class RolloutCollector:
         turns = np.flatnonzero(c.active[r])
         slot.append(offsets[(gen, call)] + r * c.active.shape[1] + turns)
         question.append(np.full(len(turns), k))
-        advantages.append(np.full(len(turns), traj_adv[k * g + j]))
+        advantages.append(np.full(len(turns), traj_adv[k * g + j]) if turn_adv is None else turn_adv[k][j][turns])
         tokens.append(c.prompt_len[r, turns] + c.response_len[r, turns])
         prompt_len.append(c.prompt_len[r, turns])
     slots = tables[0] if len(tables) == 1 else jax.tree.map(lambda *x: jnp.concatenate(x), *tables)
@@ -274,15 +309,63 @@ class RolloutCollector:
                     mask_truncated=self.spec.mask_truncated)
 
 
+  def _locate(self, gen: int, q: int, j: int, gens) -> tuple[_Call, int]:
+    """The call holding trajectory j of question q of generation batch gen, and its global row there."""
+    calls, share = gens[gen]
+    process, local_q = divmod(q, share)
+    call, row = divmod(local_q * self.spec.group_size + j, self._call_rows())
+    c = calls[call]
+    return c, process * (len(c.active) // jax.process_count()) + row
+
+  def _turn_advantages(self, kept, traj_adv, gens, finals) -> list[np.ndarray]:
+    """Per kept group, the advantage mode's [G, T] advantages: the trajectory advantages mixed with
+    turn-level ones (each turn's final reward + weighted gate terms, centred over the group's turns at
+    the same position)."""
+    g, mode = self.spec.group_size, gate_signals.ADVANTAGE_MODES.get(self.spec.advantage_mode)
+    weights = {k: w for k, w in self.spec.gate_weights if w}
+    out = []
+    for k, (gen, q) in enumerate(kept):
+      rows = [self._locate(gen, q, j, gens) for j in range(g)]
+      t = max(c.active.shape[1] for c, _ in rows)
+      pad = lambda x: np.pad(x, (0, t - len(x)))
+      active = np.stack([pad(c.active[r]) for c, r in rows])  # [G, T]
+      final = np.stack([pad(c.is_final[r]) for c, r in rows])
+      gate = np.stack([pad(c.gate[r]) if c.gate is not None else np.zeros(t, np.int32) for c, r in rows])
+      base, score = (finals[gen][0][q * g:(q + 1) * g], finals[gen][1][q * g:(q + 1) * g])
+      doc = np.asarray([c.doc_chunks[r] if c.doc_chunks is not None else c.num_chunks[r] for c, r in rows])
+      outcome = gate_signals.GateOutcome(score=score, gate=gate, memory_turn=active & ~final, doc_chunks=doc)
+      turn_terms = gate_signals.weighted_terms(outcome, weights)[1] if weights and rows[0][0].gate is not None \
+          else np.zeros((g, t))
+      turn_rewards = np.asarray(base, np.float64)[:, None] + turn_terms  # [G, T]
+      turn = gate_signals.turn_advantages(turn_rewards, active, final, np.zeros(g, np.int64))
+      out.append(mode(traj_adv[k * g:(k + 1) * g], turn, weight=self.spec.turn_advantage_weight))
+    return out
+
+
+def _outcome(slots: RolloutSlots, scores) -> gate_signals.GateOutcome:
+  """The gate terms' view of one call's trajectories (this process's rows)."""
+  doc = slots.doc_chunks if slots.doc_chunks is not None else slots.num_chunks
+  return gate_signals.GateOutcome(score=np.asarray(scores), gate=slots.gate, memory_turn=slots.active & ~slots.is_final,
+                                  doc_chunks=np.asarray(doc))
+
+
 def _call_metrics(calls: list[_Call]) -> dict[str, float]:
-  """Means over every process's trajectories of memory length, chunks, truncation, tokens."""
+  """Means over every process's trajectories of memory length, chunks, truncation, tokens, decoded
+  tokens, and (gated readers) the shares of memory turns that kept, stopped or were invalid."""
   memory = np.concatenate([(c.active & ~c.is_final).ravel() for c in calls])
   stop = np.concatenate([(c.response_len - (~c.truncated).astype(np.int32)).ravel() for c in calls])  # memory tokens: no stop token
   active = np.concatenate([c.active.ravel() for c in calls])
   truncated = np.concatenate([c.truncated.ravel() for c in calls])
   tokens = np.concatenate([(c.prompt_len + c.response_len).ravel() for c in calls])
   chunks = np.concatenate([c.num_chunks for c in calls])
-  return {"memory_tokens": float(stop[memory].sum()) / max(1, memory.sum()),
-          "chunks_per_doc": float(chunks.mean()),
-          "truncated_frac": float(truncated[active].sum()) / max(1, active.sum()),
-          "rollout_tokens": float(tokens[active].sum())}
+  decoded = np.concatenate([c.response_len.ravel() for c in calls])
+  out = {"memory_tokens": float(stop[memory].sum()) / max(1, memory.sum()),
+         "chunks_per_doc": float(chunks.mean()),
+         "truncated_frac": float(truncated[active].sum()) / max(1, active.sum()),
+         "rollout_tokens": float(tokens[active].sum()),
+         "decoded_tokens_per_doc": float(decoded[active].sum()) / max(1, len(chunks))}
+  if all(c.gate is not None for c in calls):
+    gate = np.concatenate([c.gate.ravel() for c in calls])[memory]
+    for name, code in (("keep_frac", gates.KEEP), ("stop_frac", gates.STOP), ("invalid_frac", gates.INVALID)):
+      out[name] = float((gate == code).sum()) / max(1, gate.size)
+  return out

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from memagent_jax.agent.gates import GATE_NAMES
 from memagent_jax.agent.results import slots_from_results
 from memagent_jax.data.tasks import QuestionBatch
 from memagent_jax.rl import rewards
@@ -62,7 +63,14 @@ class TeacherCollector:
                     pad_id=self.agent.pad_id, loss_on_prompt=self.prompt_loss)  # never truncated
     scores = [rewards.exact_match(r.prediction, list(a)) for r, a in zip(results, samples.answers)]
     memory = slots.response_len[slots.active & ~slots.is_final]
-    metrics = RolloutMetrics(reward_mean=float(np.mean(scores)), accuracy=float(np.mean(scores)),
+    gate = {}
+    if slots.gate is not None:  # a gated reader's teacher: the shares of its memory turns' gates
+      turns = slots.gate[slots.active & ~slots.is_final]
+      gate = {f"{name}_frac": float((turns == GATE_NAMES.index(name)).mean()) if turns.size else 0.0
+              for name in ("keep", "stop", "invalid")}
+    seconds = time.perf_counter() - t0
+    metrics = RolloutMetrics(**gate, decoded_tokens_per_doc=float(np.mean([r.decoded_tokens for r in results])),
+                             seconds_per_doc=seconds / len(results),reward_mean=float(np.mean(scores)), accuracy=float(np.mean(scores)),
                              teacher_accuracy=float(np.mean(scores)), kept_group_frac=1.0,
                              kept_groups=len(results), rows_per_process=float(len(results)),
                              memory_tokens=float(memory.mean()) if memory.size else 0.0,

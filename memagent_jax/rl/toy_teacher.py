@@ -2,7 +2,9 @@
 
 `toy_memory` is the deliberately imperfect memory policy of the warm start: it always writes the latest
 fact about the asked key into memory, but on a chunk that holds only other keys' facts it
-overwrites the memory with them with probability `overwrite_prob`. A model fitted to it is a
+overwrites the memory with them with probability `overwrite_prob`. For a gated reader (agent.memory
+"gated") a chunk without the asked key that it does not overwrite on is answered with the keep form
+(the memory stays); it never stops early (a later override of the key may come). A model fitted to it is a
 stochastic policy that RL can improve. `toy_direct` answers from the whole document, for the
 full-attention baseline. `toy_recall` is the base model's pretraining: a short document and the
 question as plain text, no template, answered in the boxed format; on such short rows a model
@@ -18,7 +20,7 @@ import re
 
 import numpy as np
 
-from memagent_jax.agent import chunking
+from memagent_jax.agent import chunking, gates
 from memagent_jax.agent.memagent import encode_question
 from memagent_jax.agent.results import AgentResult, Conversation
 from memagent_jax.text.templates import NO_MEMORY
@@ -53,8 +55,9 @@ def answer_text(value: str) -> str:
 
 
 def _conversation(prompt: list[int], response_text: str, *, tokenizer, cap: int,
-                  is_final: bool) -> Conversation:
-  ids = tokenizer.encode(response_text) + [tokenizer.eos_token_id]
+                  is_final: bool, end: bool = True) -> Conversation:
+  """response_text's ids, then EOS unless end is False (a form that ends the turn by itself)."""
+  ids = tokenizer.encode(response_text) + ([tokenizer.eos_token_id] if end else [])
   if len(ids) > cap:
     raise ValueError(f"teacher response {response_text!r} has {len(ids)} tokens, over the cap of {cap}")
   zeros = np.zeros(len(ids), np.float32)
@@ -96,16 +99,27 @@ def memory_teacher(agent, question: str, context: str, *, rng: random.Random,
   q = encode_question(tok, question, index=0, budget=agent.question_tokens)
   memory: list[tuple[str, str]] = []
   conversations, memories, doc_tokens = [], [], 0
+  gate = getattr(agent, "gate", None)  # a gated reader: unchanged memories are the keep form
+  turn_gates = [] if gate is not None else None
   for chunk in chunking.document_chunks(tok, context, chunk_tokens=agent.chunk_tokens):
     prompt = agent.memory_segments.assemble(prompt=q, memory=tok.encode(memory_text(memory)), chunk=chunk)
     found = facts_in(tok.decode(chunk))
     asked = [f for f in found if f[0] == key]
+    before = memory
     if asked:
       memory = [asked[-1]]
     elif found and rng.random() < (askable_p if any(k in toy.ASKED_KEYS for k, _ in found) else overwrite_prob):
       memory = found[-2:]  # the chunk's facts replace the memory (two fit in 16 tokens)
-    conversations.append(_conversation(prompt, memory_text(memory), tokenizer=tok, cap=agent.memory_tokens,
-                                       is_final=False))
+    if gate is not None and not asked and memory is before:
+      # a single-token form ends the turn itself (the recurrence stops on it); a longer one ends with EOS
+      conversations.append(_conversation(prompt, gates.KEEP_FORM, tokenizer=tok, cap=agent.memory_tokens,
+                                         is_final=False, end=len(tok.encode(gates.KEEP_FORM)) > 1))
+      turn_gates.append("keep")
+    else:
+      conversations.append(_conversation(prompt, memory_text(memory), tokenizer=tok, cap=agent.memory_tokens,
+                                         is_final=False))
+      if turn_gates is not None:
+        turn_gates.append("memory")
     memories.append(memory_text(memory))
     doc_tokens += len(chunk)
   if not conversations:
@@ -116,7 +130,8 @@ def memory_teacher(agent, question: str, context: str, *, rng: random.Random,
   conversations.append(_conversation(prompt, answer, tokenizer=tok, cap=agent.answer_tokens, is_final=True))
   return AgentResult(question=question, answer=answer, boxed=f" {value} ", prediction=value,
                      memories=memories, conversations=conversations, num_chunks=len(memories),
-                     document_tokens=doc_tokens)
+                     document_tokens=doc_tokens, decoded_tokens=sum(len(c.response_ids) for c in conversations),
+                     seconds=0.0, gates=turn_gates)
 
 
 @TEACHERS.register("toy_direct")
@@ -144,4 +159,5 @@ def _answered(reader, question: str, *, prompt: list[int], value: str, doc_token
   answer = answer_text(value)
   conv = _conversation(prompt, answer, tokenizer=reader.tokenizer, cap=reader.answer_tokens, is_final=True)
   return AgentResult(question=question, answer=answer, boxed=f" {value} ", prediction=value, memories=[],
-                     conversations=[conv], num_chunks=0, document_tokens=doc_tokens)
+                     conversations=[conv], num_chunks=0, document_tokens=doc_tokens,
+                     decoded_tokens=len(conv.response_ids), seconds=0.0)

@@ -69,6 +69,28 @@ Your answer:
 
 FINAL_TEMPLATES = {"boxed": FINAL_TEMPLATE_BOXED, "eval": FINAL_TEMPLATE_EVAL}
 
+# Gated memory (agent.memory="gated"): MEMORY_TEMPLATE with sentences after its instruction that name
+# the short forms a memory turn may reply with instead of a new memory (agent/gates.py parses them).
+# The released template above is untouched: overwrite memory prompts stay byte for byte.
+MEMORY_INSTRUCTION_END = "while adding any new, useful information."
+KEEP_SENTENCE = " If the section holds nothing that helps to answer the problem, reply only <keep> and the memory stays unchanged."
+STOP_SENTENCE = " If the memory already holds enough to answer the problem, reply only <stop> and reading stops."
+GATED_MEMORY_TEMPLATES = {
+    "keep": MEMORY_TEMPLATE.replace(MEMORY_INSTRUCTION_END, MEMORY_INSTRUCTION_END + KEEP_SENTENCE),
+    "keep_stop": MEMORY_TEMPLATE.replace(MEMORY_INSTRUCTION_END, MEMORY_INSTRUCTION_END + KEEP_SENTENCE + STOP_SENTENCE),
+}
+
+
+def memory_template(memory: str = "overwrite", gate_forms: str = "keep") -> str:
+  """The memory-update template of a memory kind: the released one for "overwrite"; for "gated",
+  the one naming the forms of `gate_forms`."""
+  if memory == "overwrite":
+    return MEMORY_TEMPLATE
+  if memory != "gated" or gate_forms not in GATED_MEMORY_TEMPLATES:
+    raise ValueError(f"memory={memory!r}, gate_forms={gate_forms!r}; choose memory 'overwrite', or 'gated' "
+                     f"with gate_forms in {sorted(GATED_MEMORY_TEMPLATES)}")
+  return GATED_MEMORY_TEMPLATES[gate_forms]
+
 
 @dataclasses.dataclass(frozen=True)
 class TemplateSegments:
