@@ -122,7 +122,9 @@ def test_two_processes_split_the_held_out_set_and_score_as_one(runs):
   # (its answer and its memories)
   assert [a + b for a, b in zip(first["calls"], second["calls"])] == one["calls"]
   assert len({a for c in one["calls"] for a, _ in c}) > 1  # sampled text, not one constant answer
-  assert first["summary"] == second["summary"] == one["summary"]
+  timeless = lambda summary: {k: v for k, v in summary.items() if k != "seconds_per_doc"}  # wall time differs
+  assert timeless(first["summary"]) == timeless(second["summary"]) == timeless(one["summary"])
+  assert one["summary"]["seconds_per_doc"] > 0
   assert first["summary"]["mean_document_tokens"] > 0
   assert one["refused"] == ""  # one process takes any size
   assert "eval.size=5 and eval.batch_size=4 must be multiples of the 2 processes" in first["refused"]

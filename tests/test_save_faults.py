@@ -111,7 +111,10 @@ def test_full_disk_during_a_save_one_line_exit_2_and_resume_after_space_is_freed
   assert rc[0] == 0, (out / "err1").read_text()[-3000:]
   assert rc[1] == 2, (out / "err2").read_text()[-3000:]
   lines = (out / "err2").read_text().strip().splitlines()
-  assert len(lines) == 1, lines  # no orbax tracebacks
+  # one error line, last; before it at most the trainer's own one-line warnings of what else the full disk
+  # stopped while it let go (the metric files' closing flush): no orbax tracebacks
+  assert all("while stopping after an error: [Errno 28]" in line for line in lines[:-1]) and len(lines) <= 3, lines
+  lines = lines[-1:]
   ckpt_dir = disk / "run" / "checkpoints"
   assert lines[0].startswith(f"train: error: checkpoint of step 2 not saved: no space left on device writing "
                              f"{ckpt_dir}/2.orbax-checkpoint-tmp/"), lines[0]

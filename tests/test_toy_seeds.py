@@ -141,5 +141,6 @@ def test_imports_beside_other_scripts_with_flags_of_the_same_names():
   nothing twice; so for bench_length_sweep (--n) beside toy_reproduction."""
   import importlib
   for name in ("experiments.sweep", "experiments.benchmarks.profile_step", "experiments.toy_seeds",
-               "experiments.toy_reproduction", "experiments.benchmarks.bench_length_sweep"):
+               "experiments.toy_reproduction", "experiments.benchmarks.bench_length_sweep",
+               "experiments.benchmarks.tpu_compile_table", "experiments.readme_results"):
     importlib.import_module(name)

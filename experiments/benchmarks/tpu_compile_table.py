@@ -190,9 +190,13 @@ def comparisons(reports: dict[str, dict]) -> list[str]:
 REFERENCE = (32, 989e12, 2400, 2100)
 
 
-flags.DEFINE_string("rows", ",".join(ROWS), "comma-separated row names")
-flags.DEFINE_string("out", "docs/results/tpu_compile.md", "the markdown written")
-flags.DEFINE_string("folder", "docs/results/tpu_compile_rows", "each row's JSON (a row whose JSON exists is not compiled again)")
+def define_flags():
+  """The command line's flags, defined only when run as a script: experiments.readme_results imports ROWS
+  beside other scripts' flags of the same names (--out)."""
+  flags.DEFINE_string("rows", ",".join(ROWS), "comma-separated row names")
+  flags.DEFINE_string("out", "docs/results/tpu_compile.md", "the markdown written")
+  flags.DEFINE_string("folder", "docs/results/tpu_compile_rows",
+                      "each row's JSON (a row whose JSON exists is not compiled again)")
 
 
 def main(argv):
@@ -240,4 +244,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
