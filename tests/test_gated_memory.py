@@ -218,3 +218,22 @@ def test_unknown_form_token_is_refused():
   old = toy_tokenizer.build_hf_tokenizer(toy_tokenizer.vocabulary()[:len(_saved_vocab())])
   with pytest.raises(ValueError, match="unknown token"):
     gates.GateSpec.build(Tokenizer(old), forms="keep", invalid_gate="as_memory", eos=(3,))
+
+
+def test_gated_config_reads_a_committed_toy_checkpoint_with_the_gated_words():
+  """A gated reader of the committed base (saved before the gated words existed) reads with the current
+  toy tokenizer, whose first ids are the saved ones; an overwrite reader keeps the checkpoint's tokenizer."""
+  from configs import toy_memagent
+  from memagent_jax.experiment.assembly import load_policy_of
+  base = os.path.join(REPO, "experiments", "data", "toy_base_lookup")
+  cfg = toy_memagent.get_config("warm_start,demo,lookup")
+  plain = load_policy_of(cfg, base)
+  assert plain.tokenizer.hf.get_vocab() == _saved_vocab()  # unchanged: overwrite decodes as before
+  cfg.agent.update(memory="gated", gate_forms="keep")
+  gated = load_policy_of(cfg, base)
+  assert gated.tokenizer is toy_tokenizer.toy_tokenizer()
+  assert all(gated.tokenizer.hf.get_vocab()[w] == i for w, i in _saved_vocab().items())
+  spec = gates.GateSpec.build(gated.tokenizer, forms="keep", invalid_gate="as_memory", eos=(3,))
+  assert spec.keep == ((gated.tokenizer.hf.get_vocab()["<keep>"],),)
+  other = Tokenizer(toy_tokenizer.build_hf_tokenizer(["<pad>", "<unk>", "a"]))
+  assert toy_tokenizer.with_gated_words(other) is other and toy_tokenizer.with_gated_words(None) is None

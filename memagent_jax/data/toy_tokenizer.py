@@ -139,6 +139,16 @@ class WordTokenizer(Tokenizer):
                                f"vocabulary of {self.vocab_size} tokens")
 
 
+def with_gated_words(tokenizer):
+  """The current toy tokenizer in place of a toy checkpoint's tokenizer saved before the gated memory's
+  words joined the vocabulary (its ids are the current one's first ids, so the checkpoint's embedding reads
+  every one unchanged); any other tokenizer as it is. Gated readers of such checkpoints need `<keep>`."""
+  base = base_vocabulary()
+  if tokenizer is None or tokenizer.hf.get_vocab() != {w: i for i, w in enumerate(base)}:
+    return tokenizer
+  return toy_tokenizer()
+
+
 @functools.lru_cache(maxsize=1)
 def toy_tokenizer() -> WordTokenizer:
   """The toy world's tokenizer (cached: building it pre-tokenises every template)."""

@@ -14,7 +14,7 @@ import os
 import jax
 
 from memagent_jax.agent import DirectReader, MemAgent
-from memagent_jax.data import curriculum, pipeline, tasks
+from memagent_jax.data import curriculum, pipeline, tasks, toy_tokenizer
 from memagent_jax.evaluation import Sampling, run_eval
 from memagent_jax.experiment import phase_configs, specs, tfds_builders
 from memagent_jax.experiment.config_checks import validate_config
@@ -49,9 +49,14 @@ def build_reader(agent_cfg, policy, *, training: bool, mesh=None, truncate: bool
 
 
 def load_policy_of(cfg, source: str | None = None):
-  """The policy of `cfg.model` (or of `source`, e.g. an exported stage, with cfg's dtype and backend)."""
+  """The policy of `cfg.model` (or of `source`, e.g. an exported stage, with cfg's dtype and backend). A
+  gated reader of a toy checkpoint saved before the gated words existed reads with the current toy tokenizer
+  (toy_tokenizer.with_gated_words); an overwrite reader keeps the checkpoint's own."""
   m = cfg.model
-  return load_policy(source or m.source, dtype=m.dtype, seed=m.seed, attention=m.attention)
+  policy = load_policy(source or m.source, dtype=m.dtype, seed=m.seed, attention=m.attention)
+  if cfg.agent.memory == "gated":
+    policy.tokenizer = toy_tokenizer.with_gated_words(policy.tokenizer)
+  return policy
 
 
 def load_reader(cfg, source: str | None = None, *, training: bool = False, mesh=None):
