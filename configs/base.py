@@ -80,7 +80,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       # gated memory (agent.memory="gated"): weights of the gate terms added to the final reward
       # (rl/gate_signals.py): update (keeping, signed by the answer), exit (stopping early, signed),
       # format (invalid replies); 0 = the final reward alone
-      gate_rewards=ml_collections.ConfigDict(dict(update=0.0, exit=0.0, format=0.0)),
+      gate_rewards=ml_collections.ConfigDict(dict(keep=0.0, exit=0.0, format=0.0)),
       # "trajectory": every turn gets its trajectory's advantage (Multi-Conv DAPO) | "turn_mix":
       # (1 - turn_advantage_weight) x that + turn_advantage_weight x the turn's own (group-centred)
       advantage_mode="trajectory",

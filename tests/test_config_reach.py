@@ -234,7 +234,7 @@ DIRECT = {**TEACHER, "agent.kind": "direct", "teacher.name": "toy_direct", "teac
 DYNAMIC = {"rl.dynamic_sampling": True, "rl.on_insufficient": "proceed"}
 GATED = {"agent.memory": "gated"}  # the scripted agent's turns keep, stop or are invalid (ScriptedAgent)
 GATED_STOP = {**GATED, "agent.gate_forms": "keep_stop"}
-TURN_MIX = {**GATED, "rl.gate_rewards.update": 1.0, "rl.advantage_mode": "turn_mix"}
+TURN_MIX = {**GATED, "rl.gate_rewards.keep": 1.0, "rl.advantage_mode": "turn_mix"}
 OVERLONG = {"rl.overlong.enable": True}  # max_tokens 8, cache_tokens 4: a 6-token answer is penalised -0.5
 SQUAD_A = {"data.task": "squad", "data.data_dir": "{squad_a}"}
 TFDS = {"data.tfds": "memagent_toy_kv/x1", "data.tfds_split": "test", "data.tfds_dir": "{tfds_a}"}
@@ -289,10 +289,10 @@ KNOBS = [
     ("rl.overlong.enable", True, {}, probe("rollout", "reward_mean")),
     ("rl.overlong.max_tokens", 7, OVERLONG, probe("rollout", "reward_mean")),
     ("rl.overlong.cache_tokens", 2, OVERLONG, probe("rollout", "reward_mean")),
-    ("rl.gate_rewards.update", 1.0, GATED, probe("rollout", "reward_mean")),
+    ("rl.gate_rewards.keep", 1.0, GATED, probe("rollout", "reward_mean")),
     ("rl.gate_rewards.exit", 1.0, GATED_STOP, probe("rollout", "reward_mean")),
     ("rl.gate_rewards.format", 1.0, GATED, probe("rollout", "reward_mean")),
-    ("rl.advantage_mode", "turn_mix", {**GATED, "rl.gate_rewards.update": 1.0}, probe("rollout", "advantages")),
+    ("rl.advantage_mode", "turn_mix", {**GATED, "rl.gate_rewards.keep": 1.0}, probe("rollout", "advantages")),
     ("rl.turn_advantage_weight", 1.0, TURN_MIX, probe("rollout", "advantages")),
     ("teacher.name", "toy_recall", DIRECT, probe("teacher", "tokens")),
     ("teacher.options", {"overwrite_prob": 1.0},  # documents of 6 chunks: some hold only other keys' facts

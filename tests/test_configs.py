@@ -180,3 +180,19 @@ def test_every_configs_sharding_rules_shard_every_param_without_a_collision():
         parallel.param_shardings(state, mesh, parallel.rollout_rules(rules, layout))
     seen += 1
   assert seen >= 20
+
+
+def test_no_config_key_is_shadowed_by_a_configdict_method():
+  """`--config.a.update=1` cannot set a key named like a ConfigDict method (update, get, items, ...): the
+  flag parser finds the method. Every key of the base config is settable from the command line."""
+  import ml_collections
+  from configs import base
+  reserved = {name for name in dir(ml_collections.ConfigDict) if not name.startswith("_")}
+
+  def keys(c, prefix=""):
+    for k, v in c.items():
+      yield f"{prefix}{k}"
+      if isinstance(v, ml_collections.ConfigDict):
+        yield from keys(v, f"{prefix}{k}.")
+  shadowed = [k for k in keys(base.get_config()) if k.rsplit(".", 1)[-1] in reserved]
+  assert not shadowed, shadowed

@@ -29,7 +29,7 @@ def outcome():
 def test_each_term_by_hand():
   o = outcome()
   # update: sign (+1, -1) x keep share (1/3, 1/2); per turn: sign on the keep turn
-  traj, turn = gate_signals.GATE_TERMS.get("update")(o)
+  traj, turn = gate_signals.GATE_TERMS.get("keep")(o)
   np.testing.assert_allclose(traj, [1 / 3, -1 / 2])
   np.testing.assert_allclose(turn, [[1, 0, 0, 0], [-1, 0, 0, 0]])
   # exit: trajectory 0 stopped after 3 of 5 chunks: +1 x 2/5, on its stop turn; 1 never stopped
@@ -44,10 +44,10 @@ def test_each_term_by_hand():
 
 def test_weighted_terms_by_hand():
   # update 1, exit 2, format 0.5: 1/3 + 0.8 = 1.1333..; -1/2 - 0.25 = -0.75
-  traj, turn = gate_signals.weighted_terms(outcome(), {"update": 1.0, "exit": 2.0, "format": 0.5})
+  traj, turn = gate_signals.weighted_terms(outcome(), {"keep": 1.0, "exit": 2.0, "format": 0.5})
   np.testing.assert_allclose(traj, [1 / 3 + 0.8, -0.75])
   np.testing.assert_allclose(turn, [[1, 0, 0.8, 0], [-1, -0.5, 0, 0]])
-  zero_traj, zero_turn = gate_signals.weighted_terms(outcome(), {"update": 0.0, "exit": 0.0, "format": 0.0})
+  zero_traj, zero_turn = gate_signals.weighted_terms(outcome(), {"keep": 0.0, "exit": 0.0, "format": 0.0})
   assert not zero_traj.any() and not zero_turn.any()
 
 
@@ -105,7 +105,7 @@ def _rows(**kw):
 
 
 def test_collector_rewards_and_turn_mix_by_hand():
-  weights = (("exit", 2.0), ("format", 0.5), ("update", 1.0))
+  weights = (("exit", 2.0), ("format", 0.5), ("keep", 1.0))
   out, rows = _rows(gate_weights=weights, advantage_mode="turn_mix", turn_advantage_weight=0.25)
   # the rewards of test_turn_advantages_and_mix_by_hand: 2.1333.. and -0.75
   assert out.metrics.reward_mean == pytest.approx((1 + 1 / 3 + 0.8 - 0.75) / 2)

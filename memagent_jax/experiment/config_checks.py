@@ -66,7 +66,7 @@ RANGES: dict[str, Range] = {
     "rl.max_extra_gen_batches": Range(True, 0),
     "rl.overlong.max_tokens": Range(True, 1),
     "rl.overlong.cache_tokens": Range(True, 0),
-    "rl.gate_rewards.update": Range(False, 0),
+    "rl.gate_rewards.keep": Range(False, 0),
     "rl.gate_rewards.exit": Range(False, 0),
     "rl.gate_rewards.format": Range(False, 0),
     "rl.turn_advantage_weight": Range(False, 0, high=1),

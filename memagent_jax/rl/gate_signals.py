@@ -3,7 +3,7 @@
 A gated trajectory's reward is the final answer's (shaped) reward plus weighted gate terms, each
 registered by name in `GATE_TERMS` and given per trajectory and per memory turn. With s the final
 answer's raw score in [0, 1] and sign = 2 s - 1 (right: +1, wrong: -1):
-  * "update": sign x the share of memory turns that kept the memory (per turn: sign on a keep turn),
+  * "keep": sign x the share of memory turns that kept the memory (per turn: sign on a keep turn),
     so keeping is paid when the answer is still right and blamed when it is wrong;
   * "exit": sign x the share of the document's chunks left unread after a stop (per turn: on the
     stop turn), so stopping early is paid only when the memory sufficed;
@@ -51,8 +51,8 @@ TermFn = Callable[[GateOutcome], tuple[np.ndarray, np.ndarray]]  # -> (per traje
 GATE_TERMS: Registry[TermFn] = Registry("gate term")
 
 
-@GATE_TERMS.register("update")
-def update_term(o: GateOutcome):
+@GATE_TERMS.register("keep")
+def keep_term(o: GateOutcome):
   """Keeping the memory: paid when the answer is right, blamed when wrong."""
   return o.sign * o.share(gates.KEEP), o.sign[:, None] * o.turns(gates.KEEP)
 
