@@ -257,3 +257,24 @@ def test_real_splash_kernels_match_the_shape_rule(v5p_mesh):
   assert stats.custom_calls() == {"tpu_custom_call": 3}
   assert stats.total.flops == 4.5 * fwd  # the kernels are the only matmuls
   assert stats.uncounted_custom_calls() == {}
+
+
+def test_sliced_prefetch_reads_each_slice_once():
+  """The TPU compiler prefetches a KV cache in slices (slice-start: its tuple shape holds the source, the
+  slice and a context) and joins them by ConcatBitcast (no data moves): the cache's bytes once, not the
+  source per slice. Here f32[8,16] (512 B) in 4 slices of 128 B: 512 B, where counting every tuple
+  element and the joining call gave 4 x (512 + 128 + 4 + 512) + 2 x 512 = 5,648."""
+  stats = _module("", """ENTRY %main (a: f32[8,16]) -> f32[8,16] {
+  %a = f32[8,16]{1,0} parameter(0)
+  %s0 = ((f32[8,16]{1,0}), f32[2,16]{1,0:S(1)}, s32[]) slice-start(%a), slice={[0:2], [0:16]}
+  %s1 = ((f32[8,16]{1,0}), f32[2,16]{1,0:S(1)}, s32[]) slice-start(%a), slice={[2:4], [0:16]}
+  %s2 = ((f32[8,16]{1,0}), f32[2,16]{1,0:S(1)}, s32[]) slice-start(%a), slice={[4:6], [0:16]}
+  %s3 = ((f32[8,16]{1,0}), f32[2,16]{1,0:S(1)}, s32[]) slice-start(%a), slice={[6:8], [0:16]}
+  %d0 = f32[2,16]{1,0:S(1)} slice-done(%s0)
+  %d1 = f32[2,16]{1,0:S(1)} slice-done(%s1)
+  %d2 = f32[2,16]{1,0:S(1)} slice-done(%s2)
+  %d3 = f32[2,16]{1,0:S(1)} slice-done(%s3)
+  ROOT %c = f32[8,16]{1,0:S(1)} custom-call(%d0, %d1, %d2, %d3), custom_call_target="ConcatBitcast"
+}""")
+  assert stats.total.bytes_accessed == 4 * 2 * 16 * 4
+  assert not stats.total.uncounted

@@ -392,6 +392,11 @@ class ProgramStats:
       return 2 * out + sum(operand[1:])
     if ins.opcode.startswith("copy-start"):  # an asynchronous copy reads its source once
       return operand[0] if operand else out
+    if ins.opcode == "slice-start":  # a sliced prefetch reads its slice once; its tuple also names the source
+      arrays = _ARRAY.findall(ins.shape)  # (source..., slice, context): the slice follows the operands
+      return shape_bytes("{}[{}]".format(*arrays[len(ins.operands)])) if len(arrays) > len(ins.operands) else out
+    if ins.opcode == "custom-call" and 'custom_call_target="ConcatBitcast"' in ins.attrs:
+      return 0  # the prefetched slices side by side in one buffer: nothing moves
     if ins.opcode == "fusion":
       callee = next((c for c in _callees(ins) if c in self.comps), None)
       if callee is not None:
