@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo demo-smollm2 reproduce seeds notebook bench bench-gpu clean
+.PHONY: setup test test-fast demo demo-smollm2 reproduce seeds gated notebook bench bench-gpu clean
 
 setup: $(STAMP)
 
@@ -57,6 +57,13 @@ reproduce: setup
 # curves -> docs/results/toy_reproduction_seeds.{md,json,png}.
 seeds: setup
 	$(PY) -m experiments.toy_seeds
+
+# Gated memory (a memory turn may reply <keep>) against overwrite, make reproduce's recipe in training seeds
+# 0 and 1: RL-MemAgent's accuracy, decoded tokens and seconds per document at 1x..256x
+# -> docs/results/toy_gated.{md,json,png}. GATED_SCALE=demo: the demo recipe, minutes per run.
+GATED_SCALE ?= full
+gated: setup
+	$(PY) -m experiments.toy_gated --scale=$(GATED_SCALE)
 
 # The embedded SmolLM2 reading a real document with MemAgent, memory shown after each chunk.
 demo-smollm2: setup

@@ -41,6 +41,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       memory="overwrite",
       gate_forms="keep",  # gated only: "keep" (<keep>) | "keep_stop" (<keep> and <stop>)
       invalid_gate="as_memory",  # gated only: a reply holding a form but more than it: "as_memory" | "keep"
+      # memory turns run only the rows still working, gathered into the smallest of this many batch sizes
+      # (each half the next; policy/compaction.py): rows that read no chunk skip the prefill and, when
+      # gated, rows that replied with a form stop decoding. 1: every row runs every turn (no gather)
+      decode_buckets=1,
   ))
   c.data = ml_collections.ConfigDict(dict(
       task="niah_single_1",  # a memagent_jax.data.tasks name (RULER, squad, hotpotqa, jsonl, toy_kv)

@@ -7,7 +7,8 @@
 Append ",demo" for the short version `make demo` runs (fewer steps), and ",lookup" for the
 question-conditioned world (eight askable keys, task toy_kv) with the toy-1m-shift2 policy, whose
 token shift lets it learn lookup by key in pretraining (docs/results/probe_recall.md); the default
-world ",one_key" asks every question about oslo. The stages are chained by
+world ",one_key" asks every question about oslo. ",gated" makes the warm start and RL a gated memory
+(a memory turn may reply <keep>; `make gated`). The stages are chained by
 `python -m experiments.toy_reproduction`, which starts warm_start and full_attention from the exported
 pretrained base (as the paper's runs all start from one instruct model) and rl from the warm start.
 World: chunk 64, memory 16, answer 8 toy tokens; training documents of 128 tokens (1x, 2 chunks);
@@ -32,23 +33,29 @@ LOOKUP_DISTRACTORS = 3  # lookup world's warm-start and RL documents (1x: 128 to
 LOOKUP_RL_PHASES = "100:;200:distractor_keys=mixed;250:distractor_keys=mixed,late_fact_share=1.0"
 LOOKUP_CURRICULUM = "200:;300:distractor_keys=mixed;400:distractor_keys=mixed,late_fact_share=1.0"
 SCALES = ("full", "demo")
+# ",gated": the memory turn may reply <keep> (memory unchanged; agent/gates.py) and the warm start's teacher
+# does on chunks without the asked key; memory turns run only the rows still decoding (3 batch sizes)
+MEMORIES = ("overwrite", "gated")
 # world -> (toy task, policy preset): the one-key world (every question about oslo), and the
 # question-conditioned one, which needs the token shift to learn lookup on 2 cores
 WORLDS = {"one_key": (toy.ONE_KEY_TASK, "toy-1m"), "lookup": (toy.TASK, "toy-1m-shift2")}
 
 
-def parse_variant(variant: str) -> tuple[str, str, str]:
-  """"<stage>[,<scale>][,<world>]" -> (stage, scale, world), defaults full and one_key."""
+def parse_variant(variant: str) -> tuple[str, str, str, str]:
+  """"<stage>[,<scale>][,<world>][,<memory>]" -> (stage, scale, world, memory), defaults full, one_key and
+  overwrite."""
   stage, *rest = variant.split(",")
   scales, worlds = [r for r in rest if r in SCALES], [r for r in rest if r in WORLDS]
-  if stage not in STAGES or len(scales) > 1 or len(worlds) > 1 or len(scales) + len(worlds) != len(rest):
-    raise ValueError(f"unknown variant {variant!r} of toy_memagent; choose <stage>[,<scale>][,<world>] with "
-                     f"stage in {STAGES}, scale in {SCALES}, world in {tuple(WORLDS)}")
-  return stage, (scales or ["full"])[0], (worlds or ["one_key"])[0]
+  memories = [r for r in rest if r in MEMORIES]
+  if (stage not in STAGES or len(scales) > 1 or len(worlds) > 1 or len(memories) > 1
+      or len(scales) + len(worlds) + len(memories) != len(rest)):
+    raise ValueError(f"unknown variant {variant!r} of toy_memagent; choose <stage>[,<scale>][,<world>][,<memory>] "
+                     f"with stage in {STAGES}, scale in {SCALES}, world in {tuple(WORLDS)}, memory in {MEMORIES}")
+  return stage, (scales or ["full"])[0], (worlds or ["one_key"])[0], (memories or ["overwrite"])[0]
 
 
 def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
-  stage, scale, world = parse_variant(variant)
+  stage, scale, world, memory = parse_variant(variant)
   task, preset = WORLDS[world]
   demo = scale == "demo"
   c = base.get_config()
@@ -132,4 +139,6 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
         # for ablations: the chance that a fact sits at the end of its chunk, where overwrites are
         # likeliest
         c.data.options.late_fact_share = 0.0
+  if memory == "gated" and stage in ("warm_start", "rl"):
+    c.agent.update(memory="gated", gate_forms="keep", decode_buckets=3)
   return c

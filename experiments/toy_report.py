@@ -34,6 +34,7 @@ class ToyRun:
   seed: int = 0  # training data and training seed of every trained stage
   perturb: float = 0.0  # RL starts from the warm start with every weight times 1 + perturb * N(0, 1)
   steps: dict = dataclasses.field(default_factory=dict)  # {stage: steps} overrides (--steps)
+  memory: str = "overwrite"  # the warm start's and RL's memory (configs/toy_memagent.py MEMORIES): overwrite or gated
 
 
 def _by(rows: list[SweepRow], method: str) -> list[SweepRow]:

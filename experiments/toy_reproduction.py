@@ -65,6 +65,9 @@ _EVAL_SEED = flags.DEFINE_integer("eval_seed", 1000, "seed of the evaluation doc
 _EVAL_WORKERS = flags.DEFINE_integer("eval_workers", 2, "methods evaluated at once, each in its own process "
                                      "(1: one after another, in this process)")
 _STEPS = flags.DEFINE_string("steps", "", "override training steps, e.g. 'pretrain=3,warm_start=3,rl=2'")
+_MEMORY = flags.DEFINE_enum("memory", "overwrite", list(toy_memagent.MEMORIES),
+                            "the warm start's and RL's memory: overwrite (MemAgent) or gated (a memory turn may "
+                            "reply <keep>; make gated)")
 _SEED = flags.DEFINE_integer("seed", 0, "training data and training seed of every trained stage (the base "
                              "model is the committed one whatever the seed)")
 _PERTURB = flags.DEFINE_float("perturb", 0.0, "RL starts from the warm start with every weight times "
@@ -103,10 +106,11 @@ def steps_override() -> dict[str, str]:
 
 
 def stage_config(stage: str, scale: str, root: str, world: str = "one_key", steps: dict | None = None,
-                 seed: int = 0, perturb: float = 0.0):
+                 seed: int = 0, perturb: float = 0.0, memory: str = "overwrite"):
   """The stage's config in this run; steps: {stage: steps} overrides (default: --steps); seed: its
-  training data and training seed; perturb: RL starts from the perturbed warm start (`perturbed_export`)."""
-  cfg = toy_memagent.get_config(f"{stage},{scale},{world}")
+  training data and training seed; perturb: RL starts from the perturbed warm start (`perturbed_export`);
+  memory: overwrite or gated (the warm start's and RL's agent)."""
+  cfg = toy_memagent.get_config(f"{stage},{scale},{world},{memory}")
   cfg.train.workdir = os.path.join(root, stage)
   cfg.train.seed = cfg.data.seed = seed
   cfg.train.compilation_cache_dir = compile_cache(root)
@@ -152,11 +156,11 @@ def perturbed_export(root: str, perturb: float) -> str:
 
 
 def train_stage(stage: str, scale: str, root: str, world: str, seed: int = 0, perturb: float = 0.0,
-                steps: dict | None = None, progress: bool = True) -> dict:
+                steps: dict | None = None, progress: bool = True, memory: str = "overwrite") -> dict:
   """Trains (or resumes) one stage and exports its final params as an HF directory. steps: {stage: steps}
   overrides (default: --steps; a side-lane process has no parsed flags); progress: its progress bar
   (off beside another stage's)."""
-  cfg = stage_config(stage, scale, root, world, steps, seed=seed, perturb=perturb)
+  cfg = stage_config(stage, scale, root, world, steps, seed=seed, perturb=perturb, memory=memory)
   cfg.train.progress = progress
   t0 = time.perf_counter()
   print(f"\n== {stage}: {cfg.train.steps} steps, logs in {cfg.train.workdir}/logs", flush=True)
@@ -165,7 +169,7 @@ def train_stage(stage: str, scale: str, root: str, world: str, seed: int = 0, pe
   export_checkpoint(os.path.join(root, stage, "checkpoints"), export)
   if stage in ("pretrain", "warm_start"):  # what --base / --warm_start check before a later run starts from it
     with atomic_write(os.path.join(export, BASE_META)) as f:
-      json.dump({"world": world, "steps": out.step, "model": cfg.model.source, "stage": stage, "scale": scale,
+      json.dump({"world": world, "memory": memory, "steps": out.step, "model": cfg.model.source, "stage": stage, "scale": scale,
                  "seed": seed, "command": "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])},
                 f, indent=1)
   return {"stage": stage, "steps": out.step, "seconds": round(time.perf_counter() - t0, 1),
@@ -178,9 +182,10 @@ def use_base(base: str, root: str, world: str) -> dict:
   return use_export("pretrain", base, root, world)
 
 
-def use_export(stage: str, source: str, root: str, world: str, scale: str | None = None) -> dict:
+def use_export(stage: str, source: str, root: str, world: str, scale: str | None = None,
+               memory: str = "overwrite") -> dict:
   """Copies a committed/earlier export of `stage` in as this run's stage (no training), after checking
-  it is a complete export that stage made for this world (and scale, when given: a warm start)."""
+  it is a complete export that stage made for this world (and scale and memory, when given: a warm start)."""
   flag = "--base" if stage == "pretrain" else f"--{stage}"
   missing = [n for n in ("config.json", "model.safetensors", BASE_META) if not os.path.isfile(os.path.join(source, n))]
   if missing:
@@ -192,6 +197,9 @@ def use_export(stage: str, source: str, root: str, world: str, scale: str | None
     raise ValueError(f"{flag}={source} was trained for world {meta.get('world')!r}, this run is --world={world}")
   if scale and meta.get("scale", scale) != scale:
     raise ValueError(f"{flag}={source} was trained at scale {meta.get('scale')!r}, this run is --scale={scale}")
+  if scale and meta.get("memory", "overwrite") != memory:
+    raise ValueError(f"{flag}={source} was trained with memory {meta.get('memory', 'overwrite')!r}, this run is "
+                     f"--memory={memory}")
   export = os.path.join(root, stage, "export")
   if os.path.abspath(source) != os.path.abspath(export):
     shutil.rmtree(export, ignore_errors=True)
@@ -200,10 +208,11 @@ def use_export(stage: str, source: str, root: str, world: str, scale: str | None
   return {"stage": stage, "steps": meta["steps"], "seconds": 0.0, "export": export, "base": source}
 
 
-def reader_digest(stage: str, scale: str, root: str, world: str, steps: dict | None = None) -> str:
+def reader_digest(stage: str, scale: str, root: str, world: str, steps: dict | None = None,
+                  memory: str = "overwrite") -> str:
   """sha256 of the stage's exported weights and its agent settings: evaluated lengths are reused
   only for the very same reader."""
-  cfg = stage_config(stage, scale, root, world, steps)
+  cfg = stage_config(stage, scale, root, world, steps, memory=memory)
   h = hashlib.sha256(json.dumps(cfg.agent.to_dict(), sort_keys=True).encode())
   with open(os.path.join(root, stage, "export", "model.safetensors"), "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
@@ -211,11 +220,12 @@ def reader_digest(stage: str, scale: str, root: str, world: str, steps: dict | N
   return h.hexdigest()
 
 
-def make_reader(stage: str, scale: str, root: str, world: str, steps: dict | None = None):
+def make_reader(stage: str, scale: str, root: str, world: str, steps: dict | None = None,
+                memory: str = "overwrite"):
   """The stage's exported policy as its config's evaluation reader (full attention centre-truncates
   documents beyond its context window, as the paper's baselines)."""
-  return load_reader(stage_config(stage, scale, root, world, steps), os.path.join(root, stage, "export"),
-                     training=False)
+  return load_reader(stage_config(stage, scale, root, world, steps, memory=memory),
+                     os.path.join(root, stage, "export"), training=False)
 
 
 def sweep_stage(stage: str, run: ToyRun, *, lengths: list[int], progress: bool = True, concurrent_sweeps: int = 1,
@@ -227,7 +237,7 @@ def sweep_stage(stage: str, run: ToyRun, *, lengths: list[int], progress: bool =
   enable_compilation_cache(compile_cache(root))  # before this process compiles anything
   rl_cfg = toy_memagent.get_config(f"rl,{scale},{world}")
   ev, agent = rl_cfg.eval, rl_cfg.agent
-  reader = make_reader(stage, scale, root, world, steps)
+  reader = make_reader(stage, scale, root, world, steps, memory=run.memory)
   direct = stage == "full_attention"
   report = None if progress else lambda row: print(
       f"  {dict(METHODS)[stage]}, {row.length} tokens: {100 * row.accuracy:.1f}% "
@@ -238,7 +248,7 @@ def sweep_stage(stage: str, run: ToyRun, *, lengths: list[int], progress: bool =
                    top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, warmup_each_length=direct,
                    warmup_length=warmup_length)
   return sweep_lengths(reader, stage, spec, out_dir=os.path.join(root, "eval"),
-                       reader_id=reader_digest(stage, scale, root, world, steps), progress=progress, on_row=report,
+                       reader_id=reader_digest(stage, scale, root, world, steps, memory=run.memory), progress=progress, on_row=report,
                        concurrent_sweeps=concurrent_sweeps)
 
 
@@ -332,7 +342,7 @@ def main(argv):
   max_multiple = _MAX_MULTIPLE.value or SCALES[scale]["max_multiple"]
   # --steps resolved here: a sweep's process has no parsed flags
   run = ToyRun(scale=scale, root=root, world=world, n=n, max_multiple=max_multiple, eval_seed=_EVAL_SEED.value,
-               seed=_SEED.value, perturb=_PERTURB.value, steps=steps_override())
+               seed=_SEED.value, perturb=_PERTURB.value, steps=steps_override(), memory=_MEMORY.value)
   if _FRESH.value and os.path.isdir(root):
     shutil.rmtree(root)
   os.makedirs(os.path.join(root, "eval"), exist_ok=True)
@@ -382,14 +392,16 @@ def main(argv):
       if stage == "pretrain" and _BASE.value:
         stages[stage] = use_base(_BASE.value, root, world)
       elif stage == "warm_start" and _WARM_START.value:
-        stages[stage] = use_export(stage, _WARM_START.value, root, world, scale)
+        stages[stage] = use_export(stage, _WARM_START.value, root, world, scale, memory=_MEMORY.value)
       elif stage in _STAGES.value and early and stage == "full_attention":
         print(f"\n== {stage}: trained in a side process, beside the warm start and RL", flush=True)
         training[stage] = lane.submit(train_stage, stage, scale, root, world, seed=_SEED.value,
-                                      perturb=_PERTURB.value, steps=steps_override(), progress=False)
+                                      perturb=_PERTURB.value, steps=steps_override(), progress=False,
+                                      memory=_MEMORY.value)
         training[stage].add_done_callback(functools.partial(report_failure, stage=stage))
       elif stage in _STAGES.value:
-        stages[stage] = train_stage(stage, scale, root, world, seed=_SEED.value, perturb=_PERTURB.value)
+        stages[stage] = train_stage(stage, scale, root, world, seed=_SEED.value, perturb=_PERTURB.value,
+                                    memory=_MEMORY.value)
       else:
         continue
       settle(block=False)

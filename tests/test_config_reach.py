@@ -217,6 +217,10 @@ def gate_spec(run):  # the compiled recurrence's gate settings (None: overwrite)
   return run.exp.agent.gate
 
 
+def decode_buckets(run):  # the batch sizes a memory turn's rows are compacted into
+  return run.exp.agent._spec(keep_prompts=True).decode_buckets
+
+
 def direct_budget(run):  # document tokens a direct reader keeps for a 10-token question
   return run.exp.agent.document_budget(10)
 
@@ -256,6 +260,7 @@ KNOBS = [
     ("agent.memory", "gated", {}, memory_prompt),
     ("agent.gate_forms", "keep_stop", GATED, memory_prompt),
     ("agent.invalid_gate", "keep", GATED, gate_spec),
+    ("agent.decode_buckets", 3, GATED, decode_buckets),
     ("data.task", "squad", {"data.data_dir": "{squad_a}"}, pool),
     ("data.length", 128, {}, pool),
     ("data.train_size", 8, {}, pool),

@@ -87,6 +87,12 @@ class GateSpec:
     return (KEEP_FORM, STOP_FORM) if self.stop else (KEEP_FORM,)
 
   @property
+  def form_tokens(self) -> int:
+    """Tokens of the longest spelling of a form: a reply still decoding after this many (and its stop
+    token) is writing a memory."""
+    return max(len(sp) for sp in self.keep + self.stop)
+
+  @property
   def end_tokens(self) -> tuple[int, ...]:
     """Single-token spellings: emitting one ends the memory turn's decode (no stop token needed)."""
     return tuple(sorted({s[0] for s in self.keep + self.stop if len(s) == 1}))

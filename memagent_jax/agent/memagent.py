@@ -76,10 +76,11 @@ class MemAgent:
   def __init__(self, policy, *, chunk_tokens: int, memory_tokens: int, answer_tokens: int,
                question_tokens: int = 1024, final_template: str = "boxed", block_chunks: int = 8,
                max_chunks: int | None = None, mesh=None, template_prefix_cache: str = "auto",
-               memory: str = "overwrite", gate_forms: str = "keep", invalid_gate: str = "as_memory"):
+               memory: str = "overwrite", gate_forms: str = "keep", invalid_gate: str = "as_memory",
+               decode_buckets: int = 1):
     for name, v in dict(chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
                         answer_tokens=answer_tokens, question_tokens=question_tokens,
-                        block_chunks=block_chunks).items():
+                        block_chunks=block_chunks, decode_buckets=decode_buckets).items():
       if not isinstance(v, (int, np.integer)) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive integer")
     if final_template not in FINAL_TEMPLATES:
@@ -107,6 +108,7 @@ class MemAgent:
     self.gate = (gates.GateSpec.build(tok, forms=gate_forms, invalid_gate=invalid_gate, eos=self.stop_tokens)
                  if memory == "gated" else None)
     self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    self.decode_buckets = int(decode_buckets)  # memory turns run their busy rows in the smallest of these sizes
     self.context = policy.config.max_position_embeddings
     self.check_budget(question_len=1)
     self.reuse_prefix = self._reuse_prefix(template_prefix_cache)
@@ -186,7 +188,7 @@ class MemAgent:
   def _spec(self, keep_prompts: bool) -> RecurrenceSpec:
     return RecurrenceSpec(memory_tokens=self.memory_tokens, answer_tokens=self.answer_tokens,
                           stop_tokens=self.stop_tokens, pad_id=self.pad_id, keep_prompts=keep_prompts,
-                          reuse_prefix=self.reuse_prefix, gate=self.gate)
+                          reuse_prefix=self.reuse_prefix, gate=self.gate, decode_buckets=self.decode_buckets)
 
   @staticmethod
   def _row_keys(questions, documents, seed: int, row_ids) -> np.ndarray:

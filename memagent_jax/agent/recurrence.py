@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from memagent_jax.agent import gates
+from memagent_jax.policy.compaction import run_compacted
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.policy.sampling import (Generation, PromptRows, fold_rows, prefix_cache, row_prefix,
                                           sample_from_prompts)
@@ -38,6 +39,9 @@ class RecurrenceSpec:
   keep_prompts: bool  # return the assembled prompts (RL needs them; long reads may not)
   reuse_prefix: bool  # compute each row's prompt opening (template piece, question, piece) once per block
   gate: gates.GateSpec | None = None  # gated memory: keep / stop forms (None: every reply overwrites)
+  # batch sizes a memory turn's rows are compacted into (policy/compaction.py; 1: none): the rows that read a
+  # chunk before the prefill, and with a gate the rows still decoding once a form could have ended
+  decode_buckets: int = 1
 
 
 class MemoryRows(NamedTuple):
@@ -135,10 +139,26 @@ def _prompt_rows(tokens, valid, keys, inactive, spec: RecurrenceSpec, extra_stop
   return PromptRows(tokens=tokens, valid=valid, keys=keys, stop_tokens=stops, inactive=inactive)
 
 
-def _sample(model, rows: PromptRows, *, n: int, decode: DecodeSpec, spec: RecurrenceSpec, prefix=None):
+def _sample(model, rows: PromptRows, *, n: int, decode: DecodeSpec, spec: RecurrenceSpec, prefix=None,
+            compact_after: int = 0):
   """Up to n new tokens for each row. prefix: the KV of the template piece every prompt starts with
-  (`sampling.prefix_cache`) or None."""
-  return sample_from_prompts(model, rows, decode, max_new_tokens=n, pad_id=spec.pad_id, prefix=prefix)
+  (`sampling.prefix_cache`) or None; compact_after: see `sample_from_prompts`."""
+  return sample_from_prompts(model, rows, decode, max_new_tokens=n, pad_id=spec.pad_id, prefix=prefix,
+                             compact_after=compact_after, buckets=spec.decode_buckets)
+
+
+def _sample_active(model, rows: PromptRows, *, n: int, decode: DecodeSpec, spec: RecurrenceSpec, prefix=None):
+  """A memory turn's generation: only the rows not `inactive` run, compacted into a bucket when the spec
+  has several; the others get an empty generation, as an inactive row does uncompacted."""
+  after = spec.gate.form_tokens + 1 if spec.gate is not None else 0  # a form and its stop token
+
+  def sample(operands):
+    prompt_rows, pre = operands
+    return _sample(model, prompt_rows, n=n, decode=decode, spec=spec, prefix=pre, compact_after=after)
+
+  b = rows.tokens.shape[0]
+  return run_compacted(sample, ~rows.inactive, (rows, prefix), _empty_generation(b, n, spec.pad_id),
+                       buckets=spec.decode_buckets)
 
 
 def opening_cache(model, pieces, rows: MemoryRows, pad_id: int):
@@ -175,8 +195,8 @@ def memory_block(graphdef, state, *, pieces, rows: MemoryRows, block: ChunkBlock
                                _fixed(pieces[3], b)], spec.pad_id)
     gen = jax.lax.cond(
         jnp.any(active),
-        lambda: _sample(model, _prompt_rows(tokens, valid, step_keys, ~active, spec, extra_stops), n=n,
-                        decode=decode, spec=spec, prefix=prefix),
+        lambda: _sample_active(model, _prompt_rows(tokens, valid, step_keys, ~active, spec, extra_stops), n=n,
+                               decode=decode, spec=spec, prefix=prefix),
         lambda: _empty_generation(b, n, spec.pad_id))
     if gate is None:
       new_memory, new_len = _strip_stop(gen, m, spec.pad_id)

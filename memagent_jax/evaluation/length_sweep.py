@@ -89,6 +89,9 @@ class SweepSpec:
                               chunk_tokens=self.chunk_tokens)
 
 
+READING_KEYS = ("decoded_tokens_per_doc", "chunks_per_doc", "keep_frac", "stop_frac", "invalid_frac")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepRow:
   """One reader at one length: accuracy with its 95% Wilson interval, time and peak memory."""
@@ -103,6 +106,9 @@ class SweepRow:
   doc_tokens: float  # mean tokens of the documents read
   concurrent_sweeps: int = 1  # sweeps that shared the machine while this row ran
   others: dict[str, float] = dataclasses.field(default_factory=dict)  # the task's other scores (QA: em, f1, verifier)
+  # what reading cost per document (decoded_tokens_per_doc, chunks_per_doc) and a gated reader's turn
+  # shares (keep_frac, stop_frac, invalid_frac), where the reader reports them
+  reading: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -163,7 +169,8 @@ def sweep_lengths(reader, name: str, spec: SweepSpec, *, out_dir: str | None = N
     rows.append(SweepRow(method=name, length=length, n=spec.n, accuracy=acc, ci_low=lo, ci_high=hi,
                          seconds_per_doc=summary["seconds"] / spec.n, peak_rss_mib=mem.peak / 2 ** 20,
                          doc_tokens=summary["mean_document_tokens"], concurrent_sweeps=concurrent_sweeps,
-                         others={k: summary[k] for k in scorer_keys(spec.task) if k in summary}))
+                         others={k: summary[k] for k in scorer_keys(spec.task) if k in summary},
+                         reading={k: summary[k] for k in READING_KEYS if k in summary}))
     if kept_path:
       with atomic_write(kept_path) as f:
         json.dump({"key": key, "row": rows[-1].to_json()}, f)

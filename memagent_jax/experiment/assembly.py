@@ -45,7 +45,7 @@ def build_reader(agent_cfg, policy, *, training: bool, mesh=None, truncate: bool
                   final_template=a.final_template, block_chunks=a.block_chunks,
                   max_chunks=(a.max_chunks or None) if training else None, mesh=mesh,
                   template_prefix_cache=a.template_prefix_cache, memory=a.memory, gate_forms=a.gate_forms,
-                  invalid_gate=a.invalid_gate)
+                  invalid_gate=a.invalid_gate, decode_buckets=a.decode_buckets)
 
 
 def load_policy_of(cfg, source: str | None = None):

@@ -16,6 +16,7 @@ from flax import nnx, struct
 
 from memagent_jax.models.decoder import positions_from_mask
 from memagent_jax.models.kv_cache import KVCache
+from memagent_jax.policy.compaction import run_compacted
 from memagent_jax.policy.decode_spec import DecodeSpec
 
 
@@ -200,40 +201,65 @@ def prefill(model, tokens, valid, *, cache_size: int, prefix: KVCache | None = N
   return model.logits(hidden[:, -1]), cache
 
 
-def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_tokens: int, pad_id: int,
-                        cache_size: int | None = None, prefix: KVCache | None = None) -> Generation:
-  """Traceable core of generation (used inside `generate_tokens` and the agent's `lax.scan`): up
-  to max_new_tokens new tokens per active row, picked as `spec` says; one prefill, then one decode loop.
-
-  cache_size: slots of the KV cache (default P + max_new_tokens, the least that fits); prefix: the
-  KV of a prefix every prompt starts with (see `prefill`)."""
-  b, p = rows.tokens.shape
-  n = max_new_tokens
-  cache_size = cache_size or p + n
-  logits, cache = prefill(model, rows.tokens, rows.valid, cache_size=cache_size, prefix=prefix)
+def _decode(model, s: DecodeState, keys, stop_tokens, spec: DecodeSpec, *, prompt_slots: int, max_new_tokens: int,
+            pad_id: int, until: int | None = None) -> DecodeState:
+  """The decode loop from state s until every row is done, max_new_tokens are generated, or (with
+  `until`) that many tokens are. keys [B, 2], stop_tokens [B, K] are the rows' own."""
+  p, n = prompt_slots, max_new_tokens
+  last = n if until is None else min(until, n)
+  b = s.done.shape[0]
 
   def cond(s: DecodeState):
-    return (s.cache.cursor - p < n) & ~jnp.all(s.done)
+    return (s.cache.cursor - p < last) & ~jnp.all(s.done)
 
   def body(s: DecodeState) -> DecodeState:
     step = s.cache.cursor - p
-    tok, lp, slp = _pick(s.logits, fold_rows(rows.keys, step), spec)
+    tok, lp, slp = _pick(s.logits, fold_rows(keys, step), spec)
     live = ~s.done
     tok = jnp.where(live, tok, pad_id)
     col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, step))
-    done = s.done | (live & jnp.any(tok[:, None] == rows.stop_tokens, axis=-1))
+    done = s.done | (live & jnp.any(tok[:, None] == stop_tokens, axis=-1))
     h, cache = model(tok[:, None], s.pos[:, None], jnp.ones((b, 1), bool), s.cache)
     return DecodeState(cache=cache, logits=model.logits(h[:, 0]), pos=s.pos + 1, done=done,
                        tokens=col(s.tokens, tok), logprobs=col(s.logprobs, jnp.where(live, lp, 0.0)),
                        sample_logprobs=col(s.sample_logprobs, jnp.where(live, slp, 0.0)),
                        lengths=s.lengths + live.astype(jnp.int32))
 
+  return jax.lax.while_loop(cond, body, s)
+
+
+def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_tokens: int, pad_id: int,
+                        cache_size: int | None = None, prefix: KVCache | None = None,
+                        compact_after: int = 0, buckets: int = 1) -> Generation:
+  """Traceable core of generation (used inside `generate_tokens` and the agent's `lax.scan`): up
+  to max_new_tokens new tokens per active row, picked as `spec` says; one prefill, then one decode loop.
+
+  cache_size: slots of the KV cache (default P + max_new_tokens, the least that fits); prefix: the
+  KV of a prefix every prompt starts with (see `prefill`). With compact_after > 0 and buckets > 1,
+  after compact_after tokens the rows still decoding continue in the smallest of `buckets` batch
+  sizes that holds them (policy/compaction.py): each row's tokens are the same, fewer rows run."""
+  b, p = rows.tokens.shape
+  n = max_new_tokens
+  cache_size = cache_size or p + n
+  logits, cache = prefill(model, rows.tokens, rows.valid, cache_size=cache_size, prefix=prefix)
   init = DecodeState(cache=cache, logits=logits, pos=jnp.sum(rows.valid, 1).astype(jnp.int32), done=rows.inactive,
                      tokens=jnp.full((b, n), pad_id, jnp.int32), logprobs=jnp.zeros((b, n), jnp.float32),
                      sample_logprobs=jnp.zeros((b, n), jnp.float32), lengths=jnp.zeros((b,), jnp.int32))
-  s = jax.lax.while_loop(cond, body, init)
+  loop = functools.partial(_decode, model, spec=spec, prompt_slots=p, max_new_tokens=n, pad_id=pad_id)
+  if compact_after > 0 and buckets > 1 and compact_after < n:
+    s = loop(init, rows.keys, rows.stop_tokens, until=compact_after)
+    rest = lambda t: loop(t[0], t[1], t[2])  # the rows still decoding, to the end
+    s = compact_decode(rest, s, rows, buckets=buckets)
+  else:
+    s = loop(init, rows.keys, rows.stop_tokens)
   stopped = s.done & ~rows.inactive  # inactive rows neither stopped nor ran
   return Generation(s.tokens, s.logprobs, s.sample_logprobs, s.lengths, stopped, s.cache.cursor - p)
+
+
+def compact_decode(rest, s: DecodeState, rows: PromptRows, *, buckets: int) -> DecodeState:
+  """rest((state, keys, stop_tokens)) run on the rows of s not yet done, gathered into a bucket; the
+  done rows keep s (their later steps would write nothing). The cursor is shared: taken from rest."""
+  return run_compacted(rest, ~s.done, (s, rows.keys, rows.stop_tokens), s, buckets=buckets)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "pad_id"))

@@ -1,0 +1,174 @@
+"""Gated against overwrite memory on the toy lookup world: the same recipe (warm start from the committed
+base, then RL) with each memory, in training seeds 0 and 1; RL-MemAgent's accuracy, decoded tokens,
+chunks read and seconds per document at every length, one table and plot.
+
+  python -m experiments.toy_gated                # make gated: the full recipe (each run about as long as make reproduce)
+  python -m experiments.toy_gated --scale=demo   # the demo recipe (16 RL steps, 1x..16x): minutes per run
+  python -m experiments.toy_gated --dry_run      # the commands only
+
+Each run is `experiments.toy_reproduction --world=lookup --memory=<overwrite|gated> --seed=<s>` in its own
+workdir (resumable: a finished run is not run again). The gated runs' warm start imitates a teacher that
+replies <keep> on chunks without the asked key, and their memory turns run only the rows still decoding
+(agent.decode_buckets=3). Output: docs/results/toy_gated[_demo].{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import numpy as np
+from absl import app, flags
+
+from experiments import toy_report
+from memagent_jax.evaluation.length_sweep import SweepRow
+from memagent_jax.runtime.atomic_io import atomic_write, save_figure
+
+MEMORIES = ("overwrite", "gated")
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The command line's flags, defined when run as a script only (tests import this module)."""
+  flags.DEFINE_enum("scale", "full", ["full", "demo"], "the toy recipe's scale (toy_reproduction --scale)")
+  flags.DEFINE_list("seeds", ["0", "1"], "training seeds")
+  flags.DEFINE_string("root", None, "directory of the runs (default runs/toy_gated_<scale>)")
+  flags.DEFINE_string("out", None, "table + plot path stem (default docs/results/toy_gated[_demo])")
+  flags.DEFINE_bool("dry_run", False, "print the commands, run nothing")
+
+
+def runs(root: str, seeds: list[int]) -> list[dict]:
+  """One run per (seed, memory): label, workdir, seed, memory."""
+  return [dict(label=f"{memory}, seed {seed}", workdir=os.path.join(root, f"{memory}_seed{seed}"), seed=seed,
+               memory=memory) for seed in seeds for memory in MEMORIES]
+
+
+def command(run: dict, scale: str) -> list[str]:
+  """A run as a toy_reproduction command: warm start and RL trained (or resumed), RL swept."""
+  return [sys.executable, "-m", "experiments.toy_reproduction", f"--scale={scale}", "--world=lookup",
+          "--base=experiments/data/toy_base_lookup", "--stages=warm_start,rl,eval", "--eval_methods=rl",
+          f"--memory={run['memory']}", f"--seed={run['seed']}", f"--workdir={run['workdir']}",
+          f"--results_dir={os.path.join(run['workdir'], 'results')}"]
+
+
+def result_path(run: dict, scale: str) -> str:
+  return os.path.join(run["workdir"], "results", toy_report.report_name(scale, "lookup") + ".json")
+
+
+def finished_rows(run: dict, scale: str) -> tuple[list[SweepRow], float | None] | None:
+  """A finished run's RL rows by length and its minutes, else None."""
+  path = result_path(run, scale)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    data = json.load(f)
+  rows = sorted((SweepRow.from_json(r) for r in data["rows"] if r["method"] == "rl"), key=lambda r: r.length)
+  return rows, data.get("minutes")
+
+
+def _cost(row: SweepRow, key: str) -> float:
+  return float(row.reading.get(key, float("nan")))
+
+
+def markdown(results: list[tuple[dict, list[SweepRow], float | None]], commands: list[str], scale: str,
+             plot_name: str) -> str:
+  """The finished runs side by side: per seed and length, overwrite against gated."""
+  lines = ["| seed | length (x training) | overwrite acc % | gated acc % | decoded tokens / doc, overwrite | gated "
+           "| chunks read / doc, overwrite | gated | s / doc, overwrite | gated | gated keep share |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  by = {(run["seed"], run["memory"]): rows for run, rows, _ in results}
+  for seed in sorted({run["seed"] for run, _, _ in results}):
+    ow, gt = by.get((seed, "overwrite")), by.get((seed, "gated"))
+    for i, length in enumerate(r.length for r in (ow or gt)):
+      pair = (ow[i] if ow else None, gt[i] if gt else None)
+      cells = lambda f: [("-" if r is None else f(r)) for r in pair]
+      tokens = cells(lambda r: f"{_cost(r, 'decoded_tokens_per_doc'):.1f}")
+      chunks = cells(lambda r: f"{_cost(r, 'chunks_per_doc'):.1f}")
+      seconds = cells(lambda r: f"{r.seconds_per_doc:.4f}")
+      keep = "-" if pair[1] is None else f"{100 * _cost(pair[1], 'keep_frac'):.0f}%"
+      lines.append(f"| {seed} | {length} ({length // (ow or gt)[0].length}x) | "
+                   + " | ".join([*cells(toy_report.acc_cell), *tokens, *chunks, *seconds, keep]) + " |")
+  minutes = [f"{run['label']}: {m:.1f} min" for run, _, m in results if m is not None]
+  return "\n".join([
+      f"# Gated against overwrite memory, toy lookup world ({scale})", "",
+      f"Command: `python -m experiments.toy_gated --scale={scale}`" + (" (make gated)" if scale == "full" else "")
+      + ". Each run is one toy_reproduction command (below): the warm start from the committed base, then RL, "
+      "then RL-MemAgent swept at n documents per length (evaluation seed 1000, temperature 0.7, top-p 0.95; "
+      "accuracy in % with a 95% Wilson interval). Gated: a memory turn may reply `<keep>` (the memory stays); "
+      "its warm start's teacher does so on chunks without the asked key, and its memory turns run only the rows "
+      "still decoding (agent.decode_buckets = 3). Decoded tokens: memory turns and the answer. Seconds: wall "
+      "time of the batched evaluation / n on 2 CPU cores (two sweeps may share them: see each run's own page).",
+      "", *[f"    {c}" for c in commands], "", *lines, "",
+      "Wall time per run: " + ("; ".join(minutes) if minutes else "-") + ".", "",
+      f"![gated against overwrite]({plot_name})", ""])
+
+
+def plot(results, path: str):
+  """Accuracy, decoded tokens per document and seconds per document against length, one line per run."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+  for run, rows, _ in results:
+    x = np.array([r.length / rows[0].length for r in rows])
+    style = "o-" if run["memory"] == "gated" else "s--"
+    line, = axes[0].plot(x, [100 * r.accuracy for r in rows], style, label=run["label"])
+    axes[0].fill_between(x, [100 * r.ci_low for r in rows], [100 * r.ci_high for r in rows], color=line.get_color(),
+                         alpha=0.12)
+    axes[1].plot(x, [_cost(r, "decoded_tokens_per_doc") for r in rows], style, color=line.get_color())
+    axes[2].plot(x, [r.seconds_per_doc for r in rows], style, color=line.get_color())
+  for ax, label in zip(axes, ("accuracy % (95% Wilson interval)", "decoded tokens / document", "seconds / document")):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("document length / training length")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+  axes[1].set_yscale("log")
+  axes[2].set_yscale("log")
+  axes[0].legend(fontsize=8, loc="lower left")
+  fig.suptitle("RL-MemAgent, toy lookup world: gated (keep form) against overwrite memory")
+  save_figure(fig, path)
+  plt.close(fig)
+
+
+def write_table(todo: list[dict], commands: list[str], scale: str, out: str):
+  results = [(run, *done) for run in todo if (done := finished_rows(run, scale)) is not None]
+  if not results:
+    return
+  os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  with atomic_write(out + ".md") as f:
+    f.write(markdown(results, commands, scale, os.path.basename(out) + ".png"))
+  with atomic_write(out + ".json") as f:
+    json.dump({"scale": scale, "commit": toy_report.current_commit(),
+               "runs": [{"label": run["label"], "seed": run["seed"], "memory": run["memory"], "minutes": minutes,
+                         "rows": [r.to_json() for r in rows]} for run, rows, minutes in results]}, f, indent=1)
+  plot(results, out + ".png")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  scale = FLAGS.scale
+  root = FLAGS.root or f"runs/toy_gated_{scale}"
+  out = FLAGS.out or ("docs/results/toy_gated" + ("" if scale == "full" else f"_{scale}"))
+  todo = runs(root, [int(s) for s in FLAGS.seeds])
+  commands = [shlex.join(["python", *command(run, scale)[1:]]) for run in todo]
+  if FLAGS.dry_run:
+    print("\n".join(commands))
+    return
+  for run, cmd in zip(todo, commands):
+    if finished_rows(run, scale) is None:
+      print(f"\n==== {run['label']}: {cmd}", flush=True)
+      t0 = time.perf_counter()
+      subprocess.run(command(run, scale), check=True)
+      print(f"==== {run['label']}: {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    write_table(todo, commands, scale, out)  # after every run: a stopped command leaves the runs it finished
+  print(f"\nTable: {out}.md\nPlot:  {out}.png")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
