@@ -18,7 +18,7 @@ import memagent_jax as mj
 from configs import base as base_config
 from memagent_jax import evaluation
 from memagent_jax.data import ruler_hotpotqa, tasks
-from memagent_jax.experiment import assembly, compile_report, config_overrides
+from memagent_jax.experiment import assembly, compile_report, config_overrides, gated_estimate
 from memagent_jax.policy import export, loading
 from memagent_jax.runtime import checkpointing, tpu_targets
 from memagent_jax.runtime.atomic_io import atomic_directory, atomic_write
@@ -209,7 +209,14 @@ def cmd_compile(args) -> int:
   if unknown:
     _fail(f"--programs: unknown {sorted(unknown)}; choose from rollout, answer, logprobs, update")
   try:
-    report = compile_report.compile_step(cfg, topology, programs=programs, progress=not args.quiet)
+    assume = None
+    if args.keep_rate is not None:
+      try:
+        assume = gated_estimate.GatedAssumption(keep_rate=args.keep_rate, form_tokens=args.form_tokens,
+                                                buckets=max(cfg.agent.decode_buckets, 1))
+      except ValueError as e:
+        _fail(str(e))
+    report = compile_report.compile_step(cfg, topology, programs=programs, progress=not args.quiet, assume=assume)
     if args.json:
       compile_report.write_json(report, args.json)
     print(compile_report.format_table(report), flush=True)
@@ -342,6 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
   c.add_argument("--programs", default="rollout,answer,logprobs,update",
                  help="comma-separated subset of rollout, answer, logprobs, update (each kind: every "
                       "distinct program of it the step runs)")
+  c.add_argument("--assume.keep_rate", dest="keep_rate", type=float, default=None,
+                 help="gated memory: the share of memory turns that keep the memory; the rollout is re-costed "
+                      "with its writing rows compacted into agent.decode_buckets sizes (experiment/gated_estimate.py)")
+  c.add_argument("--assume.form_tokens", dest="form_tokens", type=_int_flag(1), default=3,
+                 help="tokens of the keep form <keep> in the model's tokenizer (default 3, as '<', 'keep', '>'; count it with yours)")
   c.add_argument("--quiet", action="store_true", help="no progress bar")
   _debug_flag(c)
   c.set_defaults(func=cmd_compile)

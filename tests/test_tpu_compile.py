@@ -123,9 +123,16 @@ def test_rollout_layout_stops_moving_weights(tmp_path, capsys):
   (rows are independent: with tensor = 1 nothing is exchanged at all)."""
   per_token, total = {}, {}
   for layout in ("train", "replicated"):
-    code, r, _ = _compile(tmp_path, capsys, "--topology", "v5e:2x2", "--programs", "rollout",
-                          "--config.mesh.fsdp=4", f"--config.mesh.rollout={layout}")
+    gated = ["--assume.keep_rate=0.8", "--config.agent.decode_buckets=3"] if layout == "replicated" else []
+    code, r, out = _compile(tmp_path, capsys, "--topology", "v5e:2x2", "--programs", "rollout",
+                            "--config.mesh.fsdp=4", f"--config.mesh.rollout={layout}", *gated)
     assert code == 0
+    if gated:  # the same program re-costed for a gated memory from its own decode loop (test_gated_estimate)
+      g, ro = r["gated"], r["programs"]["rollout"]
+      assert "gated memory at keep rate 0.8" in out.out
+      assert g["overwrite_roofline_s"] == ro["roofline_s"] and 0 < g["bucket_share"] < 1
+      assert 0 < g["flops"] < ro["flops"] and 0 < g["bytes_accessed"] < ro["bytes_accessed"]
+      assert g["roofline_s"] < ro["roofline_s"]
     per_token[layout] = r["programs"]["rollout"]["loop_collective_bytes_per_iteration"]
     total[layout] = r["programs"]["rollout"]["collective_bytes"]
     weights = r["per_device_weight_bytes"]["rollout"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import sys
 import time
@@ -19,7 +20,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from memagent_jax.experiment import compile_plan, specs
+from memagent_jax.experiment import compile_plan, gated_estimate, specs
 from memagent_jax.experiment.config_checks import validate_config
 from memagent_jax.runtime import hlo_stats, parallel, tpu_targets
 
@@ -66,7 +67,7 @@ def program_report(compiled, chip: tpu_targets.Chip, *, backend: str) -> dict:
           "collectives": {k: {"count": c, "bytes": b} for k, (c, b) in sorted(t.collectives.items())},
           "loop_collective_bytes_per_iteration": stats.max_loop_collective_bytes(),
           "loops": [{"trip_count": l.trip_count, "innermost": l.innermost,
-                     "flops_per_iteration": l.per_iteration.flops,
+                     "flops_per_iteration": l.per_iteration.flops, "bytes_per_iteration": l.per_iteration.bytes_accessed,
                      "collective_bytes_per_iteration": l.per_iteration.collective_bytes} for l in stats.loops],
           "roofline_s": max(times.values()), "bound_by": max(times, key=times.get),
           "xla_cost_flops_loop_bodies_once": float((compiled.cost_analysis() or {}).get("flops", 0.0)),
@@ -133,10 +134,14 @@ def _kind(name: str) -> str:
 
 
 def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "answer", "logprobs", "update"),
-                 progress: bool = True) -> dict:
+                 progress: bool = True, assume: gated_estimate.GatedAssumption | None = None) -> dict:
   """Compiles the chosen kinds of cfg's step programs for `topology`; returns the report dict (JSON).
-  A program's step peak is its own peak plus everything the trainer keeps alive beside it."""
+  A program's step peak is its own peak plus everything the trainer keeps alive beside it. assume: a gated
+  memory's keep rate: the rollout is compiled as every turn writes, then re-costed (gated_estimate.py)."""
   validate_config(cfg)
+  if assume is not None:  # the uncompacted rollout: its one decode loop is what the estimate re-costs
+    cfg = cfg.copy_and_resolve_references()
+    cfg.agent.decode_buckets = 1
   jax.default_backend()  # this host's backend first, so the TPU plugin never becomes the default
   mesh, devices = tpu_mesh(cfg, topology)
   rules = specs.mesh_spec(cfg).axis_rules()
@@ -162,6 +167,15 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
                               fits=step_peak <= chip.hbm_bytes, hbm_share=step_peak / chip.hbm_bytes)
   complete = len(reports) == len(built) and all(p["fits"] for p in reports.values())
   total, assumptions = step_estimate(reports, shapes) if complete else (None, [])
+  gated = None
+  if assume is not None and "rollout" in reports:
+    rows = math.prod(dict(zip(mesh.axis_names, mesh.devices.shape)).get(a, 1) for a in parallel.BATCH_AXES)
+    gated = gated_estimate.gated_rollout(reports["rollout"], assume=assume, memory_tokens=cfg.agent.memory_tokens,
+                                         turns=shapes.block_chunks, group_rows=shapes.rollout_rows // rows,
+                                         weight_bytes=facts["rollout_param_bytes"], chip=chip)
+    if total is not None:
+      p = reports["rollout"]
+      gated["step_estimate_s"] = total - p["calls_per_step"] * p["live_share"] * (p["roofline_s"] - gated["roofline_s"])
   mfu = MAXTEXT_MFU.get(chip.name)
   wall = [total / mfu[1], total / mfu[0]] if total is not None and mfu else None
   m = dict(zip(mesh.axis_names, mesh.devices.shape))
@@ -175,7 +189,8 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
           "assumptions": assumptions + facts["notes"] + [
               f"{chip.name} per device: {chip.hbm_bytes / GIB:.1f} GiB HBM, {chip.peak_flops / 1e12:g} TFLOP/s bf16, "
               f"{chip.hbm_bandwidth / 1e9:g} GB/s HBM, {chip.ici_bandwidth / 1e9:g} GB/s ICI"],
-          "per_device_weight_bytes": {"train": facts["param_bytes"], "rollout": facts["rollout_param_bytes"]}}
+          "per_device_weight_bytes": {"train": facts["param_bytes"], "rollout": facts["rollout_param_bytes"]},
+          **({"gated": gated} if gated is not None else {})}
 
 
 def _gib(x) -> str:
@@ -215,6 +230,14 @@ def format_table(report: dict) -> str:
                                           report["utilisation_range"])
       line += (f"; at {100 * ulo:.0f}-{100 * uhi:.0f}% of peak (MaxText's training MFU on {report['chip']}) "
                f"{lo:.0f}-{hi:.0f} s wall, {clo:.3g}-{chi:.3g} chip-seconds on {report['chips']} chips")
+    lines.append(line)
+  if report.get("gated"):
+    g = report["gated"]
+    line = (f"gated memory at keep rate {g['keep_rate']:g} (a {g['form_tokens']}-token keep form, the writing rows "
+            f"in {100 * g['bucket_share']:.0f}% of the batch, agent.decode_buckets {g['buckets']}): rollout roofline "
+            f"{g['overwrite_roofline_s']:.3g} -> {g['roofline_s']:.3g} s per call ({g['bound_by']})")
+    if g.get("step_estimate_s") is not None:
+      line += f"; step roofline {report['step_estimate_s']:.0f} -> {g['step_estimate_s']:.0f} s"
     lines.append(line)
   return "\n".join(lines)
 
