@@ -27,10 +27,14 @@ class MetricWriter:
     """Opens both sinks for appending (again after close(): a Trainer's train() may run twice)."""
     os.makedirs(self.log_dir, exist_ok=True)
     self._jsonl = open(os.path.join(self.log_dir, "metrics.jsonl"), "a")
-    if self.tensorboard:
-      # lazy: tensorboardX takes ~1.7 s to import; only runs writing TensorBoard events need it
+
+  def _event_writer(self):
+    """The TensorBoard writer, opened at the first scalar: tensorboardX takes ~1.7 s to import, and a writer
+    that never wrote cannot close at interpreter exit (its queue's thread would start during shutdown)."""
+    if self._tb is None:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"), flush_secs=10)
+    return self._tb
 
   def write(self, step: int, scalars: dict[str, float], prefix: str = ""):
     if not self.enabled:
@@ -45,15 +49,17 @@ class MetricWriter:
     except OSError as e:  # a full disk: say which file, not only "[Errno 28]"
       raise OSError(e.errno, f"metrics of step {step} not written: {(e.strerror or str(e)).lower()} writing "
                              f"{self._jsonl.name}") from e
-    if self._tb is not None:
+    if self.tensorboard and clean:
+      tb = self._event_writer()
       for k, v in clean.items():
-        self._tb.add_scalar(k, v, int(step))
+        tb.add_scalar(k, v, int(step))
 
   def close(self):
     if self._jsonl:
       self._jsonl.close()
     if self._tb is not None:
       self._tb.close()
+      self._tb = None  # a later write opens a new one
 
 
 def read_jsonl(path: str) -> list[dict]:
