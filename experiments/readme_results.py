@@ -145,7 +145,40 @@ def pods(repo: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-BLOCKS = {"toy_reproduction": toy_reproduction, "seeds": seeds, "demo": demo, "pods": pods}
+def gated(repo: str) -> str:
+  """Gated against overwrite memory (make gated; its demo scale where the full one has not run), and row
+  compaction's wall-time effect (bench_compaction)."""
+  result = _load(repo, "toy_gated.json") or _load(repo, "toy_gated_demo.json")
+  if result is None:
+    return "`make gated` has not written docs/results/toy_gated.json (or its demo scale, toy_gated_demo.json) yet.\n"
+  runs = {(r["seed"], r["memory"]): r["rows"] for r in result["runs"]}
+  lines = ["| seed | length | overwrite acc % | gated acc % | decoded tokens / doc (overwrite -> gated) | "
+           "s / doc (overwrite -> gated) | gated keep share |", "|---|---|---|---|---|---|---|"]
+  for seed in sorted({s for s, _ in runs}):
+    ow, gt = runs.get((seed, "overwrite")), runs.get((seed, "gated"))
+    if not ow or not gt:
+      continue
+    base = ow[0]["length"]
+    for o, g in zip(ow, gt):
+      lines.append(f"| {seed} | {o['length'] // base}x | {100 * o['accuracy']:.1f} | {100 * g['accuracy']:.1f} | "
+                   f"{o['reading']['decoded_tokens_per_doc']:.0f} -> {g['reading']['decoded_tokens_per_doc']:.0f} | "
+                   f"{o['seconds_per_doc']:.3f} -> {g['seconds_per_doc']:.3f} | "
+                   f"{100 * g['reading'].get('keep_frac', 0.0):.0f}% |")
+  scale = result["scale"]
+  text = [*lines, "", f"Scale {scale} (`python -m experiments.toy_gated --scale={scale}`"
+          + (", make gated" if scale == "full" else "; `make gated` runs the full recipe") + "), n = "
+          f"{gt[0]['n'] if gt else '-'} per point, commit {result.get('commit') or 'not recorded'}; "
+          "docs/results/toy_gated" + ("" if scale == "full" else f"_{scale}") + ".md has chunks read and the plot."]
+  bench = _load(repo, "bench_compaction.json")
+  if bench:
+    speed = ", ".join(f"{r['multiple']}x {r['speedup']:.2f}x" for r in bench["rows"])
+    text += ["", f"Row compaction alone (the gated policy with agent.decode_buckets 1 against 3, same documents, "
+             f"docs/results/bench_compaction.md): seconds per document {speed}; same scores: "
+             f"{'yes' if all(r['same_scores'] for r in bench['rows']) else 'no'}."]
+  return "\n".join(text) + "\n"
+
+
+BLOCKS = {"toy_reproduction": toy_reproduction, "seeds": seeds, "demo": demo, "pods": pods, "gated": gated}
 
 
 def render(text: str, repo: str = REPO) -> str:

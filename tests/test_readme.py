@@ -156,3 +156,26 @@ def test_pod_table_row_is_computed_from_its_compile_report(tmp_path):
   report["step_wall_s_range"] = None
   json.dump(report, open(folder / "qwen3_1.7b_v5e-8.json", "w"))
   assert "| no | 12.0 GiB (120%, rollout) | - | - |" in readme_results.pods(str(tmp_path))
+
+
+def test_gated_block_is_computed_from_its_result(tmp_path):
+  """The README's gated table from a hand-made make-gated result: per seed and length, both accuracies,
+  decoded tokens and seconds per document, the keep share; the full scale wins over the demo one."""
+  import json
+  from experiments import readme_results
+  folder = tmp_path / "docs" / "results"
+  os.makedirs(folder)
+  row = lambda length, acc, tokens, seconds, keep=None: dict(
+      length=length, n=200, accuracy=acc, seconds_per_doc=seconds,
+      reading=dict(decoded_tokens_per_doc=tokens, **({} if keep is None else {"keep_frac": keep})))
+  result = {"scale": "demo", "commit": "abc", "runs": [
+      {"seed": 0, "memory": "overwrite", "rows": [row(128, 0.74, 40.0, 0.02), row(512, 0.43, 136.0, 0.06)]},
+      {"seed": 0, "memory": "gated", "rows": [row(128, 0.80, 20.0, 0.015, 0.5), row(512, 0.50, 50.0, 0.03, 0.75)]}]}
+  json.dump(result, open(folder / "toy_gated_demo.json", "w"))
+  block = readme_results.gated(str(tmp_path))
+  assert "| 0 | 4x | 43.0 | 50.0 | 136 -> 50 | 0.060 -> 0.030 | 75% |" in block
+  assert "Scale demo" in block and "commit abc" in block
+  result["scale"] = "full"
+  result["runs"][1]["rows"][1]["accuracy"] = 0.61
+  json.dump(result, open(folder / "toy_gated.json", "w"))
+  assert "| 0 | 4x | 43.0 | 61.0 |" in readme_results.gated(str(tmp_path))
