@@ -101,8 +101,12 @@ MESH_SCRIPT = textwrap.dedent("""
   import numpy as np
   import memagent_jax as mj
   from memagent_jax.data import toy
+  from memagent_jax.policy import compaction
   from memagent_jax.runtime import parallel
 
+  seen = []  # the row groups each compaction was traced with: 2, one per device, when the mesh is in context
+  row_groups = compaction.row_groups
+  compaction.row_groups = lambda rows: seen.append(row_groups(rows)) or seen[-1]
   mesh = parallel.make_mesh(parallel.MeshSpec(data=2, fsdp=1, tensor=1))
   docs = [toy.generate(1, k * toy.CHUNK_TOKENS, seed=10 + k)[0] for k in (1, 4, 2, 4, 3, 1, 4, 2)]
   out = {}
@@ -115,7 +119,7 @@ MESH_SCRIPT = textwrap.dedent("""
                                  seed=3)
     out[buckets] = [[r.gates, r.memories, [[int(t) for t in c.response_ids] for c in r.conversations]]
                     for r in results]
-  print(json.dumps(dict(same=out[1] == out[3], devices=len(jax.devices()))))
+  print(json.dumps(dict(same=out[1] == out[3], devices=len(jax.devices()), groups=sorted(set(seen)))))
 """)
 
 
@@ -127,4 +131,4 @@ def test_compacted_memory_turns_on_two_devices():
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert result == dict(same=True, devices=2)
+  assert result == dict(same=True, devices=2, groups=[2])
