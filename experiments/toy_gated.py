@@ -101,7 +101,9 @@ def markdown(results: list[tuple[dict, list[SweepRow], float | None]], commands:
       "accuracy in % with a 95% Wilson interval). Gated: a memory turn may reply `<keep>` (the memory stays); "
       "its warm start's teacher does so on chunks without the asked key, and its memory turns run only the rows "
       "still decoding (agent.decode_buckets = 3). Decoded tokens: memory turns and the answer. Seconds: wall "
-      "time of the batched evaluation / n on 2 CPU cores (two sweeps may share them: see each run's own page).",
+      "time of the batched evaluation / n on 2 CPU cores, which two sweeps and other work may share (a run's "
+      "seconds are not comparable across runs; docs/results/bench_compaction.md times row compaction alone, side by "
+      "side in one process).",
       "", *[f"    {c}" for c in commands], "", *lines, "",
       "Wall time per run: " + ("; ".join(minutes) if minutes else "-") + ".", "",
       f"![gated against overwrite]({plot_name})", ""])
@@ -112,7 +114,8 @@ def plot(results, path: str):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+  from matplotlib.ticker import ScalarFormatter
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.4), constrained_layout=True)
   for run, rows, _ in results:
     x = np.array([r.length / rows[0].length for r in rows])
     style = "o-" if run["memory"] == "gated" else "s--"
@@ -126,8 +129,11 @@ def plot(results, path: str):
     ax.set_xlabel("document length / training length")
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
-  axes[1].set_yscale("log")
-  axes[2].set_yscale("log")
+  for ax in axes[1:]:
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.tick_params(axis="y", which="minor", labelsize=7)
   axes[0].legend(fontsize=8, loc="lower left")
   fig.suptitle("RL-MemAgent, toy lookup world: gated (keep form) against overwrite memory")
   save_figure(fig, path)
