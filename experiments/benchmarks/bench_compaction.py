@@ -15,7 +15,7 @@ import os
 import platform
 import time
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from configs import toy_memagent
 from experiments import toy_report
@@ -44,6 +44,8 @@ def read(reader, samples, n):
 
 def main(argv):
   del argv
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
   cfg = toy_memagent.get_config("rl,demo,lookup,gated")
   policy = load_policy_of(cfg, FLAGS.export)
   readers = {}
