@@ -164,6 +164,12 @@ def gated(repo: str) -> str:
                    f"{o['reading']['decoded_tokens_per_doc']:.0f} -> {g['reading']['decoded_tokens_per_doc']:.0f} | "
                    f"{o['seconds_per_doc']:.3f} -> {g['seconds_per_doc']:.3f} | "
                    f"{100 * g['reading'].get('keep_frac', 0.0):.0f}% |")
+  below = [f"seed {seed} {o['length'] // ow[0]['length']}x" for seed in sorted({s for s, _ in runs})
+           if (ow := runs.get((seed, "overwrite"))) and (gt := runs.get((seed, "gated")))
+           for o, g in zip(ow, gt) if g["accuracy"] < o.get("ci_low", o["accuracy"])]
+  lines += ["", "Gated below overwrite's 95% interval at: " + (", ".join(below) or "no length") + ". Seconds per "
+            "document come from runs that shared the 2 cores with other work; only bench_compaction (below) times "
+            "one setting against another in one process."]
   scale = result["scale"]
   text = [*lines, "", f"Scale {scale} (`python -m experiments.toy_gated --scale={scale}`"
           + (", make gated" if scale == "full" else "; `make gated` runs the full recipe") + "), n = "
