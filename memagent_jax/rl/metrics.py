@@ -32,7 +32,7 @@ class MetricWriter:
     """The TensorBoard writer, opened at the first scalar: tensorboardX takes ~1.7 s to import, and a writer
     that never wrote cannot close at interpreter exit (its queue's thread would start during shutdown)."""
     if self._tb is None:
-      from tensorboardX import SummaryWriter
+      from tensorboardX import SummaryWriter  # lazy: about 1.7 s to import, and only writing runs need it
       self._tb = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"), flush_secs=10)
     return self._tb
 
