@@ -3,8 +3,9 @@
   --config=configs/memagent_qwen2_5_small.py:0.5b      (also 1.5b, 3b), for v5p-8 or v5e-8
 The released workflow (5000-token chunks, 1024-token memory and answer, 8 chunks per training
 document) and DAPO-style objective, with batches sized for 8 chips instead of 32-64 GPUs; the mesh
-splits rows and weights over all chips (fsdp), the 3B also over tensor = 2 so rollout weights fit a
-16 GB v5e chip. Check a variant on your pod with `memagent compile --config ... --topology v5e-8`: the
+splits rows and weights over all chips (fsdp), the 1.5B and 3B over fsdp 4 x tensor 2, so that the
+update's step peak (its own bytes plus the rollout copy of the weights beside it) fits a 16 GB v5e chip
+(with fsdp 8 the 1.5B's update asked for 17.1 GiB of 14.9). Check a variant on your pod with `memagent compile --config ... --topology v5e-8`: the
 0.5B update's step peak there is 9.6 of 14.9 GiB per chip (one 8K-token row per chip; it asked for 18.9
 before activations were pinned to their rows between blocks, models/attention.constrain_rows).
 """
@@ -16,7 +17,7 @@ from configs import base
 # (preset, questions per step, questions per update, micro-batches, rollout rows, fsdp, tensor)
 # Micro-batches give one row of 8K tokens per chip in the update (its temporaries fit a 16 GB v5e).
 SIZES = {"0.5b": ("qwen2.5-0.5b-instruct", 32, 4, 32, 128, 8, 1),
-         "1.5b": ("qwen2.5-1.5b-instruct", 32, 4, 32, 128, 8, 1),
+         "1.5b": ("qwen2.5-1.5b-instruct", 32, 4, 64, 64, 4, 2),
          "3b": ("qwen2.5-3b-instruct", 32, 4, 64, 64, 4, 2)}
 
 
