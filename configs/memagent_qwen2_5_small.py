@@ -5,7 +5,9 @@ The released workflow (5000-token chunks, 1024-token memory and answer, 8 chunks
 document) and DAPO-style objective, with batches sized for 8 chips instead of 32-64 GPUs; the mesh
 splits rows and weights over all chips (fsdp), the 1.5B and 3B over fsdp 4 x tensor 2, so that the
 update's step peak (its own bytes plus the rollout copy of the weights beside it) fits a 16 GB v5e chip
-(with fsdp 8 the 1.5B's update asked for 17.1 GiB of 14.9). Check a variant on your pod with `memagent compile --config ... --topology v5e-8`: the
+(with fsdp 8 the 1.5B's update asked for 17.1 GiB of 14.9). The 3B does NOT fit a v5e-8 by the step's
+peak: its update holds 14.3 GiB beside the 2.9 GiB rollout copy, 17.2 of 14.9 GiB (docs/results/tpu_compile.md);
+run it on v5p-8 or v6e-8. Check a variant on your pod with `memagent compile --config ... --topology v5e-8`: the
 0.5B update's step peak there is 9.6 of 14.9 GiB per chip (one 8K-token row per chip; it asked for 18.9
 before activations were pinned to their rows between blocks, models/attention.constrain_rows).
 """
