@@ -45,6 +45,7 @@ RANGES: dict[str, Range] = {
     "agent.answer_tokens": Range(True, 1),
     "agent.question_tokens": Range(True, 1),
     "agent.block_chunks": Range(True, 1),
+    "agent.decode_buckets": Range(True, 1),  # batch sizes of row compaction (1: none)
     "agent.max_chunks": Range(True, 0, why=" (0 = read everything)"),
     "agent.context_tokens": Range(True, 0, why=" (0 = the model's window)"),
     "data.length": Range(True, 1),
