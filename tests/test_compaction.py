@@ -54,7 +54,16 @@ def test_run_compacted_by_hand(selected, bucket):
   assert int(scalar) == bucket
 
 
-def test_sampler_second_phase_same_tokens():
+@pytest.fixture
+def bucket_calls(monkeypatch):
+  """The bucket sizes every compaction was traced with: a compacted run must have had several to choose from."""
+  calls = []
+  sizes = compaction.bucket_sizes
+  monkeypatch.setattr(compaction, "bucket_sizes", lambda *a: calls.append(sizes(*a)) or calls[-1])
+  return calls
+
+
+def test_sampler_second_phase_same_tokens(bucket_calls):
   """sample_from_prompts with the rows still decoding after 2 tokens compacted: the same tokens,
   log-probs, lengths and stops as one batch to the end (rows sampled at temperature 1, some inactive)."""
   policy = mj.load_policy("random:toy-tiny", seed=4)
@@ -70,7 +79,10 @@ def test_sampler_second_phase_same_tokens():
   run = jax.jit(lambda r, after, buckets: sample_from_prompts(model, r, DecodeSpec(temperature=1.0),
                                                               max_new_tokens=12, pad_id=0, compact_after=after,
                                                               buckets=buckets), static_argnums=(1, 2))
-  plain, compact = run(rows, 0, 1), run(rows, 2, 3)
+  plain = run(rows, 0, 1)
+  assert bucket_calls == []  # no compaction asked: none traced
+  compact = run(rows, 2, 3)
+  assert bucket_calls == [(2, 4, 8)]  # the second phase chose among three sizes
   for a, b in zip(plain, compact):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
   lengths = np.asarray(plain.lengths)
@@ -86,12 +98,15 @@ def _read(buckets: int, docs):
   return [(r.gates, r.memories, [[int(t) for t in c.response_ids] for c in r.conversations]) for r in results]
 
 
-def test_compacted_memory_turns_same_conversations():
+def test_compacted_memory_turns_same_conversations(bucket_calls):
   """A gated agent over documents of 1 to 4 chunks (rows end at different turns: inactive rows) with
   memory turns compacted into 3 bucket sizes reads exactly as with every row in every turn."""
   docs = [toy.generate(1, k * toy.CHUNK_TOKENS, seed=10 + k)[0] for k in (1, 4, 2, 4, 3, 1, 4, 2)]
   plain, compact = _read(1, docs), _read(3, docs)
   assert plain == compact
+  # the rows before the prefill among (2, 4, 8); then inside each of those buckets, the rows still decoding
+  # after the form among that bucket's own halvings (an uncompacted read has one size: no choice)
+  assert sorted(c for c in bucket_calls if len(c) > 1) == [(1, 2), (1, 2, 4), (2, 4, 8), (2, 4, 8)]
   assert {g for gates, _, _ in plain for g in gates} >= {"memory"}
 
 

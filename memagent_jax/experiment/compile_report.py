@@ -167,9 +167,10 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
                               fits=step_peak <= chip.hbm_bytes, hbm_share=step_peak / chip.hbm_bytes)
   complete = len(reports) == len(built) and all(p["fits"] for p in reports.values())
   total, assumptions = step_estimate(reports, shapes) if complete else (None, [])
+  m = dict(zip(mesh.axis_names, mesh.devices.shape))
   gated = None
   if assume is not None and "rollout" in reports:
-    rows = math.prod(dict(zip(mesh.axis_names, mesh.devices.shape)).get(a, 1) for a in parallel.BATCH_AXES)
+    rows = math.prod(m.get(a, 1) for a in parallel.BATCH_AXES)  # row shards: each compacts its own rows
     gated = gated_estimate.gated_rollout(reports["rollout"], assume=assume, memory_tokens=cfg.agent.memory_tokens,
                                          turns=shapes.block_chunks, group_rows=shapes.rollout_rows // rows,
                                          weight_bytes=facts["rollout_param_bytes"], chip=chip)
@@ -178,7 +179,6 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
       gated["step_estimate_s"] = total - p["calls_per_step"] * p["live_share"] * (p["roofline_s"] - gated["roofline_s"])
   mfu = MAXTEXT_MFU.get(chip.name)
   wall = [total / mfu[1], total / mfu[0]] if total is not None and mfu else None
-  m = dict(zip(mesh.axis_names, mesh.devices.shape))
   return {"topology": topology.name, "chip": chip.name, "chips": topology.chips, "devices": len(devices),
           "slices": topology.slices, "hbm_bytes_per_chip": chip.hbm_bytes, "mesh": m,
           "model": {"source": cfg.model.source, "params": facts["params"], "dtype": cfg.model.dtype,

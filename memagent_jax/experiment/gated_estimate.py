@@ -37,7 +37,7 @@ def bucket_share(keep_rate: float, group_rows: int, buckets: int) -> float:
   if writing <= 0:
     return 0.0
   sizes = bucket_sizes(group_rows, buckets)
-  return min(s for s in sizes if s >= min(writing, group_rows)) / group_rows
+  return min(s for s in sizes if s >= writing) / group_rows
 
 
 def decode_loop(program: dict, memory_tokens: int) -> dict:

@@ -248,18 +248,13 @@ def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_to
   loop = functools.partial(_decode, model, spec=spec, prompt_slots=p, max_new_tokens=n, pad_id=pad_id)
   if compact_after > 0 and buckets > 1 and compact_after < n:
     s = loop(init, rows.keys, rows.stop_tokens, until=compact_after)
-    rest = lambda t: loop(t[0], t[1], t[2])  # the rows still decoding, to the end
-    s = compact_decode(rest, s, rows, buckets=buckets)
+    # the rows not yet done, gathered into a bucket, to the end; the done ones keep s (their later steps
+    # would write nothing); the cursor is shared, taken from the bucket's run
+    s = run_compacted(lambda t: loop(*t), ~s.done, (s, rows.keys, rows.stop_tokens), s, buckets=buckets)
   else:
     s = loop(init, rows.keys, rows.stop_tokens)
   stopped = s.done & ~rows.inactive  # inactive rows neither stopped nor ran
   return Generation(s.tokens, s.logprobs, s.sample_logprobs, s.lengths, stopped, s.cache.cursor - p)
-
-
-def compact_decode(rest, s: DecodeState, rows: PromptRows, *, buckets: int) -> DecodeState:
-  """rest((state, keys, stop_tokens)) run on the rows of s not yet done, gathered into a bucket; the
-  done rows keep s (their later steps would write nothing). The cursor is shared: taken from rest."""
-  return run_compacted(rest, ~s.done, (s, rows.keys, rows.stop_tokens), s, buckets=buckets)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "cache_size", "pad_id"))
