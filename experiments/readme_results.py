@@ -82,10 +82,12 @@ def seeds(repo: str) -> str:
   last = [100 * r["accuracy"][str(top)] for r in runs]
   worst = max(r["largest_drop_points"] for r in runs)
   within = sum(r["largest_drop_points"] <= result["tolerance_points"] for r in runs)
+  pending = result.get("not_run_yet") or []
   return (f"Across seeds ({', '.join(r['label'] for r in runs)}): {within} of {len(runs)} runs stay within "
           f"{result['tolerance_points']:g} points of their own 1x at every length (the largest drop "
           f"{worst:.1f} points; {min(last):.1f}-{max(last):.1f}% at the longest length); commit "
-          f"{result.get('commit') or 'not recorded'}.\n")
+          f"{result.get('commit') or 'not recorded'}."
+          + (f" Not run yet: {'; '.join(pending)}." if pending else "") + "\n")
 
 
 def demo(repo: str) -> str:

@@ -205,6 +205,7 @@ def write_table(todo: list[dict], commands: list[str], out: str, finished: str =
     f.write(markdown(results, commands, os.path.basename(out) + ".png"))
   with atomic_write(out + ".json") as f:  # what the README's sentence about seeds is generated from
     json.dump({"tolerance_points": TOLERANCE, "commit": toy_report.current_commit(),
+               "not_run_yet": [run["label"] for run in todo if finished_run(run, finished) is None],
                "runs": [{"label": run["label"], "seed": run["seed"], "perturb": run["perturb"],
                          "minutes": done["minutes"], "commit": done["commit"],
                          "largest_drop_points": verdict(done["rows"])[0],

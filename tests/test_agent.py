@@ -272,6 +272,12 @@ def test_bad_inputs(tiny_agent_policy):
   p = tiny_agent_policy
   with pytest.raises(ValueError, match="memory_tokens=0 must be a positive integer"):
     MemAgent(p, chunk_tokens=64, memory_tokens=0, answer_tokens=8)
+  spec = mj.ReaderSpec(chunk_tokens=64, memory_tokens=8, answer_tokens=8, block_chunks=3)
+  assert MemAgent(p, spec).block_chunks == 3  # a spec, or its fields as keywords
+  with pytest.raises(TypeError, match=r"a ReaderSpec or its fields as keywords, not both \(got \['block_chunks'\]\)"):
+    MemAgent(p, spec, block_chunks=2)
+  with pytest.raises(TypeError, match="chunk_token"):  # a misspelt setting is not ignored
+    MemAgent(p, chunk_token=64, memory_tokens=8, answer_tokens=8)
   with pytest.raises(ValueError, match=r"memory update needs \d+ tokens .*chunk 8000.*context window is 8192"):
     MemAgent(p, chunk_tokens=8000, memory_tokens=1024, answer_tokens=1024)
   agent = MemAgent(p, chunk_tokens=64, memory_tokens=8, answer_tokens=8)

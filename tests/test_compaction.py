@@ -2,10 +2,6 @@
 compacted decode (the agent's memory turns, the sampler's second phase) giving the same tokens as the
 uncompacted one for the same keys, on one device and split over two forced host devices."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -18,8 +14,7 @@ from memagent_jax.data import toy
 from memagent_jax.policy import compaction
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.policy.sampling import PromptRows, left_pad, row_keys, sample_from_prompts
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test_parallel import run_on_emulated_devices
 
 
 def test_bucket_sizes():
@@ -76,9 +71,9 @@ def test_sampler_second_phase_same_tokens(bucket_calls):
                     keys=row_keys(jax.random.PRNGKey(1), np.arange(8)), stop_tokens=jnp.asarray(stops),
                     inactive=jnp.asarray([False, False, True, False, False, False, True, False]))
   model = policy.model
-  run = jax.jit(lambda r, after, buckets: sample_from_prompts(model, r, DecodeSpec(temperature=1.0),
-                                                              max_new_tokens=12, pad_id=0, compact_after=after,
-                                                              buckets=buckets), static_argnums=(1, 2))
+  run = jax.jit(lambda r, after, buckets: sample_from_prompts(
+      model, r, DecodeSpec(temperature=1.0), max_new_tokens=12, pad_id=0,
+      compaction=compaction.Compaction(after=after, buckets=buckets)), static_argnums=(1, 2))
   plain = run(rows, 0, 1)
   assert bucket_calls == []  # no compaction asked: none traced
   compact = run(rows, 2, 3)
@@ -140,10 +135,5 @@ MESH_SCRIPT = textwrap.dedent("""
 
 def test_compacted_memory_turns_on_two_devices():
   """The same reads with rows split over a data axis of 2 (each device compacts its own rows)."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS" and not k.startswith("JAX_")}
-  env.update(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
-  proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=600)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = run_on_emulated_devices(MESH_SCRIPT, n=2, timeout=600)  # the tests' compile flags and cache
   assert result == dict(same=True, devices=2, groups=[2])

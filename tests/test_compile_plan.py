@@ -1,15 +1,14 @@
 """`memagent compile` compiles what the trainer compiles: one real tiny training step records every
 heavy program it calls (the reader's memory and answer blocks, the log-prob passes, the updates) with
 its argument shapes and static specs, and the compile plan of the same config asks for the same set.
-Also the step's peak: a program that fits alone does not fit beside what the trainer holds."""
+(The step's peak, each program's own plus what the trainer holds beside it: test_tpu_compile.)"""
 
 import jax
 import numpy as np
-import pytest
 from flax import nnx
 
 from configs import toy_cpu
-from memagent_jax.experiment import assembly, compile_plan, compile_report, specs
+from memagent_jax.experiment import assembly, compile_plan, specs
 from memagent_jax.rl.trainer import StepPrograms
 from memagent_jax.rl import update as upd
 
@@ -61,33 +60,3 @@ def test_the_report_compiles_the_programs_a_real_step_runs(tmp_path):
   assert all(p.kwargs.get("graphdef", p.args[0]) == exp.policy.graphdef for p in built)
   assert len(built) == 6  # memory block, answer; updates with and without old = current; 2 log-prob widths
   assert shapes.mini_batches == 2 and len(shapes.width_groups) == 2
-
-
-def test_the_step_peak_adds_what_the_trainer_holds(tmp_path, monkeypatch):
-  """The same config compiled for a TPU: every program's step peak is its own peak plus the named buffers
-  the trainer keeps beside it; on a chip between the largest own peak and the step's peak the program
-  alone would fit, the step does not, and the error names what sits beside it."""
-  cfg = _config()
-  cfg.mesh.update(data=1, fsdp=4)
-  topo = compile_report.tpu_targets.parse_topology("v5e:2x2")
-  jax.config.update("jax_default_matmul_precision", None)  # as users compile (conftest sets "highest")
-  try:
-    report = compile_report.compile_step(cfg, topo, programs=("update",), progress=False)
-  finally:
-    jax.config.update("jax_default_matmul_precision", "highest")
-  held = report["held_through_step"]
-  assert {"fp32 weights", "optimizer state", "update batches (every mini-batch)"} <= set(held)
-  for name, p in report["programs"].items():
-    assert p["step_peak_bytes"] == p["peak_bytes"] + sum(p["co_resident"].values())
-    # the update's own arguments are the weights and optimizer state: beside it, the slots and other batches
-    assert "fp32 weights" not in p["co_resident"] and "optimizer state" not in p["co_resident"]
-    assert p["co_resident"]["update batches (every mini-batch)"] > 0
-  own = max(p["peak_bytes"] for p in report["programs"].values())
-  step = max(p["step_peak_bytes"] for p in report["programs"].values())
-  assert step > own
-  small = dict(report, hbm_bytes_per_chip=(own + step) // 2)
-  small["programs"] = {k: dict(p, fits=p["step_peak_bytes"] <= small["hbm_bytes_per_chip"])
-                       for k, p in report["programs"].items()}
-  assert all(p["peak_bytes"] <= small["hbm_bytes_per_chip"] for p in small["programs"].values())
-  with pytest.raises(compile_report.DoesNotFitError, match=r"update.*its own \+ .*conversation slots"):
-    compile_report.check_fits(small)

@@ -26,13 +26,14 @@ def _toy_batch(tokenizer, n=5):
   return [s["question"] for s in samples], [s["context"] for s in samples]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_reused_prefix_gives_the_same_trajectories(shifted_toy_policy, temperature):
+def test_reused_prefix_gives_the_same_trajectories(shifted_toy_policy):
+  """Sampled (each token drawn with its row's own key): greedy with the cache on and off against
+  transformers' generate is test_parity's SmolLM2 test."""
   off, on = _agents(shifted_toy_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=4, block_chunks=3)
   assert on.reuse_prefix and not off.reuse_prefix
   questions, documents = _toy_batch(shifted_toy_policy.tokenizer)  # 1 to 11 chunks: rows end in different blocks
-  want = off.answer_batch(questions, documents, temperature=temperature, seed=3)
-  got = on.answer_batch(questions, documents, temperature=temperature, seed=3)
+  want = off.answer_batch(questions, documents, temperature=1.0, seed=3)
+  got = on.answer_batch(questions, documents, temperature=1.0, seed=3)
   assert sum(len(r.memories) for r in got) > 3 * len(got)
   for w, g in zip(want, got):
     assert g.memories == w.memories and g.answer == w.answer

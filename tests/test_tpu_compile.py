@@ -60,12 +60,12 @@ SMALL = ModelConfig(arch="llama", vocab_size=2048, hidden_size=512, intermediate
                     tie_word_embeddings=False)
 
 
-# The whole step on v5e; on v5p (a 3-D torus, with a data axis) the update alone: what the mesh changes there
-# is how the update's weights, optimizer state and batch split (checked below); the rollout, answer and log-prob
-# programs and the step estimate are the same code on both (2 compiles instead of 6).
+# The whole step on v5e; on two slices of v5p (a 3-D torus; the data axis across the slices) the update alone:
+# what the mesh changes there is how the update's weights, optimizer state and batch split (checked below); the
+# rollout, answer and log-prob programs and the step estimate are the same code on both (2 compiles instead of 6).
 @pytest.mark.parametrize("topology,mesh,programs", [
     ("v5e:2x2", ["--config.mesh.fsdp=4"], "rollout,answer,logprobs,update"),
-    ("v5p:2x2x1", ["--config.mesh.fsdp=2", "--config.mesh.data=2"], "update")])
+    ("v5p:2x2x1", ["--slices", "2", "--config.mesh.fsdp=4"], "update")])
 def test_small_step_compiles_for_tpu(tmp_path, capsys, topology, mesh, programs):
   model_dir = tmp_path / "model"
   model_dir.mkdir()
@@ -87,6 +87,9 @@ def test_small_step_compiles_for_tpu(tmp_path, capsys, topology, mesh, programs)
                                                      for p in r["programs"].values()))
   else:
     assert {name.split("#")[0] for name in r["programs"]} == {"update"} and r["step_estimate_s"] is None
+    # two slices: the data axis goes across them, fsdp within each
+    assert (r["devices"], r["slices"], r["chips"]) == (8, 2, 8)
+    assert r["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
   fsdp = r["mesh"]["fsdp"]
   params = SMALL.num_params
   for name, p in r["programs"].items():
@@ -109,12 +112,34 @@ def test_small_step_compiles_for_tpu(tmp_path, capsys, topology, mesh, programs)
   assert up["alias_bytes"] >= 0.95 * weights
   if not whole_step:
     return
+  _step_peak_is_own_plus_what_the_trainer_holds(r)
   assert r["programs"]["rollout"]["custom_calls"].get("tpu_custom_call", 0) >= 1
   # the rollout's scan and decode loops are multiplied in: more than XLA's count of each body once
   ro = r["programs"]["rollout"]
   assert ro["flops"] > 2 * ro["xla_cost_flops_loop_bodies_once"]
   assert sorted(l["trip_count"] for l in ro["loops"])[-1] == s["response_width"] or any(
       l["trip_count"] == 16 for l in ro["loops"])  # the decode loop: memory_tokens new tokens at most
+
+
+def _step_peak_is_own_plus_what_the_trainer_holds(r: dict):
+  """Every program's step peak is its own peak plus the named buffers the trainer keeps beside it; on a chip
+  between the largest own peak and the largest step peak every program alone would fit, the step does not,
+  and the error names what sits beside the program."""
+  assert {"fp32 weights", "optimizer state", "update batches (every mini-batch)"} <= set(r["held_through_step"])
+  for name, p in r["programs"].items():
+    assert p["step_peak_bytes"] == p["peak_bytes"] + sum(p["co_resident"].values()), name
+    if name.startswith("update"):  # its own arguments are the weights and optimizer state; beside it, the batches
+      assert "fp32 weights" not in p["co_resident"] and "optimizer state" not in p["co_resident"]
+      assert p["co_resident"]["update batches (every mini-batch)"] > 0
+  own = max(p["peak_bytes"] for p in r["programs"].values())
+  step = max(p["step_peak_bytes"] for p in r["programs"].values())
+  assert step > own
+  small = dict(r, hbm_bytes_per_chip=(own + step) // 2)
+  small["programs"] = {k: dict(p, fits=p["step_peak_bytes"] <= small["hbm_bytes_per_chip"])
+                       for k, p in r["programs"].items()}
+  first = next(k for k, p in small["programs"].items() if not p["fits"])
+  with pytest.raises(compile_report.DoesNotFitError, match=re.escape(first) + r" needs .* its own \+ \w"):
+    compile_report.check_fits(small)
 
 
 def test_rollout_layout_stops_moving_weights(tmp_path, capsys):
@@ -172,15 +197,6 @@ def test_overrides_are_checked(capsys):
   assert e.value.code == 2
   assert "--config.mesh.nosuch: no such config key" in capsys.readouterr().err
 
-
-
-def test_multi_slice_puts_data_across_slices(tmp_path, capsys):
-  code, r, _ = _compile(tmp_path, capsys, "--topology", "v5e:2x2", "--slices", "2", "--programs", "update",
-                        "--config.mesh.fsdp=4")
-  assert code == 0
-  assert (r["devices"], r["slices"], r["chips"]) == (8, 2, 8)
-  assert r["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
-  assert r["programs"]["update"]["fits"]
 
 
 def test_compiler_out_of_memory_is_a_does_not_fit_line(tmp_path, capsys):

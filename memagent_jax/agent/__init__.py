@@ -8,5 +8,5 @@
   results     `AgentResult`, `Conversation`, `ConversationBatch` (what RL trains on)
 """
 from memagent_jax.agent.direct import DirectReader
-from memagent_jax.agent.memagent import ContextBudgetError, MemAgent
+from memagent_jax.agent.memagent import ContextBudgetError, MemAgent, ReaderSpec
 from memagent_jax.agent.results import AgentResult, Conversation, ConversationBatch

@@ -8,6 +8,7 @@ ended is inactive for the remaining steps.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import time
@@ -60,6 +61,39 @@ def encode_question(tokenizer, question: str, *, index: int, budget: int) -> lis
   return ids
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReaderSpec:
+  """How a MemAgent reads: its token budgets, templates, blocking and memory kind, checked once.
+  The defaults are the released reader's (the trainer's come from a config's agent section)."""
+  chunk_tokens: int  # document tokens per memory turn
+  memory_tokens: int  # the memory's cap: a memory turn's generation budget
+  answer_tokens: int  # the final answer's generation budget
+  question_tokens: int = 1024  # the question's budget (longer questions are refused, never truncated)
+  final_template: str = "boxed"  # a key of text.templates.FINAL_TEMPLATES
+  block_chunks: int = 8  # scan steps per compiled memory block
+  max_chunks: int | None = None  # training rollouts: centre-truncate documents to this many chunks
+  template_prefix_cache: str = "auto"  # reuse the template's opening piece: "auto" | "on" | "off"
+  memory: str = "overwrite"  # "overwrite" (MemAgent) | "gated" (a reply may keep the memory or stop)
+  gate_forms: str = "keep"  # gated: the forms a reply may take ("keep" | "keep_stop")
+  invalid_gate: str = "as_memory"  # gated: a reply in no form becomes the memory, or keeps the old one
+  decode_buckets: int = 1  # memory turns run their busy rows in the smallest of these batch sizes
+
+  def __post_init__(self):
+    for name in ("chunk_tokens", "memory_tokens", "answer_tokens", "question_tokens", "block_chunks",
+                 "decode_buckets"):
+      v = getattr(self, name)
+      if not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"{name}={v!r} must be a positive integer")
+    if self.final_template not in FINAL_TEMPLATES:
+      raise ValueError(f"final_template={self.final_template!r}; choose one of {sorted(FINAL_TEMPLATES)}")
+    if self.template_prefix_cache not in PREFIX_CACHE_CHOICES:
+      raise ValueError(f"template_prefix_cache={self.template_prefix_cache!r}; choose one of {PREFIX_CACHE_CHOICES}")
+    if self.max_chunks is not None and self.max_chunks < 1:
+      raise ValueError(f"max_chunks={self.max_chunks!r} must be None (no truncation) or >= 1")
+    if self.memory not in gates.MEMORY_KINDS:
+      raise ValueError(f"memory={self.memory!r}; choose one of {gates.MEMORY_KINDS}")
+
+
 class MemAgent:
   """MemAgent workflow around a `Policy`: memory updates over chunks, then a final answer.
 
@@ -72,46 +106,36 @@ class MemAgent:
   answer_block = staticmethod(answer_block)
 
   # The documented call `mj.MemAgent(policy, chunk_tokens=, memory_tokens=, answer_tokens=)` names the
-  # three budgets; the rest default to the released reader (trainer: configs/base.py agent section).
-  def __init__(self, policy, *, chunk_tokens: int, memory_tokens: int, answer_tokens: int,
-               question_tokens: int = 1024, final_template: str = "boxed", block_chunks: int = 8,
-               max_chunks: int | None = None, mesh=None, template_prefix_cache: str = "auto",
-               memory: str = "overwrite", gate_forms: str = "keep", invalid_gate: str = "as_memory",
-               decode_buckets: int = 1):
-    for name, v in dict(chunk_tokens=chunk_tokens, memory_tokens=memory_tokens,
-                        answer_tokens=answer_tokens, question_tokens=question_tokens,
-                        block_chunks=block_chunks, decode_buckets=decode_buckets).items():
-      if not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"{name}={v!r} must be a positive integer")
-    if final_template not in FINAL_TEMPLATES:
-      raise ValueError(f"final_template={final_template!r}; choose one of {sorted(FINAL_TEMPLATES)}")
-    if template_prefix_cache not in PREFIX_CACHE_CHOICES:
-      raise ValueError(f"template_prefix_cache={template_prefix_cache!r}; choose one of {PREFIX_CACHE_CHOICES}")
-    if max_chunks is not None and max_chunks < 1:
-      raise ValueError(f"max_chunks={max_chunks!r} must be None (no truncation) or >= 1")
-    if memory not in gates.MEMORY_KINDS:
-      raise ValueError(f"memory={memory!r}; choose one of {gates.MEMORY_KINDS}")
+  # three budgets; `settings` are ReaderSpec's fields (or pass a ReaderSpec); the rest default to the
+  # released reader (trainer: configs/base.py agent section).
+  def __init__(self, policy, spec: ReaderSpec | None = None, *, mesh=None, **settings):
+    if spec is not None and settings:
+      raise TypeError(f"MemAgent takes a ReaderSpec or its fields as keywords, not both (got {sorted(settings)})")
+    spec = spec if spec is not None else ReaderSpec(**settings)
+    self.spec = spec
     self.policy = policy
     self.tokenizer = tok = policy._require_tokenizer()
-    self.chunk_tokens, self.memory_tokens, self.answer_tokens = chunk_tokens, memory_tokens, answer_tokens
-    self.question_tokens, self.block_chunks, self.max_chunks = question_tokens, block_chunks, max_chunks
+    self.chunk_tokens, self.memory_tokens, self.answer_tokens = (spec.chunk_tokens, spec.memory_tokens,
+                                                                 spec.answer_tokens)
+    self.question_tokens, self.block_chunks, self.max_chunks = (spec.question_tokens, spec.block_chunks,
+                                                                spec.max_chunks)
     self.mesh = mesh
-    self.final_template = final_template
-    self.memory_segments = TemplateSegments.build(tok, memory_template(memory, gate_forms))
-    self.final_segments = TemplateSegments.build(tok, FINAL_TEMPLATES[final_template])
+    self.final_template = spec.final_template
+    self.memory_segments = TemplateSegments.build(tok, memory_template(spec.memory, spec.gate_forms))
+    self.final_segments = TemplateSegments.build(tok, FINAL_TEMPLATES[spec.final_template])
     self._memory_pieces = tuple(jnp.asarray(p) for p in self.memory_segments.pieces)  # on device once
     self._final_pieces = tuple(jnp.asarray(p) for p in self.final_segments.pieces)
     self.initial_memory = np.asarray(tok.encode(NO_MEMORY), np.int32)
-    self.memory_width = max(memory_tokens, len(self.initial_memory))  # M: memory buffer width
+    self.memory_width = max(spec.memory_tokens, len(self.initial_memory))  # M: memory buffer width
     self.stop_tokens = tuple(policy.default_stop_tokens())
     # gated memory: a reply may keep the memory (or stop reading); None: every reply overwrites it
-    self.gate = (gates.GateSpec.build(tok, forms=gate_forms, invalid_gate=invalid_gate, eos=self.stop_tokens)
-                 if memory == "gated" else None)
+    self.gate = (gates.GateSpec.build(tok, forms=spec.gate_forms, invalid_gate=spec.invalid_gate,
+                                      eos=self.stop_tokens) if spec.memory == "gated" else None)
     self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    self.decode_buckets = int(decode_buckets)  # memory turns run their busy rows in the smallest of these sizes
+    self.decode_buckets = int(spec.decode_buckets)  # memory turns run their busy rows in the smallest of these sizes
     self.context = policy.config.max_position_embeddings
     self.check_budget(question_len=1)
-    self.reuse_prefix = self._reuse_prefix(template_prefix_cache)
+    self.reuse_prefix = self._reuse_prefix(spec.template_prefix_cache)
     # programs are traced on the mesh the rows are split over (a splash kernel runs per shard)
     self._trace_mesh = lambda: parallel.trace_mesh(mesh)
     self.device_clock = DeviceClock()  # seconds in compiled blocks and their transfers (perf/host_s)

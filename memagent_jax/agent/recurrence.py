@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from memagent_jax.agent import gates
-from memagent_jax.policy.compaction import run_compacted
+from memagent_jax.policy.compaction import Compaction, run_compacted
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.policy.sampling import (Generation, PromptRows, fold_rows, prefix_cache, row_prefix,
                                           sample_from_prompts)
@@ -142,9 +142,10 @@ def _prompt_rows(tokens, valid, keys, inactive, spec: RecurrenceSpec, extra_stop
 def _sample(model, rows: PromptRows, *, n: int, decode: DecodeSpec, spec: RecurrenceSpec, prefix=None,
             compact_after: int = 0):
   """Up to n new tokens for each row. prefix: the KV of the template piece every prompt starts with
-  (`sampling.prefix_cache`) or None; compact_after: see `sample_from_prompts`."""
+  (`sampling.prefix_cache`) or None; compact_after: the tokens after which the rows still decoding are
+  compacted into the spec's buckets (0: never; see `sample_from_prompts`)."""
   return sample_from_prompts(model, rows, decode, max_new_tokens=n, pad_id=spec.pad_id, prefix=prefix,
-                             compact_after=compact_after, buckets=spec.decode_buckets)
+                             compaction=Compaction(after=compact_after, buckets=spec.decode_buckets))
 
 
 def _sample_active(model, rows: PromptRows, *, n: int, decode: DecodeSpec, spec: RecurrenceSpec, prefix=None):

@@ -16,7 +16,7 @@ import jax
 from memagent_jax.agent import DirectReader, MemAgent
 from memagent_jax.data import curriculum, pipeline, tasks, toy_tokenizer
 from memagent_jax.evaluation import Sampling, run_eval
-from memagent_jax.experiment import phase_configs, specs, tfds_builders
+from memagent_jax.experiment import phase_configs, specs
 from memagent_jax.experiment.config_checks import validate_config
 from memagent_jax.policy.loading import load_policy
 from memagent_jax.rl.rollout import RolloutCollector
@@ -40,12 +40,7 @@ def build_reader(agent_cfg, policy, *, training: bool, mesh=None, truncate: bool
     return DirectReader(policy, answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
                         truncate=(not training) if truncate is None else truncate,
                         context_tokens=a.context_tokens or None)
-  return MemAgent(policy, chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens,
-                  answer_tokens=a.answer_tokens, question_tokens=a.question_tokens,
-                  final_template=a.final_template, block_chunks=a.block_chunks,
-                  max_chunks=(a.max_chunks or None) if training else None, mesh=mesh,
-                  template_prefix_cache=a.template_prefix_cache, memory=a.memory, gate_forms=a.gate_forms,
-                  invalid_gate=a.invalid_gate, decode_buckets=a.decode_buckets)
+  return MemAgent(policy, specs.reader_spec(a, training=training), mesh=mesh)
 
 
 def load_policy_of(cfg, source: str | None = None):
@@ -77,6 +72,8 @@ def training_source(data_cfg, *, chunk_tokens: int, tokenizer):
   grain: corpora larger than memory), or `data.train_size` samples generated from `data.task`."""
   d = data_cfg
   if d.tfds:
+    # imported here: tensorflow_datasets costs every process that never reads a prepared dataset about 1 s
+    from memagent_jax.experiment import tfds_builders
     return tfds_builders.prepared_source(d.tfds, split=d.tfds_split, data_dir=d.tfds_dir or TFDS_DIR,
                                          manual_dir=d.data_dir)
   return sample_pool(d, chunk_tokens=chunk_tokens, size=d.train_size, seed=d.seed, length=d.length,

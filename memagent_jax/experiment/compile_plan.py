@@ -89,19 +89,31 @@ def _abstract(tree, shardings):
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def worst_case_rows(agent, *, prompt_width: int, response_width: int, questions: int, group_size: int,
-                    rollout_rows: int, turns: int, memory_updates: int, mesh, pad_id: int,
-                    loss_on_prompt: bool = False) -> device_rows.SlotRows:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepRows:
+  """How many rows of which widths one RL step's rollouts hold (from the config's rl and agent sections)."""
+  prompt_width: int  # P of a conversation slot
+  response_width: int  # N
+  questions: int  # rl.questions_per_step
+  group_size: int  # trajectories per question
+  rollout_rows: int  # trajectories per agent call
+  turns: int  # conversation slots per trajectory: whole memory blocks + the final answer
+  memory_updates: int  # chunks per document at the worst case
+
+
+def worst_case_rows(agent, counts: StepRows, *, mesh, loss_on_prompt: bool = False) -> device_rows.SlotRows:
   """A step's kept rows at the worst case (every group kept, every document `memory_updates` chunks,
   every prompt at its longest): abstract slot tables [S, ...] laid out as the agent's calls lay them
   out, and the host arrays the trainer plans from."""
+  prompt_width, response_width, turns = counts.prompt_width, counts.response_width, counts.turns
+  memory_updates, group_size = counts.memory_updates, counts.group_size
   prompts = agent.prompt_tokens(agent.question_tokens)
   lengths = np.array([prompts["memory update"]] * memory_updates + [prompts["final answer"]])  # [C]
   responses = np.array([agent.memory_tokens] * memory_updates + [agent.answer_tokens])
   turn = np.concatenate([np.arange(memory_updates), [turns - 1]])  # active turns of a trajectory's slots
-  trajectories = questions * group_size
-  calls = -(-trajectories // rollout_rows)
-  s = calls * rollout_rows * turns
+  trajectories = counts.questions * group_size
+  calls = -(-trajectories // counts.rollout_rows)
+  s = calls * counts.rollout_rows * turns
   place = RowPlacement(mesh, s)
   i32 = np.int32
   slots = ConversationSlots(prompt=place.abstract((s, prompt_width), i32), prompt_len=place.abstract((s,), i32),
@@ -114,7 +126,8 @@ def worst_case_rows(agent, *, prompt_width: int, response_width: int, questions:
   c = len(turn)
   return device_rows.SlotRows(slots=slots, slot=slot.astype(np.int32), question=np.repeat(traj // group_size, c).astype(i32),
                               advantages=np.zeros(len(slot), np.float32), tokens=np.tile(lengths + responses, trajectories),
-                              prompt_len=np.tile(lengths, trajectories), pad_id=pad_id, loss_on_prompt=loss_on_prompt)
+                              prompt_len=np.tile(lengths, trajectories), pad_id=agent.pad_id,
+                              loss_on_prompt=loss_on_prompt)
 
 
 def abstract_policy(cfg, mcfg, tokenizer, *, platform: str) -> Policy:
@@ -151,10 +164,10 @@ def build_programs(cfg, mesh, rules, *, platform: str = "tpu") -> tuple[list[Pro
   blocks = math.ceil(chunks / a.block_chunks)
   rollout_calls = math.ceil(rl.questions_per_step * rl.group_size / rl.rollout_batch)
   teacher_prompt_loss = cfg.train.source == "teacher" and cfg.teacher.prompt_loss
-  rows = worst_case_rows(agent, prompt_width=prompt_width, response_width=response_width,
-                         questions=rl.questions_per_step, group_size=rl.group_size, rollout_rows=rl.rollout_batch,
-                         turns=blocks * a.block_chunks + 1, memory_updates=chunks, mesh=mesh, pad_id=agent.pad_id,
-                         loss_on_prompt=teacher_prompt_loss)
+  counts = StepRows(prompt_width=prompt_width, response_width=response_width, questions=rl.questions_per_step,
+                    group_size=rl.group_size, rollout_rows=rl.rollout_batch, turns=blocks * a.block_chunks + 1,
+                    memory_updates=chunks)
+  rows = worst_case_rows(agent, counts, mesh=mesh, loss_on_prompt=teacher_prompt_loss)
   train = specs.train_spec(cfg)
   update = specs.update_spec(cfg, loss_from=1 if teacher_prompt_loss else prompt_width)
   calls = plan_updates(rows, num_questions=rl.questions_per_step, spec=train, update=update,

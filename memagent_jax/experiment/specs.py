@@ -2,11 +2,12 @@
 
 The only place (with cli.py) that reads a training config: below experiment/, code sees
 frozen dataclasses (`TrainSpec`, `OptimSpec`, `RolloutSpec`, `TeacherSpec`, `UpdateSpec`,
-`MeshSpec`, `DistributedSpec`), never a ConfigDict.
+`ReaderSpec`, `MeshSpec`, `DistributedSpec`), never a ConfigDict.
 """
 
 from __future__ import annotations
 
+from memagent_jax.agent.memagent import ReaderSpec
 from memagent_jax.rl.optim import OptimSpec
 from memagent_jax.rl.rollout import OverlongSpec, RolloutSpec
 from memagent_jax.rl.teacher_rows import TeacherSpec
@@ -22,6 +23,17 @@ def optim_spec(cfg) -> OptimSpec:
   return OptimSpec(lr=o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps, min_lr_ratio=o.min_lr_ratio,
                    total_steps=cfg.train.steps, weight_decay=o.weight_decay, grad_clip=o.grad_clip or 0.0,
                    b1=o.b1, b2=o.b2, eps=o.eps)
+
+
+def reader_spec(agent_cfg, *, training: bool) -> ReaderSpec:
+  """A MemAgent's reading from `agent` (a config's agent section): centre truncation to max_chunks applies
+  to training rollouts only (evaluation reads whole documents)."""
+  a = agent_cfg
+  return ReaderSpec(chunk_tokens=a.chunk_tokens, memory_tokens=a.memory_tokens, answer_tokens=a.answer_tokens,
+                    question_tokens=a.question_tokens, final_template=a.final_template, block_chunks=a.block_chunks,
+                    max_chunks=(a.max_chunks or None) if training else None,
+                    template_prefix_cache=a.template_prefix_cache, memory=a.memory, gate_forms=a.gate_forms,
+                    invalid_gate=a.invalid_gate, decode_buckets=a.decode_buckets)
 
 
 def rollout_spec(cfg) -> RolloutSpec:

@@ -12,12 +12,19 @@ same bucket (the one that holds its busiest group).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from memagent_jax.models.attention import row_axes
+
+
+class Compaction(NamedTuple):
+  """A decode loop's second phase: after `after` new tokens the rows still decoding continue in the
+  smallest of `buckets` batch sizes that holds them (no compaction with after 0 or one bucket)."""
+  after: int
+  buckets: int
 
 
 def row_groups(rows: int) -> int:

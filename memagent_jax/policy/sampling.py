@@ -16,7 +16,7 @@ from flax import nnx, struct
 
 from memagent_jax.models.decoder import positions_from_mask
 from memagent_jax.models.kv_cache import KVCache
-from memagent_jax.policy.compaction import run_compacted
+from memagent_jax.policy.compaction import Compaction, run_compacted
 from memagent_jax.policy.decode_spec import DecodeSpec
 
 
@@ -201,11 +201,11 @@ def prefill(model, tokens, valid, *, cache_size: int, prefix: KVCache | None = N
   return model.logits(hidden[:, -1]), cache
 
 
-def _decode(model, s: DecodeState, keys, stop_tokens, spec: DecodeSpec, *, prompt_slots: int, max_new_tokens: int,
-            pad_id: int, until: int | None = None) -> DecodeState:
-  """The decode loop from state s until every row is done, max_new_tokens are generated, or (with
-  `until`) that many tokens are. keys [B, 2], stop_tokens [B, K] are the rows' own."""
-  p, n = prompt_slots, max_new_tokens
+def _decode(model, s: DecodeState, keys, stop_tokens, spec: DecodeSpec, *, prompt_slots: int, pad_id: int,
+            until: int | None = None) -> DecodeState:
+  """The decode loop from state s until every row is done, its token buffers [B, N] are full, or (with
+  `until`) that many tokens are generated. keys [B, 2], stop_tokens [B, K] are the rows' own."""
+  p, n = prompt_slots, s.tokens.shape[1]
   last = n if until is None else min(until, n)
   b = s.done.shape[0]
 
@@ -230,14 +230,14 @@ def _decode(model, s: DecodeState, keys, stop_tokens, spec: DecodeSpec, *, promp
 
 def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_tokens: int, pad_id: int,
                         cache_size: int | None = None, prefix: KVCache | None = None,
-                        compact_after: int = 0, buckets: int = 1) -> Generation:
+                        compaction: Compaction | None = None) -> Generation:
   """Traceable core of generation (used inside `generate_tokens` and the agent's `lax.scan`): up
   to max_new_tokens new tokens per active row, picked as `spec` says; one prefill, then one decode loop.
 
   cache_size: slots of the KV cache (default P + max_new_tokens, the least that fits); prefix: the
-  KV of a prefix every prompt starts with (see `prefill`). With compact_after > 0 and buckets > 1,
-  after compact_after tokens the rows still decoding continue in the smallest of `buckets` batch
-  sizes that holds them (policy/compaction.py): each row's tokens are the same, fewer rows run."""
+  KV of a prefix every prompt starts with (see `prefill`). With a `compaction`, after its first tokens
+  the rows still decoding continue in the smallest of its batch sizes that holds them
+  (policy/compaction.py): each row's tokens are the same, fewer rows run."""
   b, p = rows.tokens.shape
   n = max_new_tokens
   cache_size = cache_size or p + n
@@ -245,12 +245,12 @@ def sample_from_prompts(model, rows: PromptRows, spec: DecodeSpec, *, max_new_to
   init = DecodeState(cache=cache, logits=logits, pos=jnp.sum(rows.valid, 1).astype(jnp.int32), done=rows.inactive,
                      tokens=jnp.full((b, n), pad_id, jnp.int32), logprobs=jnp.zeros((b, n), jnp.float32),
                      sample_logprobs=jnp.zeros((b, n), jnp.float32), lengths=jnp.zeros((b,), jnp.int32))
-  loop = functools.partial(_decode, model, spec=spec, prompt_slots=p, max_new_tokens=n, pad_id=pad_id)
-  if compact_after > 0 and buckets > 1 and compact_after < n:
-    s = loop(init, rows.keys, rows.stop_tokens, until=compact_after)
+  loop = functools.partial(_decode, model, spec=spec, prompt_slots=p, pad_id=pad_id)
+  if compaction is not None and 0 < compaction.after < n and compaction.buckets > 1:
+    s = loop(init, rows.keys, rows.stop_tokens, until=compaction.after)
     # the rows not yet done, gathered into a bucket, to the end; the done ones keep s (their later steps
     # would write nothing); the cursor is shared, taken from the bucket's run
-    s = run_compacted(lambda t: loop(*t), ~s.done, (s, rows.keys, rows.stop_tokens), s, buckets=buckets)
+    s = run_compacted(lambda t: loop(*t), ~s.done, (s, rows.keys, rows.stop_tokens), s, buckets=compaction.buckets)
   else:
     s = loop(init, rows.keys, rows.stop_tokens)
   stopped = s.done & ~rows.inactive  # inactive rows neither stopped nor ran

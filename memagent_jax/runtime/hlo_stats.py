@@ -27,12 +27,13 @@ _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
 # Custom calls that only annotate or move data: no matmul FLOPs to count (any other is listed as uncounted).
 # The TPU compiler's own (seen in its optimised HLO of the rollout and update): gather / scatter index
 # hints, layout rewrites, and the start / done markers of collectives it made asynchronous (no arithmetic:
-# a start's operand is the collective op itself, e.g. `custom-call(%all-gather.255)`, counted as one).
+# a start's operand is the collective op itself, e.g. `custom-call(%all-gather.255)`, counted as one);
+# SliceId: a multi-slice program reads its slice's index (a scalar).
 NO_FLOP_TARGETS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost", "MoveToDevice",
                    "AllocateBuffer", "LayoutConstraint", "annotate_device_placement", "PadToStatic", "SliceToDynamic",
                    "X64Combine", "X64SplitLow", "X64SplitHigh", "AssumeGatherIndicesInBound",
                    "GatherScatterIndicesBitpacked", "ZeroCrop", "ConcatBitcast", "AsyncCollectiveStart",
-                   "AsyncCollectiveDone"}
+                   "AsyncCollectiveDone", "SliceId"}
 
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
 _HEADER = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s*\((.*)\)\s*->\s*(.*)\{\s*$")
