@@ -16,7 +16,7 @@ import jax
 from memagent_jax.agent import DirectReader, MemAgent
 from memagent_jax.data import curriculum, pipeline, tasks, toy_tokenizer
 from memagent_jax.evaluation import Sampling, run_eval
-from memagent_jax.experiment import phase_configs, specs
+from memagent_jax.experiment import phase_configs, specs, tfds_builders
 from memagent_jax.experiment.config_checks import validate_config
 from memagent_jax.policy.loading import load_policy
 from memagent_jax.rl.rollout import RolloutCollector
@@ -72,8 +72,6 @@ def training_source(data_cfg, *, chunk_tokens: int, tokenizer):
   grain: corpora larger than memory), or `data.train_size` samples generated from `data.task`."""
   d = data_cfg
   if d.tfds:
-    # imported here: tensorflow_datasets costs every process that never reads a prepared dataset about 1 s
-    from memagent_jax.experiment import tfds_builders
     return tfds_builders.prepared_source(d.tfds, split=d.tfds_split, data_dir=d.tfds_dir or TFDS_DIR,
                                          manual_dir=d.data_dir)
   return sample_pool(d, chunk_tokens=chunk_tokens, size=d.train_size, seed=d.seed, length=d.length,
