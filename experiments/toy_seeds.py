@@ -2,14 +2,14 @@
 more from a warm start perturbed at float rounding's size, and seed 0 once more on another float path
 (two host devices: every batch split over a data axis of 2); RL-MemAgent's curve of each, one table.
 
-  python -m experiments.toy_seeds            # make seeds: each run about as long as make reproduce, resumable
+  python -m experiments.toy_seeds            # make seeds: each run 40-45 min on 2 cores, resumable
   python -m experiments.toy_seeds --dry_run  # the commands only
 
 Seed 0 is make reproduce's own run (runs/toy_full_lookup when it is there, else its committed result
 docs/results/toy_reproduction_lookup.json); the perturbed run starts from a copy of seed 0's warm start,
 every weight times 1 + 1e-6 N(0, 1). Each run sweeps only RL (n = 200, 1x..256x). A finished run's record
 (its RL rows, minutes and commit) is written to docs/results/toy_seeds/<run>.json, to be committed: a run
-recorded there is not run again, on this machine or another, so the five runs (about 2.5 h each on 2 cores)
+recorded there is not run again, on this machine or another, so the five runs (40-45 min each on 2 cores)
 may finish on different days. The table is rewritten after every run, with the runs finished so far:
 docs/results/toy_reproduction_seeds.{md,json,png}.
 """
