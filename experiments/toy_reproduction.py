@@ -105,22 +105,20 @@ def steps_override() -> dict[str, str]:
   return dict(kv.split("=") for kv in _STEPS.value.split(",") if kv)
 
 
-def stage_config(stage: str, scale: str, root: str, world: str = "one_key", steps: dict | None = None,
-                 seed: int = 0, perturb: float = 0.0, memory: str = "overwrite"):
-  """The stage's config in this run; steps: {stage: steps} overrides (default: --steps); seed: its
-  training data and training seed; perturb: RL starts from the perturbed warm start (`perturbed_export`);
-  memory: overwrite or gated (the warm start's and RL's agent)."""
-  cfg = toy_memagent.get_config(f"{stage},{scale},{world},{memory}")
-  cfg.train.workdir = os.path.join(root, stage)
-  cfg.train.seed = cfg.data.seed = seed
-  cfg.train.compilation_cache_dir = compile_cache(root)
+def stage_config(stage: str, run: ToyRun):
+  """The stage's config in this run: the run's seed is its training data and training seed, RL starts
+  from the perturbed warm start when run.perturb (`perturbed_export`), run.steps overrides its steps."""
+  cfg = toy_memagent.get_config(f"{stage},{run.scale},{run.world},{run.memory}")
+  cfg.train.workdir = os.path.join(run.root, stage)
+  cfg.train.seed = cfg.data.seed = run.seed
+  cfg.train.compilation_cache_dir = compile_cache(run.root)
   if stage == "rl":
-    cfg.model.source = perturbed_export(root, perturb) if perturb else os.path.join(root, "warm_start", "export")
+    cfg.model.source = (perturbed_export(run.root, run.perturb) if run.perturb
+                        else os.path.join(run.root, "warm_start", "export"))
   elif stage in ("warm_start", "full_attention"):  # both start from the same pretrained base
-    cfg.model.source = os.path.join(root, "pretrain", "export")
-  steps = steps_override() if steps is None else steps
-  if stage in steps:
-    cfg.train.steps = int(steps[stage])
+    cfg.model.source = os.path.join(run.root, "pretrain", "export")
+  if stage in run.steps:
+    cfg.train.steps = int(run.steps[stage])
     cfg.data.phases = curriculum.with_steps(cfg.data.phases, cfg.train.steps)  # the curriculum's first steps
   return cfg
 
@@ -155,12 +153,11 @@ def perturbed_export(root: str, perturb: float) -> str:
   return dst
 
 
-def train_stage(stage: str, scale: str, root: str, world: str, seed: int = 0, perturb: float = 0.0,
-                steps: dict | None = None, progress: bool = True, memory: str = "overwrite") -> dict:
-  """Trains (or resumes) one stage and exports its final params as an HF directory. steps: {stage: steps}
-  overrides (default: --steps; a side-lane process has no parsed flags); progress: its progress bar
-  (off beside another stage's)."""
-  cfg = stage_config(stage, scale, root, world, steps, seed=seed, perturb=perturb, memory=memory)
+def train_stage(stage: str, run: ToyRun, *, progress: bool = True) -> dict:
+  """Trains (or resumes) one stage of the run and exports its final params as an HF directory;
+  progress: its progress bar (off beside another stage's)."""
+  cfg = stage_config(stage, run)
+  root, world, memory, seed, perturb = run.root, run.world, run.memory, run.seed, run.perturb
   cfg.train.progress = progress
   t0 = time.perf_counter()
   print(f"\n== {stage}: {cfg.train.steps} steps, logs in {cfg.train.workdir}/logs", flush=True)
@@ -169,8 +166,8 @@ def train_stage(stage: str, scale: str, root: str, world: str, seed: int = 0, pe
   export_checkpoint(os.path.join(root, stage, "checkpoints"), export)
   if stage in ("pretrain", "warm_start"):  # what --base / --warm_start check before a later run starts from it
     with atomic_write(os.path.join(export, BASE_META)) as f:
-      json.dump({"world": world, "memory": memory, "steps": out.step, "model": cfg.model.source, "stage": stage, "scale": scale,
-                 "seed": seed, "command": "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])},
+      json.dump({"world": world, "memory": memory, "steps": out.step, "model": cfg.model.source, "stage": stage,
+                 "scale": run.scale, "seed": seed, "command": "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])},
                 f, indent=1)
   return {"stage": stage, "steps": out.step, "seconds": round(time.perf_counter() - t0, 1),
           "export": export, "seed": seed, **({"perturb": perturb} if stage == "rl" and perturb else {})}
@@ -208,24 +205,21 @@ def use_export(stage: str, source: str, root: str, world: str, scale: str | None
   return {"stage": stage, "steps": meta["steps"], "seconds": 0.0, "export": export, "base": source}
 
 
-def reader_digest(stage: str, scale: str, root: str, world: str, steps: dict | None = None,
-                  memory: str = "overwrite") -> str:
+def reader_digest(stage: str, run: ToyRun) -> str:
   """sha256 of the stage's exported weights and its agent settings: evaluated lengths are reused
   only for the very same reader."""
-  cfg = stage_config(stage, scale, root, world, steps, memory=memory)
+  cfg = stage_config(stage, run)
   h = hashlib.sha256(json.dumps(cfg.agent.to_dict(), sort_keys=True).encode())
-  with open(os.path.join(root, stage, "export", "model.safetensors"), "rb") as f:
+  with open(os.path.join(run.root, stage, "export", "model.safetensors"), "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
       h.update(block)
   return h.hexdigest()
 
 
-def make_reader(stage: str, scale: str, root: str, world: str, steps: dict | None = None,
-                memory: str = "overwrite"):
+def make_reader(stage: str, run: ToyRun):
   """The stage's exported policy as its config's evaluation reader (full attention centre-truncates
   documents beyond its context window, as the paper's baselines)."""
-  return load_reader(stage_config(stage, scale, root, world, steps, memory=memory),
-                     os.path.join(root, stage, "export"), training=False)
+  return load_reader(stage_config(stage, run), os.path.join(run.root, stage, "export"), training=False)
 
 
 def sweep_stage(stage: str, run: ToyRun, *, lengths: list[int], progress: bool = True, concurrent_sweeps: int = 1,
@@ -233,11 +227,11 @@ def sweep_stage(stage: str, run: ToyRun, *, lengths: list[int], progress: bool =
   """One method's accuracy-against-length rows at `lengths` (all or part of the run's, `eval_lengths`), in
   its own process when sweeps run side by side; warmup_length: where a MemAgent reader compiles when
   `lengths` is only part of its sweep."""
-  scale, root, world, steps = run.scale, run.root, run.world, run.steps
+  scale, root, world = run.scale, run.root, run.world
   enable_compilation_cache(compile_cache(root))  # before this process compiles anything
   rl_cfg = toy_memagent.get_config(f"rl,{scale},{world}")
   ev, agent = rl_cfg.eval, rl_cfg.agent
-  reader = make_reader(stage, scale, root, world, steps, memory=run.memory)
+  reader = make_reader(stage, run)
   direct = stage == "full_attention"
   report = None if progress else lambda row: print(
       f"  {dict(METHODS)[stage]}, {row.length} tokens: {100 * row.accuracy:.1f}% "
@@ -248,7 +242,7 @@ def sweep_stage(stage: str, run: ToyRun, *, lengths: list[int], progress: bool =
                    top_p=ev.top_p, chunk_tokens=agent.chunk_tokens, warmup_each_length=direct,
                    warmup_length=warmup_length)
   return sweep_lengths(reader, stage, spec, out_dir=os.path.join(root, "eval"),
-                       reader_id=reader_digest(stage, scale, root, world, steps, memory=run.memory), progress=progress, on_row=report,
+                       reader_id=reader_digest(stage, run), progress=progress, on_row=report,
                        concurrent_sweeps=concurrent_sweeps)
 
 
@@ -395,13 +389,10 @@ def main(argv):
         stages[stage] = use_export(stage, _WARM_START.value, root, world, scale, memory=_MEMORY.value)
       elif stage in _STAGES.value and early and stage == "full_attention":
         print(f"\n== {stage}: trained in a side process, beside the warm start and RL", flush=True)
-        training[stage] = lane.submit(train_stage, stage, scale, root, world, seed=_SEED.value,
-                                      perturb=_PERTURB.value, steps=steps_override(), progress=False,
-                                      memory=_MEMORY.value)
+        training[stage] = lane.submit(train_stage, stage, run, progress=False)
         training[stage].add_done_callback(functools.partial(report_failure, stage=stage))
       elif stage in _STAGES.value:
-        stages[stage] = train_stage(stage, scale, root, world, seed=_SEED.value, perturb=_PERTURB.value,
-                                    memory=_MEMORY.value)
+        stages[stage] = train_stage(stage, run)
       else:
         continue
       settle(block=False)

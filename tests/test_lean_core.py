@@ -1,6 +1,7 @@
 """The package is plain JAX that leaves the process alone: importing it changes nothing, and no file of
 the project reaches into JAX's private modules."""
 
+import ast
 import os
 import re
 import subprocess
@@ -98,3 +99,33 @@ def test_constraints_pin_versions_inside_setup_py_ranges():
     version = next(iter(pin.specifier)).version
     name = pin.name.lower().replace("_", "-")
     assert name in ranges and ranges[name].contains(version), (pin, ranges.get(name))
+
+
+# The documented public APIs (DESIGN.md) keep their keyword signatures: outside checks call them so.
+MANY_PARAMETERS_ALLOWED = {"memagent_jax/agent/memagent.py:answer_batch", "memagent_jax/rl/losses.py:policy_loss"}
+
+
+def long_signatures(source: str, rel_path: str, limit: int = 8) -> list[str]:
+  """`path:function (n)` for each function of the source taking more than `limit` parameters (self aside)."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      a = node.args
+      names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
+      if len(names) > limit:
+        found.append(f"{rel_path}:{node.name} ({len(names)})")
+  return found
+
+
+def test_functions_of_more_than_eight_parameters_take_a_spec():
+  found = []
+  for top in ("memagent_jax", "experiments"):
+    for root, _, files in os.walk(os.path.join(REPO, top)):
+      for name in sorted(f for f in files if f.endswith(".py")):
+        rel = os.path.relpath(os.path.join(root, name), REPO)
+        with open(os.path.join(REPO, rel), encoding="utf-8") as f:
+          found += long_signatures(f.read(), rel)
+  extra = [f for f in found if f.rsplit(" ", 1)[0] not in MANY_PARAMETERS_ALLOWED]
+  assert not extra, f"take a spec (a frozen dataclass) instead: {extra}"
+  assert long_signatures("def f(self, a, b, c, d, e, g, h, i, *, j):\n  pass\n", "x.py") == ["x.py:f (9)"]
+  assert long_signatures("def f(self, a, b, c, d, e, g, h, i):\n  pass\n", "x.py") == []

@@ -34,7 +34,8 @@ def _blocks(context: str) -> dict[int, str]:
 def built(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("rhq"))
   words = types.SimpleNamespace(encode_batch=lambda texts: [t.split() for t in texts])  # a countable "tokenizer"
-  manifest = rhq.build_set(DEV, out, num_docs=SMALLEST, n=12, seed=0, tokenizer=words, tokenizer_name="words")
+  manifest = rhq.build_set(DEV, out, rhq.SetSpec(num_docs=SMALLEST, n=12, seed=0), tokenizer=words,
+                          tokenizer_name="words")
   return out, manifest
 
 
@@ -81,13 +82,13 @@ def test_built_lengths_hold_the_gold_where_the_manifest_says(built):
 
 def test_same_seed_same_set_other_seed_other_set(built, tmp_path):
   out, _ = built
-  again = rhq.build_set(DEV, str(tmp_path / "a"), num_docs=(50,), n=12, seed=0)
+  again = rhq.build_set(DEV, str(tmp_path / "a"), rhq.SetSpec(num_docs=(50,), n=12, seed=0))
   with open(os.path.join(out, "eval_50.json")) as f, open(tmp_path / "a" / "eval_50.json") as g:
     first, second = json.load(f), json.load(g)
   for s in first:
     s.pop("context_tokens")
   assert first == second  # a length does not depend on which other lengths were built, nor on token counting
-  other = rhq.build_set(DEV, str(tmp_path / "b"), num_docs=(50,), n=12, seed=1)
+  other = rhq.build_set(DEV, str(tmp_path / "b"), rhq.SetSpec(num_docs=(50,), n=12, seed=1))
   assert other["questions"] != again["questions"]
   corpus = longqa.load_hotpotqa(DEV)
   seed0, seed1 = (rhq.build_samples(corpus, [0, 1, 2], 50, seed) for seed in (0, 1))
@@ -96,14 +97,14 @@ def test_same_seed_same_set_other_seed_other_set(built, tmp_path):
 
 def test_refuses_lengths_the_pool_cannot_fill(tmp_path):
   with pytest.raises(ValueError, match=r"num_docs=400 needs 400 distinct paragraphs but the pool has only 311"):
-    rhq.build_set(DEV, str(tmp_path / "x"), num_docs=(50, 400), n=4)
+    rhq.build_set(DEV, str(tmp_path / "x"), rhq.SetSpec(num_docs=(50, 400), n=4))
   assert not os.path.exists(tmp_path / "x")  # refused before anything was written
   with pytest.raises(ValueError, match="smaller than a question's own 10 paragraphs"):
-    rhq.build_set(DEV, str(tmp_path / "y"), num_docs=(5,), n=4)
+    rhq.build_set(DEV, str(tmp_path / "y"), rhq.SetSpec(num_docs=(5,), n=4))
   with pytest.raises(ValueError, match=r"n=33 questions requested but the corpus has 32"):
-    rhq.build_set(DEV, str(tmp_path / "z"), num_docs=(50,), n=33)
+    rhq.build_set(DEV, str(tmp_path / "z"), rhq.SetSpec(num_docs=(50,), n=33))
   with pytest.raises(ValueError, match="1 of the 2 requested question ids are not in the corpus"):
-    rhq.build_set(DEV, str(tmp_path / "z"), num_docs=(50,), ids=["5a8b57f25542995d1e6f1371", "nope"])
+    rhq.build_set(DEV, str(tmp_path / "z"), rhq.SetSpec(num_docs=(50,), ids=["5a8b57f25542995d1e6f1371", "nope"]))
 
 
 def test_tasks_read_the_built_set(built):

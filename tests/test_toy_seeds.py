@@ -89,12 +89,13 @@ def test_perturbed_export_moves_every_float_weight_by_about_the_asked_amount(tmp
 
 def test_seed_reaches_every_trained_stage_and_perturb_rls_source(tmp_path):
   from experiments import toy_reproduction
+  run = toy_reproduction.ToyRun(scale="full", root=str(tmp_path), world="lookup", n=1, max_multiple=1)
   for stage in ("warm_start", "rl", "full_attention"):
-    cfg = toy_reproduction.stage_config(stage, "full", str(tmp_path), "lookup", seed=2)
+    cfg = toy_reproduction.stage_config(stage, dataclasses.replace(run, seed=2))
     assert cfg.train.seed == 2 and cfg.data.seed == 2, stage
-  assert toy_reproduction.stage_config("rl", "full", str(tmp_path), "lookup").model.source.endswith("warm_start/export")
+  assert toy_reproduction.stage_config("rl", run).model.source.endswith("warm_start/export")
   shutil.copytree(BASE, tmp_path / "warm_start" / "export")
-  cfg = toy_reproduction.stage_config("rl", "full", str(tmp_path), "lookup", perturb=1e-6)
+  cfg = toy_reproduction.stage_config("rl", dataclasses.replace(run, perturb=1e-6))
   assert cfg.model.source == str(tmp_path / "warm_start" / "export_perturbed_1e-06")
 
 

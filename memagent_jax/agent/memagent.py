@@ -105,6 +105,16 @@ class MemAgent:
   memory_block = staticmethod(memory_block)
   answer_block = staticmethod(answer_block)
 
+  # the reader's settings, read from its spec (one source: `agent.spec`)
+  chunk_tokens = property(lambda self: self.spec.chunk_tokens)
+  memory_tokens = property(lambda self: self.spec.memory_tokens)
+  answer_tokens = property(lambda self: self.spec.answer_tokens)
+  question_tokens = property(lambda self: self.spec.question_tokens)
+  block_chunks = property(lambda self: self.spec.block_chunks)
+  max_chunks = property(lambda self: self.spec.max_chunks)
+  final_template = property(lambda self: self.spec.final_template)
+  decode_buckets = property(lambda self: int(self.spec.decode_buckets))  # busy rows run in the smallest of these sizes
+
   # The documented call `mj.MemAgent(policy, chunk_tokens=, memory_tokens=, answer_tokens=)` names the
   # three budgets; `settings` are ReaderSpec's fields (or pass a ReaderSpec); the rest default to the
   # released reader (trainer: configs/base.py agent section).
@@ -115,12 +125,7 @@ class MemAgent:
     self.spec = spec
     self.policy = policy
     self.tokenizer = tok = policy._require_tokenizer()
-    self.chunk_tokens, self.memory_tokens, self.answer_tokens = (spec.chunk_tokens, spec.memory_tokens,
-                                                                 spec.answer_tokens)
-    self.question_tokens, self.block_chunks, self.max_chunks = (spec.question_tokens, spec.block_chunks,
-                                                                spec.max_chunks)
     self.mesh = mesh
-    self.final_template = spec.final_template
     self.memory_segments = TemplateSegments.build(tok, memory_template(spec.memory, spec.gate_forms))
     self.final_segments = TemplateSegments.build(tok, FINAL_TEMPLATES[spec.final_template])
     self._memory_pieces = tuple(jnp.asarray(p) for p in self.memory_segments.pieces)  # on device once
@@ -132,7 +137,6 @@ class MemAgent:
     self.gate = (gates.GateSpec.build(tok, forms=spec.gate_forms, invalid_gate=spec.invalid_gate,
                                       eos=self.stop_tokens) if spec.memory == "gated" else None)
     self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    self.decode_buckets = int(spec.decode_buckets)  # memory turns run their busy rows in the smallest of these sizes
     self.context = policy.config.max_position_embeddings
     self.check_budget(question_len=1)
     self.reuse_prefix = self._reuse_prefix(spec.template_prefix_cache)

@@ -109,17 +109,25 @@ def _sha256(path: str) -> str:
   return h.hexdigest()
 
 
-def build_set(path: str, out_dir: str, *, num_docs: Sequence[int] | None = None, n: int = PAPER_QUESTIONS,
-              seed: int = 0, ids: Sequence[str] | None = None, tokenizer=None, tokenizer_name: str | None = None,
-              progress=None) -> dict:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SetSpec:
+  """Which set to build: its lengths and its questions (the same at every length)."""
+  num_docs: Sequence[int] | None = None  # lengths in documents (None: the paper's, as far as the pool allows)
+  n: int = PAPER_QUESTIONS  # questions, drawn with `seed` (ignored when `ids` names them)
+  seed: int = 0  # the questions' draw and every length's padding paragraphs and order
+  ids: Sequence[str] | None = None  # HotpotQA ids of the questions, in this order
+
+
+def build_set(path: str, out_dir: str, spec: SetSpec = SetSpec(), *, tokenizer=None,
+              tokenizer_name: str | None = None, progress=None) -> dict:
   """Builds RULER-HotpotQA from a HotpotQA dev-distractor JSON into out_dir; returns the manifest.
 
-  num_docs: lengths in documents (default the paper's, as far as the pool allows 12800 and 25600);
-  a length the pool cannot fill is refused before any file is written. tokenizer (the project's
+  A length the pool cannot fill is refused before any file is written. tokenizer (the project's
   Tokenizer): measures each length's tokens for the manifest. progress(num_docs): called per length."""
   corpus = longqa.load_hotpotqa(path)
+  num_docs, seed = spec.num_docs, spec.seed
   lengths = tuple(paper_num_docs(len(corpus.pool)) if num_docs is None else num_docs)
-  indices = choose_questions(corpus, n, seed, ids)
+  indices = choose_questions(corpus, spec.n, seed, spec.ids)
   check_num_docs(corpus, indices, lengths)
   summaries = []
   for length in lengths:

@@ -55,23 +55,6 @@ def model_of(source: str):
                                  f"({source} has no tokenizer files)"]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StepShapes:
-  """The static sizes of one RL step of a config (worst case: every prompt at its width), as the
-  reader and the trainer's planner give them."""
-  rollout_rows: int  # rl.rollout_batch: trajectories per agent call
-  rollout_calls: int  # agent calls per step
-  block_chunks: int
-  memory_updates: int  # per trajectory: chunks of data.length, capped by agent.max_chunks
-  turns: int  # conversation slots per trajectory: whole memory blocks + the final answer
-  prompt_width: int  # P of a conversation slot
-  response_width: int  # N
-  mini_batches: int  # optimizer updates per step
-  width_groups: tuple[tuple[int, int], ...]  # (rows, prompt width) of each group of the first mini-batch
-  micro_batches: int
-  logprob_passes: int  # log-prob passes over a width group per step (recomputed old + reference)
-
-
 @dataclasses.dataclass
 class Program:
   """One jitted function, the abstract arguments the trainer passes it, and what stays alive beside it."""
@@ -99,6 +82,18 @@ class StepRows:
   rollout_rows: int  # trajectories per agent call
   turns: int  # conversation slots per trajectory: whole memory blocks + the final answer
   memory_updates: int  # chunks per document at the worst case
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepShapes(StepRows):
+  """The static sizes of one RL step of a config (worst case: every prompt at its width): its rows,
+  and how the reader's calls and the trainer's planner split them."""
+  rollout_calls: int  # agent calls per step
+  block_chunks: int
+  mini_batches: int  # optimizer updates per step
+  width_groups: tuple[tuple[int, int], ...]  # (rows, prompt width) of each group of the first mini-batch
+  micro_batches: int
+  logprob_passes: int  # log-prob passes over a width group per step (recomputed old + reference)
 
 
 def worst_case_rows(agent, counts: StepRows, *, mesh, loss_on_prompt: bool = False) -> device_rows.SlotRows:
@@ -225,9 +220,8 @@ def build_programs(cfg, mesh, rules, *, platform: str = "tpu") -> tuple[list[Pro
         + (" (old log-probs = current)" if call.update.old_is_current else ""), ("fp32 weights", "optimizer state"))
 
   first = batches[0]
-  shapes = StepShapes(rollout_rows=rl.rollout_batch, rollout_calls=rollout_calls, block_chunks=a.block_chunks,
-                      memory_updates=chunks, turns=blocks * a.block_chunks + 1, prompt_width=prompt_width,
-                      response_width=response_width, mini_batches=len(calls),
+  shapes = StepShapes(**dataclasses.asdict(counts), rollout_calls=rollout_calls, block_chunks=a.block_chunks,
+                      mini_batches=len(calls),
                       width_groups=tuple((g.tokens.shape[0] * g.tokens.shape[1], g.prompt_width) for g in first),
                       micro_batches=train.micro_batches,
                       logprob_passes=sum((c.recompute_old + c.reference) * len(c.groups) for c in calls))
