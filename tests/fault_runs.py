@@ -1,4 +1,4 @@
-"""Helpers of the fault and resume tests (test_preemption.py, test_save_faults.py): the tiny run's
+"""Helpers of the fault and resume tests (test_save_faults.py): the tiny run's
 command line, its environment, stopping a run at a chosen point, and what a stopped and resumed
 run must look like. Their runs share one configuration (RUN_FLAGS; the two-process script sets the
 same RUN_OVERRIDES), so after a test's first run the persistent compile cache (the session's, from
@@ -95,15 +95,6 @@ def stopped(proc, sent: float, workdir, exit_code: int, steps: int) -> int:
   assert checkpointing.Checkpointer(directory).latest_step() == step
   assert not (workdir / "run.lock").exists()
   return step
-
-
-def committed_step(ckpt_dir: str) -> int:
-  """The newest committed step of a running trainer's checkpoints, 0 if none yet (or if the trainer
-  deleted an old step while orbax was listing it: the next poll reads again)."""
-  try:
-    return checkpointing.Checkpointer(ckpt_dir).latest_step() or 0
-  except FileNotFoundError:
-    return 0
 
 
 _TIMING = ("seconds", "per_s", "perf/")  # metrics of how fast, not what, a step computed

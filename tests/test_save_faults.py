@@ -1,9 +1,10 @@
-"""Faults during a checkpoint write: a full disk (a real small tmpfs where the test may mount one)
-stops the run with one line and exit 2, keeps the previous step readable, and resumes once space
-is freed; one of two processes killed (SIGKILL) while orbax writes asynchronously leaves an
-incomplete step that is never taken as complete; on the restart a signal to one of the two stops
-both at the same step, and the next restart finishes equal to an uninterrupted run (which is also
-the plain two-process save and resume test)."""
+"""Faults during a checkpoint write and preemption: a full disk (a real small tmpfs where the test may
+mount one) stops the run with one line and exit 2, keeps the previous step readable, and resumes once
+space is freed; one of two processes killed (SIGKILL) while orbax writes asynchronously leaves an
+incomplete step that is never taken as complete; on the CLI restart SIGTERM to one of the two stops
+both at the same step (exit 143, one line), and the next restart ends bit for bit as an uninterrupted
+run (which is also the plain two-process save and resume test). SIGINT (exit 130) raised inside a
+step: test_trainer.py."""
 
 import errno
 import json
@@ -20,7 +21,8 @@ import jax
 import numpy as np
 import pytest
 
-from fault_runs import RUN_OVERRIDES, cache_env, metric_steps, signal_after_step, stopped, train_cmd
+from fault_runs import (RUN_OVERRIDES, assert_resumed_exactly, cache_env, metric_steps, signal_after_step, stopped,
+                        train_cmd)
 from test_parallel import REPO, _clean_env, _collect, _free_port
 from memagent_jax.rl.trainer import Trainer
 from memagent_jax.runtime import checkpointing
@@ -164,7 +166,7 @@ KILL_SCRIPT = textwrap.dedent("""
                       "start_checksum": start_sum, "rng": rng, "step": t.state.step,
                       "checksum": checksum(t.state.params)}))
 """)
-PAIR_STEPS = 4  # more than the signalled restart runs before its stop lands (signalled after step 2: stops at 2 or 3)
+PAIR_STEPS = 4  # more than the signalled restart runs before its stop lands (signalled once step 2 is logged: stops at 2 or 3)
 
 
 def _pair_env(**extra) -> dict:
@@ -191,9 +193,10 @@ def test_one_of_two_processes_killed_during_an_async_save_then_signalled_resumes
   """Also the plain two-process save and resume: the uninterrupted run's checkpoints (written by two
   processes, read by one) hold the step counter and PRNG key as global arrays (host-local ones could
   not be saved with several processes). The killed run's restart (the CLI, saving only when stopped)
-  resumes from step 1; SIGINT to process 0 alone stops both after the same step: both processes agree
-  on the flag before each step, so both save the same step (a complete checkpoint) and exit 130, and
-  neither hangs in a collective the other left. The next restart finishes as if never stopped.
+  resumes from step 1; SIGTERM (a scheduler's preemption) to process 0 alone stops both after the same
+  step: both processes agree on the flag before each step, so both save the same step (a complete
+  checkpoint) and exit 143 with one line, and neither hangs in a collective the other left. The next
+  restart ends bit for bit as the uninterrupted run (params, optimizer state, key, data position, metrics).
   Also: train.compilation_cache_dir turns on jax's persistent cache (the setting is process-wide)."""
   cache = tmp_path / "xla_cache"
   ref = _collect(_spawn_both(tmp_path / "uninterrupted", cache), timeout=600)
@@ -237,8 +240,8 @@ def test_one_of_two_processes_killed_during_an_async_save_then_signalled_resumes
     procs.append(subprocess.Popen(cmd, cwd=REPO, env=_pair_env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True))
   try:  # process 0 alone writes metrics, and alone gets the signal
-    sent = signal_after_step(procs[0], workdir, signal.SIGINT, after=1, since=since)
-    steps = [stopped(p, sent, workdir, exit_code=130, steps=PAIR_STEPS) for p in procs]
+    sent = signal_after_step(procs[0], workdir, signal.SIGTERM, after=1, since=since)
+    steps = [stopped(p, sent, workdir, exit_code=143, steps=PAIR_STEPS) for p in procs]
   finally:
     for p in procs:
       if p.poll() is None:
@@ -261,4 +264,5 @@ def test_one_of_two_processes_killed_during_an_async_save_then_signalled_resumes
   assert [o["rng"] for o in resumed] == [[0, 0], [0, 0]]  # the saved key came back to each process
   assert resumed[0]["checksum"] == resumed[1]["checksum"] == ref[0]["checksum"]  # as if never stopped
   assert checkpointing.Checkpointer(str(workdir / "checkpoints")).all_steps() == [PAIR_STEPS - 1, PAIR_STEPS]
+  assert_resumed_exactly(tmp_path / "uninterrupted", workdir, PAIR_STEPS)
   assert not (workdir / "run.lock").exists()  # held once by the pair, released at the end

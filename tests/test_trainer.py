@@ -1,6 +1,6 @@
 """The training loop, in-process: metrics, bad configs, NaN stopping, knobs, resume from a damaged
-checkpoint, and a signal mid-step raising `Preempted`. Stopped and resumed CLI runs (SIGKILL, SIGTERM,
-SIGINT, a full disk, two processes): test_preemption.py and test_save_faults.py."""
+checkpoint, and a signal mid-step raising `Preempted`. Stopped and resumed CLI runs (SIGKILL, SIGTERM, a
+full disk, two processes): test_save_faults.py."""
 
 import dataclasses
 import json
