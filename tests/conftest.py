@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+import file_seconds  # tests/file_seconds.py: each file's seconds, for the order below
 import memagent_jax as mj
 
 # Comparisons against fp32 references (transformers, numpy, a Python loop) must hold on GPUs too,
@@ -50,11 +51,11 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs",
 
 
 def pytest_collection_modifyitems(items):
-  """Files with the most slow tests first (a file's tests keep their order): the Makefile's
-  `--dist loadfile --no-loadscope-reorder` then hands the long files out first, instead of leaving one
-  worker running a long file alone at the end."""
+  """The longest files first (tests/file_seconds.py; a file it does not list: 20 s per slow test), a
+  file's tests in their order: the Makefile's `--dist loadfile --no-loadscope-reorder` then hands the
+  long files out first, and the two workers end together instead of one running a long file alone."""
   slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
-  items.sort(key=lambda item: -slow[item.path])
+  items.sort(key=lambda item: -file_seconds.SECONDS.get(item.path.name, 20 * slow[item.path]))
 
 
 def pytest_unconfigure(config):
