@@ -10,7 +10,6 @@ import torch
 import memagent_jax as mj
 from conftest import make_tiny_hf_dir, torch_logits
 from memagent_jax.models.attention import AttentionSpec
-from memagent_jax.policy.decode_spec import GREEDY
 
 
 def test_tiny_checkpoint_logits_match_transformers(tiny_hf_dir):
@@ -70,7 +69,9 @@ def test_left_padded_logits_match_transformers(tiny_hf_dir):
 
 
 @pytest.mark.slow
-def test_smollm2_gguf_logits_and_greedy_tokens_match_transformers(smollm, smollm_reference):
+def test_smollm2_gguf_logits_match_transformers(smollm, smollm_reference):
+  """The embedded GGUF model's logits over a prompt longer than one prefill query block. (Its greedy
+  decoding against transformers' `generate`, cache on and off: the agent test below.)"""
   doc = open("experiments/data/demo_document.txt").read()[:3000]
   prompt = smollm.tokenizer.apply_chat_template(f"{doc}\n\nSummarise the text above in one sentence.")
   assert len(prompt) > 600  # longer than one prefill query block: the blocked causal path is used
@@ -80,12 +81,6 @@ def test_smollm2_gguf_logits_and_greedy_tokens_match_transformers(smollm, smollm
   diff = np.abs(ours - theirs).max()
   print(f"SmolLM2 GGUF max |logits diff| vs transformers: {diff:.2e}")
   assert diff <= 2e-3
-  with torch.no_grad():  # 16 greedy tokens: each decode step after the first reads the cache it wrote
-    ref = smollm_reference.generate(torch.tensor(ids), max_new_tokens=16, do_sample=False,
-                                    min_new_tokens=16)[0, len(prompt):].tolist()
-  out = smollm.sample([prompt], 16, params=GREEDY, stop_tokens=[])
-  assert out.tokens[0].tolist() == ref
-  assert int(out.lengths[0]) == 16
 
 
 def test_gguf_rotary_unpermute_inverts_llama_cpp_permute():
