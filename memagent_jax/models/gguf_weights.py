@@ -141,14 +141,18 @@ def check_gguf_tensors(cfg: ModelConfig, tensors: dict[str, np.ndarray], path: s
 
 
 def _cache_key(path: str) -> str:
-  st = os.stat(path)
-  raw = f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}:v{CONVERTER_VERSION}"
+  """The file's name, its content's sha256 and the converter's version: the same file in another
+  install (another venv, a clean clone's) reuses one conversion instead of adding 0.5 GB per place."""
+  h = hashlib.sha256(f"v{CONVERTER_VERSION}:".encode())
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      h.update(block)
   stem = os.path.splitext(os.path.basename(path))[0]
-  return f"{stem}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
+  return f"{stem}-{h.hexdigest()[:12]}"
 
 
 def conversion_dir(path: str, cache_dir: str | None = None) -> str:
-  """Where `convert_gguf` keeps the conversion of the GGUF file as it is now (size, mtime, converter)."""
+  """Where `convert_gguf` keeps the conversion of the GGUF file as it is now (content, converter)."""
   return os.path.join(cache_dir or os.path.join(cache_root(), "gguf"), _cache_key(path))
 
 
