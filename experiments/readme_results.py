@@ -83,10 +83,13 @@ def seeds(repo: str) -> str:
   worst = max(r["largest_drop_points"] for r in runs)
   within = sum(r["largest_drop_points"] <= result["tolerance_points"] for r in runs)
   pending = result.get("not_run_yet") or []
+  outside = [f"{r['label']} (down {r['largest_drop_points']:.1f} points; {last[i]:.1f}% at {top} tokens)"
+             for i, r in enumerate(runs) if r["largest_drop_points"] > result["tolerance_points"]]
   return (f"Across seeds ({', '.join(r['label'] for r in runs)}): {within} of {len(runs)} runs stay within "
           f"{result['tolerance_points']:g} points of their own 1x at every length (the largest drop "
           f"{worst:.1f} points; {min(last):.1f}-{max(last):.1f}% at the longest length); commit "
           f"{result.get('commit') or 'not recorded'}."
+          + (f" Outside: {'; '.join(outside)}." if outside else "")
           + (f" Not run yet: {'; '.join(pending)}." if pending else "") + "\n")
 
 
