@@ -21,7 +21,7 @@ LIBTPU := libtpu==0.0.50.*
 # One exact, tested set (constraints.txt) inside setup.py's supported range. pip compiles every module's
 # bytecode as it installs (about 70 s here): leave it on, since where PYTHONDONTWRITEBYTECODE is set (as on
 # this project's machines) Python never writes it later, and every test process would compile its imports
-# from source (measured: `pip install --no-compile` made make test's user CPU 1476 -> 1907 s).
+# from source (measured: importing memagent_jax, transformers and torch takes 7.8 s of CPU without it, 3.6 s with).
 PIP := $(PY) -m pip install --quiet
 $(STAMP): setup.py constraints.txt Makefile
 	@test -n "$(PYTHON)" || { echo "make: no Python >= 3.12 found (jax >= 0.11 needs it); set PYTHON=/path/to/python3.12"; exit 2; }
