@@ -166,9 +166,9 @@ def train_stage(stage: str, run: ToyRun, *, progress: bool = True) -> dict:
   export_checkpoint(os.path.join(root, stage, "checkpoints"), export)
   if stage in ("pretrain", "warm_start"):  # what --base / --warm_start check before a later run starts from it
     with atomic_write(os.path.join(export, BASE_META)) as f:
+      command = "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])
       json.dump({"world": world, "memory": memory, "steps": out.step, "model": cfg.model.source, "stage": stage,
-                 "scale": run.scale, "seed": seed, "command": "python -m experiments.toy_reproduction " + " ".join(sys.argv[1:])},
-                f, indent=1)
+                 "scale": run.scale, "seed": seed, "command": command}, f, indent=1)
   return {"stage": stage, "steps": out.step, "seconds": round(time.perf_counter() - t0, 1),
           "export": export, "seed": seed, **({"perturb": perturb} if stage == "rl" and perturb else {})}
 

@@ -143,7 +143,8 @@ def cmd_build_ruler_hotpotqa(args) -> int:
   tokenizer = None if args.tokenizer == "none" else loading.load_tokenizer(args.tokenizer)
   manifest = ruler_hotpotqa.build_set(
       args.input, args.out, ruler_hotpotqa.SetSpec(num_docs=args.num_docs, n=args.n, seed=args.seed, ids=ids),
-      tokenizer=tokenizer, tokenizer_name=args.tokenizer, progress=lambda n: print(f"[memagent] building {n} documents", file=sys.stderr))
+      tokenizer=tokenizer, tokenizer_name=args.tokenizer,
+      progress=lambda n: print(f"[memagent] building {n} documents", file=sys.stderr))
   flags = [f"--input={args.input}", f"--out={args.out}", f"--n={args.n}", f"--seed={args.seed}",
            f"--tokenizer={args.tokenizer}"]
   flags += [f"--num-docs={','.join(map(str, args.num_docs))}"] if args.num_docs else []

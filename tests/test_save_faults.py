@@ -166,7 +166,7 @@ KILL_SCRIPT = textwrap.dedent("""
                       "start_checksum": start_sum, "rng": rng, "step": t.state.step,
                       "checksum": checksum(t.state.params)}))
 """)
-PAIR_STEPS = 4  # more than the signalled restart runs before its stop lands (signalled once step 2 is logged: stops at 2 or 3)
+PAIR_STEPS = 4  # more than the signalled restart runs (signalled at step 2's log, it stops at 2 or 3)
 
 
 def _pair_env(**extra) -> dict:

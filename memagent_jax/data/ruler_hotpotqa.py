@@ -115,7 +115,7 @@ class SetSpec:
   num_docs: Sequence[int] | None = None  # lengths in documents (None: the paper's, as far as the pool allows)
   n: int = PAPER_QUESTIONS  # questions, drawn with `seed` (ignored when `ids` names them)
   seed: int = 0  # the questions' draw and every length's padding paragraphs and order
-  ids: Sequence[str] | None = None  # HotpotQA ids of the questions, in this order
+  ids: Sequence[str] | None = None  # HotpotQA ids of the questions (asked in the file's order)
 
 
 def build_set(path: str, out_dir: str, spec: SetSpec = SetSpec(), *, tokenizer=None,
