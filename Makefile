@@ -19,7 +19,7 @@ setup: $(STAMP)
 LIBTPU := libtpu==0.0.50.*
 
 # One exact, tested set (constraints.txt) inside setup.py's supported range. The installed modules' bytecode
-# is compiled once at the end, on every core (pip's own pass is serial: 53 s here against 38 s). It must be
+# is compiled once at the end, on every core (compileall serial: 53 s here; on 2 cores: 38 s). It must be
 # written here: where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) Python never writes it
 # later, and every test process would compile its imports from source (measured: importing memagent_jax,
 # transformers and torch takes 7.8 s of CPU without bytecode, 3.6 s with).
@@ -34,8 +34,8 @@ $(STAMP): setup.py constraints.txt Makefile
 	$(PY) -m compileall -q -j 0 $(VENV)/lib $(VENV)/libtpu > /dev/null
 	touch $(STAMP)
 
-# two workers, one test file each at a time (module fixtures stay in one process), the files with the most
-# slow tests first (tests/conftest.py), one XLA compile cache shared by the whole run; the clean-clone time
+# two workers, one test file each at a time (module fixtures stay in one process), the longest files first
+# (tests/conftest.py, by tests/file_seconds.py), one XLA compile cache shared by the whole run; the clean-clone time
 # is in the README
 TEST_WORKERS ?= 2
 test: setup
