@@ -27,11 +27,19 @@ LOOKUP_DISTRACTORS = 3  # lookup world's warm-start and RL documents (1x: 128 to
 # RL data curricula for the lookup world (data.phases, "<until step>:<document options>;..."): every
 # distractor about another askable key first (the overwrite RL must unlearn is then offered by most
 # documents); then askable and other keys at even odds, as evaluated; then the same with every fact at
-# the end of its chunk, where overwrites are likeliest.
-# LOOKUP_CURRICULUM (200 + 100 + 100 steps) is make reproduce's RL stage, steadier across seeds than the
-# older LOOKUP_RL_PHASES (100 + 100 + 50, with --config.train.steps=250), which a second seed failed at 128x.
+# the end of its chunk, where overwrites are likeliest; last, six distractors about other askable keys
+# per document (twice the facts of every other phase), at chunk ends: the overwrite that long documents
+# punish is rare (a fraction of a percent per such distractor after 400 steps), so a 1x reward sees it
+# only where one document offers it many times.
+# LOOKUP_CURRICULUM (200 + 100 + 100 + 150 steps) is make reproduce's RL stage. Without its last phase
+# (400 steps) a run of seed 0 on two host devices fell 10 points below its 1x at 128x: 0.2% of the
+# distractor chunks read with a right memory were overwritten (0.6% of those about askable keys); the
+# last phase took the same run to 0.02% and 98.5% at 128x (docs/results/toy_reproduction_seeds.md).
+# The older LOOKUP_RL_PHASES (100 + 100 + 50, with --config.train.steps=250) failed a second seed at 128x.
 LOOKUP_RL_PHASES = "100:;200:distractor_keys=mixed;250:distractor_keys=mixed,late_fact_share=1.0"
-LOOKUP_CURRICULUM = "200:;300:distractor_keys=mixed;400:distractor_keys=mixed,late_fact_share=1.0"
+LOOKUP_CURRICULUM = ("200:;300:distractor_keys=mixed;400:distractor_keys=mixed,late_fact_share=1.0;"
+                     "550:num_distractors=6,late_fact_share=1.0")
+LOOKUP_RL_STEPS = 550  # the curriculum's last step
 SCALES = ("full", "demo")
 # ",gated": the memory turn may reply <keep> (memory unchanged; agent/gates.py) and the warm start's teacher
 # does on chunks without the asked key; memory turns run only the rows still decoding (3 batch sizes)
@@ -126,7 +134,7 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
       # the memories from drifting over the full schedule; the demo's 16 steps are too few to drift.
       c.data.options = ml_collections.ConfigDict(dict(num_distractors=LOOKUP_DISTRACTORS))
       c.rl.kl_coef = 0.002 if demo else 0.005
-      c.train.steps = 16 if demo else 400
+      c.train.steps = 16 if demo else LOOKUP_RL_STEPS
       if not demo:
         # the curriculum LOOKUP_CURRICULUM, starting with every distractor about another askable key:
         # the overwrite RL must unlearn is then offered by most documents, not a quarter of them.

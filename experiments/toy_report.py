@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import json
 import os
@@ -147,6 +148,19 @@ def _training_documents(world: str, scale: str, get_config=None) -> str:
   return f" Training documents: {'; '.join(told)}; every evaluated document is the world as described."
 
 
+def recipe(run: ToyRun) -> str:
+  """12 hex digits naming what the run's trained stages train with (each stage config's steps, data,
+  teacher, agent, optimizer and RL settings; not its paths or seed): a result of another recipe is not a
+  run of this one (toy_seeds)."""
+  from configs import toy_memagent
+  parts = {}
+  for stage in ("warm_start", "rl"):
+    cfg = toy_memagent.get_config(f"{stage},{run.scale},{run.world},{run.memory}")
+    parts[stage] = {"steps": int(run.steps.get(stage, cfg.train.steps)),
+                    **{k: cfg[k].to_dict() for k in ("data", "teacher", "agent", "optim", "rl") if k in cfg}}
+  return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:12]
+
+
 def report_name(scale: str, world: str) -> str:
   """Results file stem: toy_reproduction[_<world>][_<scale>] (the default world and full scale bare)."""
   return "toy_reproduction" + ("" if world == "one_key" else f"_{world}") + ("" if scale == "full" else f"_{scale}")
@@ -193,7 +207,7 @@ def write_report(rows, stages, run: ToyRun, results_dir: str, *, command: str, s
   with atomic_write(paths["json"]) as f:
     json.dump({"scale": scale, "world": world, "n": n, "eval_seed": eval_seed, "seed": seed, "perturb": perturb,
                "command": command, "minutes": round(seconds / 60, 1), "commit": current_commit(),
-               "cpu_cores": os.cpu_count(), "rows": [r.to_json() for r in rows],
+               "cpu_cores": os.cpu_count(), "recipe": recipe(run), "rows": [r.to_json() for r in rows],
                "stages": {k: {"steps": v["steps"]} for k, v in stages.items()}}, f, indent=1)
   plot(rows, root, paths["plot"])
   lengths = sorted({r.length for r in rows})

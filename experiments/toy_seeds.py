@@ -4,6 +4,7 @@ more from a warm start perturbed at float rounding's size, and seed 0 once more 
 
   python -m experiments.toy_seeds            # make seeds: each run 40-45 min on 2 cores, resumable
   python -m experiments.toy_seeds --dry_run  # the commands only
+  python -m experiments.toy_seeds --only=seed1,seed2  # some runs only
 
 Seed 0 is make reproduce's own run (runs/toy_full_lookup when it is there, else its committed result
 docs/results/toy_reproduction_lookup.json); the perturbed run starts from a copy of seed 0's warm start,
@@ -27,6 +28,7 @@ import time
 import numpy as np
 from absl import app, flags
 
+from configs import toy_memagent
 from experiments import toy_report
 from memagent_jax.evaluation.length_sweep import SweepRow
 from memagent_jax.runtime.atomic_io import atomic_write, save_figure
@@ -46,6 +48,8 @@ def define_flags():
   flags.DEFINE_string("root", "runs/toy_seeds_lookup", "directory of the seed-1, seed-2 and perturbed runs")
   flags.DEFINE_string("out", "docs/results/toy_reproduction_seeds", "table + plot path stem")
   flags.DEFINE_bool("dry_run", False, "print the commands, run nothing")
+  flags.DEFINE_list("only", [], "run only these runs (workdir names: toy_full_lookup, perturbed, seed1, seed2, "
+                    "two_devices); the table still holds every finished run")
 
 
 def runs(root: str) -> list[dict]:
@@ -96,19 +100,36 @@ def record_path(run: dict, finished: str = FINISHED) -> str:
   return os.path.join(finished, os.path.basename(os.path.normpath(run["workdir"])) + ".json")
 
 
+def seed_recipe() -> str:
+  """The recipe every seed run trains with (toy_report.recipe): make reproduce's, at full scale."""
+  return toy_report.recipe(toy_report.ToyRun(scale="full", root="", world="lookup", n=200, max_multiple=256))
+
+
+def recipe_text() -> str:
+  """The recipe in words, from its configs, and its digest."""
+  ws, rl = (toy_memagent.get_config(f"{stage},full,lookup") for stage in ("warm_start", "rl"))
+  return (f"warm start {ws.train.steps} steps; RL {rl.train.steps} steps on the data curriculum "
+          f"`{rl.data.phases}` (configs/toy_memagent.LOOKUP_CURRICULUM), KL {rl.rl.kl_coef:g}; recipe "
+          f"digest {seed_recipe()}, toy_report.recipe")
+
+
 def finished_run(run: dict, finished: str = FINISHED) -> dict | None:
-  """A finished run: {rows: RL-MemAgent's rows by length, minutes, commit, source}, from its workdir's
-  results, else its committed record (seed 0: make reproduce's committed result); None: not finished."""
+  """A finished run of the current recipe: {rows: RL-MemAgent's rows by length, minutes, commit, source,
+  recipe}, from its workdir's results, else its committed record (seed 0: make reproduce's committed
+  result); None: not finished, or finished on another recipe (a result without a recipe is of an older one)."""
   paths = [os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json"),
            record_path(run, finished)]
   if run["workdir"] == REPRODUCE_ROOT:
     paths.append(REPRODUCE_RESULT)
+  current = seed_recipe()
   for path in paths:
     if os.path.isfile(path):
       with open(path) as f:
         data = json.load(f)
+      if data.get("recipe") != current:
+        continue
       rows = sorted((SweepRow.from_json(r) for r in data["rows"] if r["method"] == "rl"), key=lambda r: r.length)
-      return dict(rows=rows, minutes=data.get("minutes"), commit=data.get("commit"), source=path)
+      return dict(rows=rows, minutes=data.get("minutes"), commit=data.get("commit"), source=path, recipe=current)
   return None
 
 
@@ -119,7 +140,7 @@ def keep_record(run: dict, command_line: str, minutes: float, finished: str = FI
   with atomic_write(record_path(run, finished)) as f:
     json.dump({"label": run["label"], "seed": run["seed"], "perturb": run["perturb"], "command": command_line,
                "minutes": minutes, "commit": toy_report.current_commit(), "cpu_cores": os.cpu_count(),
-               "rows": [r.to_json() for r in done["rows"]]}, f, indent=1)
+               "recipe": done["recipe"], "rows": [r.to_json() for r in done["rows"]]}, f, indent=1)
 
 
 def verdict(rows: list[SweepRow]) -> tuple[float, bool]:
@@ -145,8 +166,7 @@ def markdown(results: list[tuple[dict, dict]], commands: list[str],
   return "\n".join([
       "# The toy recipe across seeds (lookup world, RL-MemAgent)", "",
       "Command: `python -m experiments.toy_seeds` (make seeds). Each run is make reproduce's recipe "
-      "(warm start 300 steps, RL 400 steps on configs/toy_memagent.LOOKUP_CURRICULUM, KL 0.005) from the "
-      "committed base, swept at n = 200 per length (evaluation seed 1000, temperature 0.7, top-p 0.95); "
+      f"({recipe_text()}) from the committed base, swept at n = 200 per length (evaluation seed 1000, temperature 0.7, top-p 0.95); "
       "accuracy in % with a 95% Wilson interval. Wall min: the minutes of the command that finished the run "
       "(a run resumed from its checkpoints counts only its last command), on 2 CPU cores that may have been "
       "shared with other work; commit: the tree it finished on. The runs:", "",
@@ -184,8 +204,12 @@ def main(argv):
   if FLAGS.dry_run:
     print("\n".join(commands))
     return
-  for run, cmd in zip(todo, commands):
-    if finished_run(run) is None:
+  names = [os.path.basename(os.path.normpath(run["workdir"])) for run in todo]
+  unknown = sorted(set(FLAGS.only) - set(names))
+  if unknown:
+    raise app.UsageError(f"--only={','.join(FLAGS.only)}: no run named {', '.join(unknown)} (runs: {', '.join(names)})")
+  for run, cmd, name in zip(todo, commands, names):
+    if finished_run(run) is None and (not FLAGS.only or name in FLAGS.only):
       print(f"\n==== {run['label']}: {cmd}", flush=True)
       reuse_warm_start(run)
       t0 = time.perf_counter()

@@ -15,9 +15,9 @@ LOOKUP_RL = "rl,full,lookup"
 
 
 def _curriculum_config():
-  """Full-scale lookup RL: make reproduce's 400-step curriculum (configs/toy_memagent.LOOKUP_CURRICULUM)."""
+  """Full-scale lookup RL: make reproduce's 550-step curriculum (configs/toy_memagent.LOOKUP_CURRICULUM)."""
   cfg = toy_memagent.get_config(LOOKUP_RL)
-  assert (cfg.data.phases, cfg.train.steps) == (toy_memagent.LOOKUP_CURRICULUM, 400)
+  assert (cfg.data.phases, cfg.train.steps) == (toy_memagent.LOOKUP_CURRICULUM, 550)
   return cfg
 
 
@@ -26,9 +26,10 @@ def _options():
 
 
 def test_phases_parse_into_typed_option_settings():
-  phases = curriculum.parse_phases(toy_memagent.LOOKUP_CURRICULUM, _options(), 400)
+  phases = curriculum.parse_phases(toy_memagent.LOOKUP_CURRICULUM, _options(), 550)
   assert phases == [(200, {}), (300, {"distractor_keys": "mixed"}),
-                    (400, {"distractor_keys": "mixed", "late_fact_share": 1.0})]
+                    (400, {"distractor_keys": "mixed", "late_fact_share": 1.0}),
+                    (550, {"num_distractors": 6, "late_fact_share": 1.0})]
   assert curriculum.parse_phases("", _options(), 400) == []
 
 
@@ -49,7 +50,7 @@ def test_a_phase_value_of_the_wrong_type_fails_validation():
   cfg = _curriculum_config()
   validate_config(cfg)  # the shipped curriculum is valid
   with cfg.unlocked():
-    cfg.data.phases = "200:;400:late_fact_share=late"
+    cfg.data.phases = "200:;550:late_fact_share=late"
   with pytest.raises(ValueError, match="late_fact_share"):
     validate_config(cfg)
 
@@ -98,14 +99,16 @@ def test_train_phases_runs_each_phase_on_its_documents_and_resumes_in_its_phase(
   cfg = _curriculum_config()
   _FakeTrainer.saved, _FakeTrainer.runs = 0, []
   out = assembly.train_phases(cfg, build=lambda c, w: _FakeTrainer(c))
-  assert [(a, b, o["distractor_keys"], o["late_fact_share"]) for a, b, o in _FakeTrainer.runs] == [
-      (0, 200, "askable", 0.0), (200, 300, "mixed", 0.0), (300, 400, "mixed", 1.0)]
-  assert [h.step for h in out.history] == list(range(1, 401)) and out.step == 400
+  assert [(a, b, o["distractor_keys"], o["late_fact_share"], o["num_distractors"])
+          for a, b, o in _FakeTrainer.runs] == [
+      (0, 200, "askable", 0.0, 3), (200, 300, "mixed", 0.0, 3), (300, 400, "mixed", 1.0, 3), (400, 550, "askable", 1.0, 6)]
+  assert [h.step for h in out.history] == list(range(1, 551)) and out.step == 550
   # a run killed at step 250 resumes in the second phase, on its documents
   _FakeTrainer.saved, _FakeTrainer.runs = 250, []
   assembly.train_phases(cfg, build=lambda c, w: _FakeTrainer(c))
   assert _FakeTrainer.runs[0] == ("closed", 250)  # the finished first phase's trainer lets go of the workdir
-  assert [(a, b, o["distractor_keys"]) for a, b, o in _FakeTrainer.runs[1:]] == [(250, 300, "mixed"), (300, 400, "mixed")]
+  assert [(a, b, o["distractor_keys"]) for a, b, o in _FakeTrainer.runs[1:]] == [
+      (250, 300, "mixed"), (300, 400, "mixed"), (400, 550, "askable")]
 
 
 def test_a_real_run_switches_documents_at_the_phase_end(tmp_path, caplog):
@@ -146,7 +149,8 @@ def test_the_report_names_each_phase_documents():
   told = toy_report._training_documents("lookup", "full", get_config=configs)
   assert ("rl on 1x documents generated with, in turn, steps 1-200 distractor_keys=askable, num_distractors=3; "
           "steps 201-300 distractor_keys=mixed, num_distractors=3; steps 301-400 distractor_keys=mixed, "
-          "late_fact_share=1.0, num_distractors=3;") in told
+          "late_fact_share=1.0, num_distractors=3; steps 401-550 distractor_keys=askable, late_fact_share=1.0, "
+          "num_distractors=6;") in told
 
 
 def test_a_later_phase_reuses_the_compiled_update(tmp_path):

@@ -102,7 +102,7 @@ def test_seed_reaches_every_trained_stage_and_perturb_rls_source(tmp_path):
 def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
   """A stopped `make seeds` leaves a table of the runs it finished; unfinished ones are left out. A
   finished run's record, committed, counts as finished on a machine without its workdir; seed 0 without
-  its workdir is make reproduce's committed result."""
+  its workdir is make reproduce's committed result; a result of another recipe counts for nothing."""
   from experiments import toy_report, toy_seeds
   monkeypatch.setattr(toy_seeds, "REPRODUCE_ROOT", str(tmp_path / "seed0"))
   monkeypatch.setattr(toy_seeds, "REPRODUCE_RESULT", str(tmp_path / "reproduce.json"))
@@ -112,7 +112,7 @@ def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
     os.makedirs(os.path.join(run["workdir"], "results"))
     rows = [r.to_json() for r in _rows(accs) + [dataclasses.replace(_rows([50.0])[0], method="warm_start")]]  # ignored
     with open(os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json"), "w") as f:
-      json.dump({"rows": rows, "minutes": 12.0 if run is runs[2] else None}, f)
+      json.dump({"rows": rows, "minutes": 12.0 if run is runs[2] else None, "recipe": toy_seeds.seed_recipe()}, f)
   out = str(tmp_path / "res" / "seeds")
   toy_seeds.write_table(runs, ["a", "b", "c", "d", "e"], out, finished=finished)
   text = open(out + ".md").read()
@@ -129,8 +129,13 @@ def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
   # seed 0's workdir gone: make reproduce's committed result stands for it
   shutil.rmtree(runs[0]["workdir"])
   assert toy_seeds.finished_run(runs[0], finished) is None
+  result = {"rows": [r.to_json() for r in _rows([99.0, 98.0, 97.0])], "minutes": 147.3, "commit": "b8afd27"}
+  for recipe in (None, "0123456789ab"):  # written before recipes were recorded / by another recipe
+    with open(tmp_path / "reproduce.json", "w") as f:
+      json.dump({**result, **({"recipe": recipe} if recipe else {})}, f)
+    assert toy_seeds.finished_run(runs[0], finished) is None
   with open(tmp_path / "reproduce.json", "w") as f:
-    json.dump({"rows": [r.to_json() for r in _rows([99.0, 98.0, 97.0])], "minutes": 147.3, "commit": "b8afd27"}, f)
+    json.dump({**result, "recipe": toy_seeds.seed_recipe()}, f)
   done = toy_seeds.finished_run(runs[0], finished)
   assert done["minutes"] == 147.3 and done["commit"] == "b8afd27" and done["source"] == str(tmp_path / "reproduce.json")
   assert toy_seeds.finished_run(runs[3], finished) is None  # seed 2: neither workdir nor record
