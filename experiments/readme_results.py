@@ -65,12 +65,28 @@ def toy_reproduction(repo: str) -> str:
   lines, acc = _accuracy_table(result["rows"], ("rl", "warm_start", "full_attention"))
   drop, at = _largest_drop(acc, "rl")
   top = max(x for m, x in acc if m == "rl")
+  stale = ""
+  if result.get("recipe") != _current_recipe():
+    stale = (f" **This result is of an earlier recipe** (RL {result['stages']['rl']['steps']} steps); `make "
+             "reproduce` has not been run on the current one (configs/toy_memagent.py, RL "
+             f"{_current_rl_steps()} steps) yet.")
   return "\n".join([
       *lines, "",
       f"RL-MemAgent falls at most {drop:.1f} points below its own 1x ({acc[('rl', 1)]:.1f}%) at any length to "
       f"{top}x (the largest drop at {at}x); the warm start it started from falls from {acc[('warm_start', 1)]:.1f}% "
       f"to {acc[('warm_start', top)]:.1f}%, full attention from {acc[('full_attention', 1)]:.1f}% to "
-      f"{acc[('full_attention', top)]:.1f}%. n = {result['n']} per point; this run: {_ran(result)}.", ""])
+      f"{acc[('full_attention', top)]:.1f}%. n = {result['n']} per point; this run: {_ran(result)}.{stale}", ""])
+
+
+def _current_recipe() -> str:
+  """make reproduce's recipe digest on this tree (experiments/toy_report.recipe)."""
+  from experiments import toy_report
+  return toy_report.recipe(toy_report.ToyRun(scale="full", root="", world="lookup", n=200, max_multiple=256))
+
+
+def _current_rl_steps() -> int:
+  from configs import toy_memagent
+  return toy_memagent.get_config("rl,full,lookup").train.steps
 
 
 def seeds(repo: str) -> str:
