@@ -5,7 +5,11 @@ import os
 
 import numpy as np
 import pytest
+import jax
+import jax.numpy as jnp
 import torch
+from flax import nnx
+from transformers import AutoModelForCausalLM
 
 import memagent_jax as mj
 from conftest import make_tiny_hf_dir, torch_logits
@@ -20,6 +24,24 @@ def test_tiny_checkpoint_logits_match_transformers(tiny_hf_dir):
   ids = np.random.default_rng(0).integers(0, 128, size=(3, 40))
   diff = np.abs(np.asarray(policy.logits(ids)) - torch_logits(path, ids)).max()
   assert diff <= 1e-4, f"{arch}: max |logits diff| = {diff}"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_bfloat16_logits_err_no_more_than_transformers_bfloat16(arch, tmp_path_factory):
+  """bf16 compute (model.dtype="bfloat16", the pod configs' setting): every weight is bf16, and our
+  logits' distance from transformers' fp32 ones is within 2x of transformers' own bf16 model's distance
+  (about 0.013-0.021 here for logits up to about 2; the largest ratio seen 1.3)."""
+  path = make_tiny_hf_dir(tmp_path_factory, arch, seed=3)
+  policy = mj.load_policy(path, dtype="bfloat16")
+  assert {x.dtype for x in jax.tree.leaves(nnx.state(policy.model, nnx.Param))} == {jnp.dtype(jnp.bfloat16)}
+  ids = np.random.default_rng(0).integers(0, 128, size=(3, 40))
+  reference = torch_logits(path, ids)  # fp32
+  theirs_bf16 = torch_logits(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval(), ids)
+  ours = np.abs(np.asarray(policy.logits(ids)) - reference).max()
+  theirs = np.abs(theirs_bf16 - reference).max()
+  print(f"{arch} bf16 max |logits - fp32 transformers|: ours {ours:.2e}, transformers bf16 {theirs:.2e}")
+  assert theirs > 1e-3 and ours > 1e-4  # both really computed in bf16 (fp32 agrees to 1e-5)
+  assert ours <= 2 * theirs
 
 
 def test_qwen2_biases_are_nonzero_and_used(tmp_path_factory):
