@@ -94,6 +94,9 @@ def seeds(repo: str) -> str:
   if result is None:
     return "`make seeds` has not been run on this tree yet (no docs/results/toy_reproduction_seeds.json).\n"
   runs = result["runs"]
+  if not runs:
+    return ("No `make seeds` run of the current recipe has finished yet (not run yet: "
+            f"{'; '.join(result.get('not_run_yet') or [])}).\n")
   top = max(int(n) for n in runs[0]["accuracy"])
   last = [100 * r["accuracy"][str(top)] for r in runs]
   worst = max(r["largest_drop_points"] for r in runs)

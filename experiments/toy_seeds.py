@@ -48,6 +48,8 @@ def define_flags():
   flags.DEFINE_string("root", "runs/toy_seeds_lookup", "directory of the seed-1, seed-2 and perturbed runs")
   flags.DEFINE_string("out", "docs/results/toy_reproduction_seeds", "table + plot path stem")
   flags.DEFINE_bool("dry_run", False, "print the commands, run nothing")
+  flags.DEFINE_bool("table_only", False, "rewrite the table from the finished runs (after a recipe change: of "
+                    "none), run nothing")
   flags.DEFINE_list("only", [], "run only these runs (workdir names: toy_full_lookup, perturbed, seed1, seed2, "
                     "two_devices); the table still holds every finished run")
 
@@ -201,6 +203,9 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   todo = runs(FLAGS.root)
   commands = [shown_command(run) for run in todo]
+  if FLAGS.table_only:
+    write_table(todo, commands, FLAGS.out)
+    return
   if FLAGS.dry_run:
     print("\n".join(commands))
     return
@@ -222,13 +227,21 @@ def main(argv):
 def write_table(todo: list[dict], commands: list[str], out: str, finished: str = FINISHED):
   """Table (out.md) and plot (out.png) of the finished runs, each with its verdict printed."""
   results = [(run, done) for run in todo if (done := finished_run(run, finished)) is not None]
-  if not results:
-    return
   os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  if not results:  # e.g. just after a recipe change: no stale table of another recipe stays behind
+    with atomic_write(out + ".json") as f:
+      json.dump({"tolerance_points": TOLERANCE, "recipe": seed_recipe(), "runs": [],
+                 "not_run_yet": [run["label"] for run in todo]}, f, indent=1)
+    with atomic_write(out + ".md") as f:
+      f.write(f"# The toy recipe across seeds\n\nNo run of the current recipe ({recipe_text()}) has finished yet: "
+              "`python -m experiments.toy_seeds`.\n")
+    if os.path.exists(out + ".png"):
+      os.remove(out + ".png")
+    return
   with atomic_write(out + ".md") as f:
     f.write(markdown(results, commands, os.path.basename(out) + ".png"))
   with atomic_write(out + ".json") as f:  # what the README's sentence about seeds is generated from
-    json.dump({"tolerance_points": TOLERANCE, "commit": toy_report.current_commit(),
+    json.dump({"tolerance_points": TOLERANCE, "commit": toy_report.current_commit(), "recipe": seed_recipe(),
                "not_run_yet": [run["label"] for run in todo if finished_run(run, finished) is None],
                "runs": [{"label": run["label"], "seed": run["seed"], "perturb": run["perturb"],
                          "minutes": done["minutes"], "commit": done["commit"],

@@ -29,7 +29,7 @@ def test_phases_parse_into_typed_option_settings():
   phases = curriculum.parse_phases(toy_memagent.LOOKUP_CURRICULUM, _options(), 550)
   assert phases == [(200, {}), (300, {"distractor_keys": "mixed"}),
                     (400, {"distractor_keys": "mixed", "late_fact_share": 1.0}),
-                    (550, {"num_distractors": 6, "late_fact_share": 1.0})]
+                    (550, {"distractor_keys": "mixed", "late_fact_share": 1.0, "num_distractors": 8})]
   assert curriculum.parse_phases("", _options(), 400) == []
 
 
@@ -101,14 +101,14 @@ def test_train_phases_runs_each_phase_on_its_documents_and_resumes_in_its_phase(
   out = assembly.train_phases(cfg, build=lambda c, w: _FakeTrainer(c))
   assert [(a, b, o["distractor_keys"], o["late_fact_share"], o["num_distractors"])
           for a, b, o in _FakeTrainer.runs] == [
-      (0, 200, "askable", 0.0, 3), (200, 300, "mixed", 0.0, 3), (300, 400, "mixed", 1.0, 3), (400, 550, "askable", 1.0, 6)]
+      (0, 200, "askable", 0.0, 3), (200, 300, "mixed", 0.0, 3), (300, 400, "mixed", 1.0, 3), (400, 550, "mixed", 1.0, 8)]
   assert [h.step for h in out.history] == list(range(1, 551)) and out.step == 550
   # a run killed at step 250 resumes in the second phase, on its documents
   _FakeTrainer.saved, _FakeTrainer.runs = 250, []
   assembly.train_phases(cfg, build=lambda c, w: _FakeTrainer(c))
   assert _FakeTrainer.runs[0] == ("closed", 250)  # the finished first phase's trainer lets go of the workdir
   assert [(a, b, o["distractor_keys"]) for a, b, o in _FakeTrainer.runs[1:]] == [
-      (250, 300, "mixed"), (300, 400, "mixed"), (400, 550, "askable")]
+      (250, 300, "mixed"), (300, 400, "mixed"), (400, 550, "mixed")]
 
 
 def test_a_real_run_switches_documents_at_the_phase_end(tmp_path, caplog):
@@ -149,8 +149,8 @@ def test_the_report_names_each_phase_documents():
   told = toy_report._training_documents("lookup", "full", get_config=configs)
   assert ("rl on 1x documents generated with, in turn, steps 1-200 distractor_keys=askable, num_distractors=3; "
           "steps 201-300 distractor_keys=mixed, num_distractors=3; steps 301-400 distractor_keys=mixed, "
-          "late_fact_share=1.0, num_distractors=3; steps 401-550 distractor_keys=askable, late_fact_share=1.0, "
-          "num_distractors=6;") in told
+          "late_fact_share=1.0, num_distractors=3; steps 401-550 distractor_keys=mixed, late_fact_share=1.0, "
+          "num_distractors=8;") in told
 
 
 def test_a_later_phase_reuses_the_compiled_update(tmp_path):

@@ -269,7 +269,7 @@ def test_toy_sweep_reports_accuracy_and_per_chunk_rates(tmp_path):
 
 def test_report_names_each_stage_training_documents():
   """The report says which stage trained on which documents: full-scale RL's curriculum (askable-key
-  distractors, then mixed ones, then mixed with late facts, then six askable-key ones at chunk ends), its warm start and the demo's RL on the
+  distractors, then mixed ones, then mixed with late facts, then eight mixed ones at chunk ends), its warm start and the demo's RL on the
   warm start's documents; the one-key world needs no sentence."""
   from experiments import toy_report
   full = toy_report._training_documents("lookup", "full")
@@ -277,7 +277,7 @@ def test_report_names_each_stage_training_documents():
   assert "warm_start on 1x documents generated with num_distractors=3;" in full
   assert ("rl on 1x documents generated with, in turn, steps 1-200 distractor_keys=askable, num_distractors=3; "
           "steps 201-300 distractor_keys=mixed, num_distractors=3; steps 301-400 distractor_keys=mixed, "
-          "late_fact_share=1.0, num_distractors=3; steps 401-550 distractor_keys=askable, late_fact_share=1.0, "
-          "num_distractors=6;") in full
+          "late_fact_share=1.0, num_distractors=3; steps 401-550 distractor_keys=mixed, late_fact_share=1.0, "
+          "num_distractors=8;") in full
   assert "askable" not in demo and "rl on 1x documents generated with num_distractors=3;" in demo
   assert toy_report._training_documents("one_key", "full") == ""

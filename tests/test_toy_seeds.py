@@ -108,12 +108,14 @@ def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
   monkeypatch.setattr(toy_seeds, "REPRODUCE_RESULT", str(tmp_path / "reproduce.json"))
   finished = str(tmp_path / "finished")
   runs = toy_seeds.runs(str(tmp_path))
+  out = str(tmp_path / "res" / "seeds")
+  toy_seeds.write_table(runs, ["a", "b", "c", "d", "e"], out, finished=finished)  # none finished (a new recipe)
+  assert json.load(open(out + ".json"))["runs"] == [] and "No run of the current recipe" in open(out + ".md").read()
   for run, accs in ((runs[0], [99.0, 98.0, 97.0]), (runs[2], [99.5, 93.0, 99.0])):
     os.makedirs(os.path.join(run["workdir"], "results"))
     rows = [r.to_json() for r in _rows(accs) + [dataclasses.replace(_rows([50.0])[0], method="warm_start")]]  # ignored
     with open(os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json"), "w") as f:
       json.dump({"rows": rows, "minutes": 12.0 if run is runs[2] else None, "recipe": toy_seeds.seed_recipe()}, f)
-  out = str(tmp_path / "res" / "seeds")
   toy_seeds.write_table(runs, ["a", "b", "c", "d", "e"], out, finished=finished)
   text = open(out + ".md").read()
   assert [line.split(" |")[0] for line in text.splitlines() if line.startswith("| seed")] == [
