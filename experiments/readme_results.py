@@ -81,7 +81,7 @@ def toy_reproduction(repo: str) -> str:
 def _current_recipe() -> str:
   """make reproduce's recipe digest on this tree (experiments/toy_report.recipe)."""
   from experiments import toy_report
-  return toy_report.recipe(toy_report.ToyRun(scale="full", root="", world="lookup", n=200, max_multiple=256))
+  return toy_report.reproduce_recipe()
 
 
 def _current_rl_steps() -> int:

@@ -161,6 +161,11 @@ def recipe(run: ToyRun) -> str:
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:12]
 
 
+def reproduce_recipe() -> str:
+  """make reproduce's recipe (full scale, lookup world), which make seeds repeats."""
+  return recipe(ToyRun(scale="full", root="", world="lookup", n=200, max_multiple=256))
+
+
 def report_name(scale: str, world: str) -> str:
   """Results file stem: toy_reproduction[_<world>][_<scale>] (the default world and full scale bare)."""
   return "toy_reproduction" + ("" if world == "one_key" else f"_{world}") + ("" if scale == "full" else f"_{scale}")

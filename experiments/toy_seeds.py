@@ -2,7 +2,7 @@
 more from a warm start perturbed at float rounding's size, and seed 0 once more on another float path
 (two host devices: every batch split over a data axis of 2); RL-MemAgent's curve of each, one table.
 
-  python -m experiments.toy_seeds            # make seeds: each run 40-45 min on 2 cores, resumable
+  python -m experiments.toy_seeds            # make seeds: each run 35-50 min on 2 cores, resumable
   python -m experiments.toy_seeds --dry_run  # the commands only
   python -m experiments.toy_seeds --only=seed1,seed2  # some runs only
 
@@ -102,17 +102,12 @@ def record_path(run: dict, finished: str = FINISHED) -> str:
   return os.path.join(finished, os.path.basename(os.path.normpath(run["workdir"])) + ".json")
 
 
-def seed_recipe() -> str:
-  """The recipe every seed run trains with (toy_report.recipe): make reproduce's, at full scale."""
-  return toy_report.recipe(toy_report.ToyRun(scale="full", root="", world="lookup", n=200, max_multiple=256))
-
-
 def recipe_text() -> str:
   """The recipe in words, from its configs, and its digest."""
   ws, rl = (toy_memagent.get_config(f"{stage},full,lookup") for stage in ("warm_start", "rl"))
   return (f"warm start {ws.train.steps} steps; RL {rl.train.steps} steps on the data curriculum "
           f"`{rl.data.phases}` (configs/toy_memagent.LOOKUP_CURRICULUM), KL {rl.rl.kl_coef:g}; recipe "
-          f"digest {seed_recipe()}, toy_report.recipe")
+          f"digest {toy_report.reproduce_recipe()}, toy_report.recipe")
 
 
 def finished_run(run: dict, finished: str = FINISHED) -> dict | None:
@@ -123,7 +118,7 @@ def finished_run(run: dict, finished: str = FINISHED) -> dict | None:
            record_path(run, finished)]
   if run["workdir"] == REPRODUCE_ROOT:
     paths.append(REPRODUCE_RESULT)
-  current = seed_recipe()
+  current = toy_report.reproduce_recipe()
   for path in paths:
     if os.path.isfile(path):
       with open(path) as f:
@@ -168,7 +163,8 @@ def markdown(results: list[tuple[dict, dict]], commands: list[str],
   return "\n".join([
       "# The toy recipe across seeds (lookup world, RL-MemAgent)", "",
       "Command: `python -m experiments.toy_seeds` (make seeds). Each run is make reproduce's recipe "
-      f"({recipe_text()}) from the committed base, swept at n = 200 per length (evaluation seed 1000, temperature 0.7, top-p 0.95); "
+      f"({recipe_text()}) from the committed base, swept at n = 200 per length (evaluation seed 1000, "
+      "temperature 0.7, top-p 0.95); "
       "accuracy in % with a 95% Wilson interval. Wall min: the minutes of the command that finished the run "
       "(a run resumed from its checkpoints counts only its last command), on 2 CPU cores that may have been "
       "shared with other work; commit: the tree it finished on. The runs:", "",
@@ -212,7 +208,8 @@ def main(argv):
   names = [os.path.basename(os.path.normpath(run["workdir"])) for run in todo]
   unknown = sorted(set(FLAGS.only) - set(names))
   if unknown:
-    raise app.UsageError(f"--only={','.join(FLAGS.only)}: no run named {', '.join(unknown)} (runs: {', '.join(names)})")
+    raise app.UsageError(f"--only={','.join(FLAGS.only)}: no run named {', '.join(unknown)} "
+                         f"(runs: {', '.join(names)})")
   for run, cmd, name in zip(todo, commands, names):
     if finished_run(run) is None and (not FLAGS.only or name in FLAGS.only):
       print(f"\n==== {run['label']}: {cmd}", flush=True)
@@ -230,7 +227,7 @@ def write_table(todo: list[dict], commands: list[str], out: str, finished: str =
   os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
   if not results:  # e.g. just after a recipe change: no stale table of another recipe stays behind
     with atomic_write(out + ".json") as f:
-      json.dump({"tolerance_points": TOLERANCE, "recipe": seed_recipe(), "runs": [],
+      json.dump({"tolerance_points": TOLERANCE, "recipe": toy_report.reproduce_recipe(), "runs": [],
                  "not_run_yet": [run["label"] for run in todo]}, f, indent=1)
     with atomic_write(out + ".md") as f:
       f.write(f"# The toy recipe across seeds\n\nNo run of the current recipe ({recipe_text()}) has finished yet: "
@@ -241,7 +238,8 @@ def write_table(todo: list[dict], commands: list[str], out: str, finished: str =
   with atomic_write(out + ".md") as f:
     f.write(markdown(results, commands, os.path.basename(out) + ".png"))
   with atomic_write(out + ".json") as f:  # what the README's sentence about seeds is generated from
-    json.dump({"tolerance_points": TOLERANCE, "commit": toy_report.current_commit(), "recipe": seed_recipe(),
+    json.dump({"tolerance_points": TOLERANCE, "commit": toy_report.current_commit(),
+               "recipe": toy_report.reproduce_recipe(),
                "not_run_yet": [run["label"] for run in todo if finished_run(run, finished) is None],
                "runs": [{"label": run["label"], "seed": run["seed"], "perturb": run["perturb"],
                          "minutes": done["minutes"], "commit": done["commit"],

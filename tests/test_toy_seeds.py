@@ -115,7 +115,7 @@ def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
     os.makedirs(os.path.join(run["workdir"], "results"))
     rows = [r.to_json() for r in _rows(accs) + [dataclasses.replace(_rows([50.0])[0], method="warm_start")]]  # ignored
     with open(os.path.join(run["workdir"], "results", toy_report.report_name("full", "lookup") + ".json"), "w") as f:
-      json.dump({"rows": rows, "minutes": 12.0 if run is runs[2] else None, "recipe": toy_seeds.seed_recipe()}, f)
+      json.dump({"rows": rows, "minutes": 12.0 if run is runs[2] else None, "recipe": toy_report.reproduce_recipe()}, f)
   toy_seeds.write_table(runs, ["a", "b", "c", "d", "e"], out, finished=finished)
   text = open(out + ".md").read()
   assert [line.split(" |")[0] for line in text.splitlines() if line.startswith("| seed")] == [
@@ -137,7 +137,7 @@ def test_table_and_plot_hold_the_runs_finished_so_far(tmp_path, monkeypatch):
       json.dump({**result, **({"recipe": recipe} if recipe else {})}, f)
     assert toy_seeds.finished_run(runs[0], finished) is None
   with open(tmp_path / "reproduce.json", "w") as f:
-    json.dump({**result, "recipe": toy_seeds.seed_recipe()}, f)
+    json.dump({**result, "recipe": toy_report.reproduce_recipe()}, f)
   done = toy_seeds.finished_run(runs[0], finished)
   assert done["minutes"] == 147.3 and done["commit"] == "b8afd27" and done["source"] == str(tmp_path / "reproduce.json")
   assert toy_seeds.finished_run(runs[3], finished) is None  # seed 2: neither workdir nor record
