@@ -217,7 +217,8 @@ def main(argv):
       t0 = time.perf_counter()
       subprocess.run(command(run), check=True, env=run_environment(run))
       keep_record(run, cmd, (time.perf_counter() - t0) / 60)
-    write_table(todo, commands, FLAGS.out)  # after every run: a stopped command leaves the runs it finished
+      write_table(todo, commands, FLAGS.out)  # after every run: a stopped command leaves the runs it finished
+  write_table(todo, commands, FLAGS.out)
   print(f"\nTable: {FLAGS.out}.md\nPlot:  {FLAGS.out}.png\nCommit the runs' records: {FINISHED}/")
 
 
