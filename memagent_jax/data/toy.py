@@ -40,7 +40,7 @@ DISTRACTOR_DENSITY = 8.0  # distractor facts per 1000 tokens (about other keys),
 # memory (two facts) cannot keep them all: what it keeps must depend on the question. A base model
 # learns this content lookup in pretraining (configs/toy_memagent.py; docs/results/probe_recall.md).
 ASKED_KEYS = ("berlin", "cairo", "delhi", "lima", "oslo", "paris", "rome", "tokyo")
-# The one-key world (docs/results/toy_reproduction.md): every question asks about oslo, so the memory
+# The one-key world (`toy_reproduction --world=one_key`): every question asks about oslo, so the memory
 # never has to depend on the question; for models too small to learn lookup by key. Its documents are
 # those of toy_kv with the same seed (same RNG draws), only the question differs.
 ONE_KEY_TASK = "toy_kv_one_key"
