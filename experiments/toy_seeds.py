@@ -2,7 +2,7 @@
 more from a warm start perturbed at float rounding's size, and seed 0 once more on another float path
 (two host devices: every batch split over a data axis of 2); RL-MemAgent's curve of each, one table.
 
-  python -m experiments.toy_seeds            # make seeds: each run 35-50 min on 2 cores, resumable
+  python -m experiments.toy_seeds            # make seeds: each run 20-25 min on 2 cores, resumable
   python -m experiments.toy_seeds --dry_run  # the commands only
   python -m experiments.toy_seeds --only=seed1,seed2  # some runs only
 
