@@ -9,9 +9,10 @@ more from a warm start perturbed at float rounding's size, and seed 0 once more 
 Seed 0 is make reproduce's own run (runs/toy_full_lookup when it is there, else its committed result
 docs/results/toy_reproduction_lookup.json); the perturbed run starts from a copy of seed 0's warm start,
 every weight times 1 + 1e-6 N(0, 1). Each run sweeps only RL (n = 200, 1x..256x). A finished run's record
-(its RL rows, minutes and commit) is written to docs/results/toy_seeds/<run>.json, to be committed: a run
-recorded there is not run again, on this machine or another, so the five runs (20-25 min each on 2 cores)
-may finish on different days. The table is rewritten after every run, with the runs finished so far:
+(its RL rows, minutes, commit and recipe digest, toy_report.recipe) is written to
+docs/results/toy_seeds/<run>.json, to be committed: a run of the current recipe recorded there is not run
+again, on this machine or another, so the five runs (20-25 min each on 2 cores) may finish on different
+days; a record of another recipe counts for nothing. The table is rewritten after every run, with the runs finished so far:
 docs/results/toy_reproduction_seeds.{md,json,png}.
 """
 
