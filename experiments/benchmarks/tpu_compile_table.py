@@ -237,7 +237,7 @@ def main(argv):
   names = args.rows.split(",")
   missing = [n for n in names if not args.compile and not os.path.exists(os.path.join(args.folder, f"{n}.json"))]
   reports = {name: run_row(name, args.folder) for name in names if name not in missing}
-  for name in BEFORE_ROWS & set(reports):  # compiled at an earlier commit: never recompiled here
+  for name in [n for n in names if n in BEFORE_ROWS and n in reports]:  # compiled earlier: never recompiled here
     path = os.path.join(args.folder, f"{name}_before.json")
     if os.path.exists(path):
       with open(path) as f:
