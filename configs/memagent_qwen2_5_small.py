@@ -1,32 +1,33 @@
-"""MemAgent RL on one 8-chip TPU host: Qwen2.5-0.5B / 1.5B / 3B with the released reader and rewards.
+"""MemAgent RL on one TPU host: Qwen2.5-0.5B / 1.5B / 3B with the released reader and rewards.
 
-  --config=configs/memagent_qwen2_5_small.py:0.5b      (also 1.5b, 3b), for v5p-8 or v5e-8
+  --config=configs/memagent_qwen2_5_small.py:0.5b      (also 1.5b, 3b), each for the host in `POD`
 The released workflow (5000-token chunks, 1024-token memory and answer, 8 chunks per training
 document) and DAPO-style objective, with batches sized for 8 chips instead of 32-64 GPUs; the mesh
-splits rows and weights over all chips (fsdp), the 1.5B and 3B over fsdp 4 x tensor 2, so that the
-update's step peak (its own bytes plus the rollout copy of the weights beside it) fits a 16 GB v5e chip
-(with fsdp 8 the 1.5B's update asked for 17.1 GiB of 14.9). The 3B does NOT fit a v5e-8 by the step's
-peak: its update holds 14.3 GiB beside the 2.9 GiB rollout copy, 17.2 of 14.9 GiB (docs/results/tpu_compile.md);
-run it on v5p-8 or v6e-8. Check a variant on your pod with `memagent compile --config ... --topology v5e-8`: the
-0.5B update's step peak there is 9.6 of 14.9 GiB per chip (one 8K-token row per chip; it asked for 18.9
-before activations were pinned to their rows between blocks, models/attention.constrain_rows).
+splits rows and weights over all chips (fsdp), the 1.5B and 3B over fsdp 4 x tensor 2. Each size's pod is
+the smallest 8-chip host on which the step's peak (the largest program's own bytes plus what the trainer
+keeps beside it, e.g. the rollout copy of the weights) leaves at least 10% of a chip's HBM free, by
+`memagent compile` (docs/results/tpu_compile.md): the 0.5B and 1.5B on v5e-8 (16 GB chips; with fsdp 8 the
+1.5B's update asked for 17.1 GiB of 14.9), the 3B on v6e-8 (32 GB chips): on v5e-8 its update holds
+14.3 GiB beside the 2.9 GiB rollout copy, 17.2 of 14.9 GiB. Check a variant on your pod with
+`memagent compile --config=configs/memagent_qwen2_5_small.py:SIZE --topology=POD`.
 """
 
 import ml_collections
 
 from configs import base
 
-# (preset, questions per step, questions per update, micro-batches, rollout rows, fsdp, tensor)
+# (preset, pod, questions per step, questions per update, micro-batches, rollout rows, fsdp, tensor)
 # Micro-batches give one row of 8K tokens per chip in the update (its temporaries fit a 16 GB v5e).
-SIZES = {"0.5b": ("qwen2.5-0.5b-instruct", 32, 4, 32, 128, 8, 1),
-         "1.5b": ("qwen2.5-1.5b-instruct", 32, 4, 64, 64, 4, 2),
-         "3b": ("qwen2.5-3b-instruct", 32, 4, 64, 64, 4, 2)}
+SIZES = {"0.5b": ("qwen2.5-0.5b-instruct", "v5e-8", 32, 4, 32, 128, 8, 1),
+         "1.5b": ("qwen2.5-1.5b-instruct", "v5e-8", 32, 4, 64, 64, 4, 2),
+         "3b": ("qwen2.5-3b-instruct", "v6e-8", 32, 4, 64, 64, 4, 2)}
+POD = {size: spec[1] for size, spec in SIZES.items()}
 
 
 def get_config(variant: str = "0.5b") -> ml_collections.ConfigDict:
   if variant not in SIZES:
     raise ValueError(f"unknown variant {variant!r} of memagent_qwen2_5_small; choose one of {sorted(SIZES)}")
-  model, questions, mini, micro, rollout_rows, fsdp, tensor = SIZES[variant]
+  model, _, questions, mini, micro, rollout_rows, fsdp, tensor = SIZES[variant]
   c = base.get_config()
   c.model.update(source=model, dtype="bfloat16", remat="full")
   c.agent.update(chunk_tokens=5000, memory_tokens=1024, answer_tokens=1024, question_tokens=1024,

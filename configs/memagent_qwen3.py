@@ -20,10 +20,10 @@ from configs.memagent_qwen2_5_7b import dapo, released
 
 QUESTIONS_PER_STEP, QUESTIONS_PER_UPDATE = 32, 4
 # size -> (preset, pod, fsdp, tensor, rollout rows). fsdp x tensor is the pod's chip count; tensor divides
-# the 8 kv heads of every Qwen3 size. Per chip, from 12 B/param of fp32 weights + Adam over all chips, 4 B
-# the reference, 2 B/tensor the bf16 rollout copy, and a 7.2K-token row's KV cache (0.83 GB at 1.7B, 1.06 GB
-# at 4B and 8B) over tensor: 1.7B about 9 of 16 GB (v5e), 4B about 21 of 32 GB (v6e), 8B about 58 of 95 GB
-# (v5p); 8B cannot train on v5e-8 (its weights + Adam alone are 12 of 16 GB per chip).
+# the 8 kv heads of every Qwen3 size. The step's peak per chip by `memagent compile` (the largest program's
+# own bytes plus what the trainer keeps beside it; docs/results/tpu_compile.md, rows qwen3_<size>_<pod>):
+# 1.7B 13.2 of 14.9 GiB on v5e, 4B 25.9 of 29.8 on v6e, 8B 74.5 of 95.0 on v5p, each with at least 10% free.
+# 8B cannot train on v5e-8 (its fp32 weights + Adam alone are 12 of 16 GB per chip).
 SIZES = {"1.7b": ("qwen3-1.7b", "v5e-8", 4, 2, 32),
          "4b": ("qwen3-4b", "v6e-8", 4, 2, 64),
          "8b": ("qwen3-8b", "v5p-8", 2, 2, 64)}

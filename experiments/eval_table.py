@@ -58,8 +58,9 @@ def main(argv):
            f"Command: `.venv/bin/python -m experiments.eval_table --model={args.model} --task={args.task} "
            f"--lengths={args.lengths} --n={args.n} --chunk_tokens={args.chunk_tokens} --memory_tokens="
            f"{args.memory_tokens} --answer_tokens={args.answer_tokens} --seed={args.seed}`", "",
-           "Score: string_match_all (RULER) / sub_em (QA) on the boxed answer (RULER: the whole response "
-           "when nothing is boxed). Seconds include compilation.", "",
+           "Score: string_match_all (RULER, paper Eq. 7) / sub_em, the paper's accuracy (QA), on what the answer "
+           "claims (its boxed text, or what follows \"the answer is\"; RULER: the whole response when it claims "
+           "nothing). Seconds include compilation.", "",
            "| context tokens | method | accuracy | mean document tokens | seconds |", "|---|---|---|---|---|"]
   lines += [f"| {' | '.join(str(c) for c in r)} |" for r in rows]
   table = "\n".join(lines) + "\n"

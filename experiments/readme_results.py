@@ -65,28 +65,19 @@ def toy_reproduction(repo: str) -> str:
   lines, acc = _accuracy_table(result["rows"], ("rl", "warm_start", "full_attention"))
   drop, at = _largest_drop(acc, "rl")
   top = max(x for m, x in acc if m == "rl")
+  from configs import toy_memagent
+  from experiments import toy_report
   stale = ""
-  if result.get("recipe") != _current_recipe():
+  if result.get("recipe") != toy_report.reproduce_recipe():  # make reproduce's recipe digest on this tree
     stale = (f" **This result is of an earlier recipe** (RL {result['stages']['rl']['steps']} steps); `make "
              "reproduce` has not been run on the current one (configs/toy_memagent.py, RL "
-             f"{_current_rl_steps()} steps) yet.")
+             f"{toy_memagent.get_config('rl,full,lookup').train.steps} steps) yet.")
   return "\n".join([
       *lines, "",
       f"RL-MemAgent falls at most {drop:.1f} points below its own 1x ({acc[('rl', 1)]:.1f}%) at any length to "
       f"{top}x (the largest drop at {at}x); the warm start it started from falls from {acc[('warm_start', 1)]:.1f}% "
       f"to {acc[('warm_start', top)]:.1f}%, full attention from {acc[('full_attention', 1)]:.1f}% to "
       f"{acc[('full_attention', top)]:.1f}%. n = {result['n']} per point; this run: {_ran(result)}.{stale}", ""])
-
-
-def _current_recipe() -> str:
-  """make reproduce's recipe digest on this tree (experiments/toy_report.recipe)."""
-  from experiments import toy_report
-  return toy_report.reproduce_recipe()
-
-
-def _current_rl_steps() -> int:
-  from configs import toy_memagent
-  return toy_memagent.get_config("rl,full,lookup").train.steps
 
 
 def seeds(repo: str) -> str:
@@ -121,7 +112,8 @@ def demo(repo: str) -> str:
 
 
 # The configs a user sizes a pod by (tpu_compile_table's rows), and the length of the paper's RL runs.
-POD_ROWS = ("qwen3_1.7b_v5e-8", "qwen3_4b_v6e-8", "qwen3_8b_v5p-8", "7b_v5p-64", "14b_v5p-128")
+POD_ROWS = ("0.5b_v5e-8", "1.5b_v5e-8", "3b_v6e-8", "qwen3_1.7b_v5e-8", "qwen3_4b_v6e-8", "qwen3_8b_v5p-8",
+            "7b_v5p-64", "14b_v5p-128")
 COMPILE_ROWS = os.path.join(RESULTS, "tpu_compile_rows")
 PAPER_STEPS = (150, 400)
 FREE_FRACTION = 0.10  # what a config should leave free of each chip's HBM
@@ -164,8 +156,8 @@ def pods(repo: str) -> str:
   lines += ["", "Per chip, from the compile rows in docs/results/tpu_compile_rows/ (the compiler's estimate, not a "
             "measured run): the step peak is the largest program's own bytes plus what the trainer keeps beside it; "
             "step seconds are the roofline at MaxText's published MFU range for the chip; the hours are the paper's "
-            f"{PAPER_STEPS[0]}-{PAPER_STEPS[1]} RL steps at this config's batch (the Qwen3 configs take 32 questions "
-            "per step, the released 7B and 14B 128 and 256)."]
+            f"{PAPER_STEPS[0]}-{PAPER_STEPS[1]} RL steps at this config's batch (the one-host Qwen2.5 and Qwen3 configs "
+            "take 32 questions per step, the released 7B and 14B 128 and 256)."]
   return "\n".join(lines) + "\n"
 
 

@@ -24,23 +24,6 @@ from memagent_jax.evaluation import evaluate
 from memagent_jax.evaluation.length_sweep import SweepRow, SweepSpec, sweep_lengths
 from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 
-flags.DEFINE_string("set", None, "a set built by `memagent build-ruler-hotpotqa`")
-flags.DEFINE_string("model", "smollm2-135m-instruct", "what load_policy takes: a preset, HF directory or .gguf")
-flags.DEFINE_string("num_docs", "", "lengths to run, comma-separated documents (default: every built length)")
-flags.DEFINE_integer("n", None, "questions per length (default: all the set holds)")
-flags.DEFINE_integer("chunk_tokens", 5000, "MemAgent's chunk size")
-flags.DEFINE_integer("memory_tokens", 1024, "MemAgent's memory cap")
-flags.DEFINE_integer("answer_tokens", 1024, "the final answer's token cap")
-flags.DEFINE_enum("final_template", "eval", ["eval", "boxed"], "final prompt: the paper's evaluation one "
-                  "(\"the answer is\") or the training one (\\boxed{}, which the verifier reads)")
-flags.DEFINE_float("temperature", 0.7, "sampling temperature (the paper's evaluation: 0.7; 0 = greedy)")
-flags.DEFINE_float("top_p", 0.95, "nucleus sampling (the paper's evaluation: 0.95)")
-flags.DEFINE_integer("batch_size", 8, "documents per call")
-flags.DEFINE_integer("seed", 0, "answer sampling")
-flags.DEFINE_string("dtype", "float32", "float32 (CPU) or bfloat16 (accelerators)")
-flags.DEFINE_string("out", "docs/results", "directory of the table and plot")
-flags.DEFINE_string("runs", "runs/ruler_hotpotqa", "directory of per-sample JSONL and kept rows (resumable)")
-
 PAPER_MEMAGENT_14B = {50: 83.6, 200: 84.4, 800: 76.6, 3200: 75.0, 6400: 77.3, 12800: 76.6, 25600: 78.1}
 
 
@@ -90,6 +73,26 @@ def plot(rows: list[SweepRow], path: str, title: str):
   save_figure(fig, path, dpi=110)
 
 
+def define_flags():
+  """The command line's flags, defined when run as a script only (tests import this module beside others)."""
+  flags.DEFINE_string("set", None, "a set built by `memagent build-ruler-hotpotqa`")
+  flags.DEFINE_string("model", "smollm2-135m-instruct", "what load_policy takes: a preset, HF directory or .gguf")
+  flags.DEFINE_string("num_docs", "", "lengths to run, comma-separated documents (default: every built length)")
+  flags.DEFINE_integer("n", None, "questions per length (default: all the set holds)")
+  flags.DEFINE_integer("chunk_tokens", 5000, "MemAgent's chunk size")
+  flags.DEFINE_integer("memory_tokens", 1024, "MemAgent's memory cap")
+  flags.DEFINE_integer("answer_tokens", 1024, "the final answer's token cap")
+  flags.DEFINE_enum("final_template", "eval", ["eval", "boxed"], "final prompt: the paper's evaluation one "
+                    "(\"the answer is\") or the training one (\\boxed{}, which the verifier reads)")
+  flags.DEFINE_float("temperature", 0.7, "sampling temperature (the paper's evaluation: 0.7; 0 = greedy)")
+  flags.DEFINE_float("top_p", 0.95, "nucleus sampling (the paper's evaluation: 0.95)")
+  flags.DEFINE_integer("batch_size", 8, "documents per call")
+  flags.DEFINE_integer("seed", 0, "answer sampling")
+  flags.DEFINE_string("dtype", "float32", "float32 (CPU) or bfloat16 (accelerators)")
+  flags.DEFINE_string("out", "docs/results", "directory of the table and plot")
+  flags.DEFINE_string("runs", "runs/ruler_hotpotqa", "directory of per-sample JSONL and kept rows (resumable)")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -128,5 +131,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   flags.mark_flag_as_required("set")
   app.run(main)

@@ -30,7 +30,11 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "print the commands, run nothing"
 _SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE override added to every run (e.g. train.steps=5)")
 
 COLUMNS = ("train/reward_mean", "train/accuracy", "train/kept_group_frac", "train/memory_tokens",
-           "train/grad_norm", "eval/score")
+           "train/grad_norm", "eval/score", "eval/verifier")
+# under the table: which held-out score is which (evaluation.METRICS), so a validation score is not read as the paper's
+SCORE_NOTE = ("eval/score: the task's headline score on the held-out set (QA: sub_em, the paper's accuracy; RULER: "
+              "string_match_all; toy: exact match); eval/verifier: the training verifier (boxed exact match), not "
+              "the paper's metric.")
 
 
 def load_sweep(path: str) -> dict:
@@ -90,6 +94,8 @@ def write_table(rows: list[dict], out_dir: str) -> str:
   fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
   md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   md += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+  if "eval/score" in cols:
+    md += ["", SCORE_NOTE]
   os.makedirs(out_dir, exist_ok=True)
   with atomic_write(os.path.join(out_dir, "summary.md")) as f:
     f.write("\n".join(md) + "\n")

@@ -137,11 +137,13 @@ def test_real_model_rl_config_fits_smollm2_and_draws_8k_multikey_documents(smoll
 
 @pytest.mark.parametrize("variant", ["0.5b", "1.5b", "3b"])
 def test_one_host_configs_are_valid(variant):
-  """configs/memagent_qwen2_5_small.py: each size validates and its mesh fills one 8-chip host."""
+  """configs/memagent_qwen2_5_small.py: each size validates and its mesh fills every chip of its pod."""
+  from configs import memagent_qwen2_5_small
+  from memagent_jax.runtime.tpu_targets import parse_topology
   c = _get("memagent_qwen2_5_small", variant)
   validate_config(c)
   assert c.model.source.startswith("qwen2.5-") and c.mesh.rollout == "replicated"
-  assert 8 % (c.mesh.fsdp * c.mesh.tensor) == 0
+  assert c.mesh.fsdp * c.mesh.tensor == parse_topology(memagent_qwen2_5_small.POD[variant]).chips
   with pytest.raises(ValueError, match="unknown variant"):
     _get("memagent_qwen2_5_small", "7b")
 

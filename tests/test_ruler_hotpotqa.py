@@ -166,6 +166,17 @@ def test_length_sweep_over_the_built_set(built):
   assert [r.others["em"] for r in rows] == [0.0, 1.0] and [r.others["verifier"] for r in rows] == [0.0, 1.0]
   assert 0 < rows[0].others["f1"] < 1 == rows[1].others["f1"]
   assert rows[1].doc_tokens > 1.5 * rows[0].doc_tokens
+  # the evaluation script's table and plot (experiments/ruler_hotpotqa.py) from these rows: sub_em headlined as
+  # the paper's accuracy beside the paper's 14B, EM / F1 / verifier per length
+  from experiments import ruler_hotpotqa as script
+  manifest = rhq.load_manifest(out)
+  table = script.markdown(rows, manifest, "cmd", "stub")
+  assert "| MemAgent, this model | 100.0 | 100.0 |" in table
+  assert "| RL-MemAgent-14B (paper) | 83.6 | - |" in table  # the paper reports 50 documents, not 100
+  assert "| 100 | 14K |" in table and "| 100.0 | 100.0 |" in table.splitlines()[-1]
+  assert "| 50 | 7K |" in table and "| 0.0 | " in next(l for l in table.splitlines() if l.startswith("| 50 | 7K |"))
+  script.plot(rows, os.path.join(out, "plot.png"), "stub")
+  assert os.path.getsize(os.path.join(out, "plot.png")) > 1000
 
 
 def test_cli_builds_and_refuses(tmp_path, capsys):

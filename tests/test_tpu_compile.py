@@ -134,9 +134,9 @@ def _step_peak_is_own_plus_what_the_trainer_holds(r: dict):
   own = max(p["peak_bytes"] for p in r["programs"].values())
   step = max(p["step_peak_bytes"] for p in r["programs"].values())
   assert step > own
-  small = dict(r, hbm_bytes_per_chip=(own + step) // 2)
-  small["programs"] = {k: dict(p, fits=p["step_peak_bytes"] <= small["hbm_bytes_per_chip"])
-                       for k, p in r["programs"].items()}
+  small = compile_report.on_chip_with(r, (own + step) // 2)  # the report's own fit decision, on a smaller chip
+  assert all(p["peak_bytes"] <= small["hbm_bytes_per_chip"] for p in small["programs"].values())  # alone: fits
+  assert not all(p["fits"] for p in small["programs"].values())  # the step: does not
   first = next(k for k, p in small["programs"].items() if not p["fits"])
   with pytest.raises(compile_report.DoesNotFitError, match=re.escape(first) + r" needs .* its own \+ \w"):
     compile_report.check_fits(small)

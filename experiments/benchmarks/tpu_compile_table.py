@@ -50,6 +50,8 @@ HOST_LIMITS = {
     "7b_v5p-64": "on 2026-12-02 the compile of its second update program grew past the host's 24 GiB (killed by "
                  "the kernel's OOM killer at 24.3 GB resident after 50 min); it needs a host with more memory",
 }
+# Rows compiled here only with help: how, as measured (printed beside the row's command).
+HOST_NOTES: dict[str, str] = {}
 # Rows compiled before a change, kept as JSON (`<row>_before.json` in the folder): the "before" of a section.
 BEFORE_ROWS = {"0.5b_v5e-8", "1.5b_v5e-8", "3b_v5e-8"}
 
@@ -83,17 +85,28 @@ def run_row(name: str, folder: str) -> dict:
     cmd = command(name, path)
     t0 = time.perf_counter()
     print("$ " + " ".join(cmd), flush=True)
-    code = subprocess.call([sys.executable, "-m", "memagent_jax.cli", *cmd[1:]])
+    child = subprocess.Popen([sys.executable, "-m", "memagent_jax.cli", *cmd[1:]])
+    _, status, usage = os.wait4(child.pid, 0)  # the child's own peak resident memory (Linux: KiB)
+    code = os.waitstatus_to_exitcode(status)
     if code not in (0, 3) or not os.path.exists(path):
       raise SystemExit(f"row {name}: memagent compile exited {code}")
     with open(path) as f:
       report = json.load(f)
     report["wall_s"] = time.perf_counter() - t0
+    report["host_peak_rss_gib"] = usage.ru_maxrss * 1024 / GIB
     report["commit"] = _commit()
     with open(path, "w") as f:
       json.dump(report, f, indent=1)
   with open(path) as f:
     return json.load(f)
+
+
+def _host_cost(name: str, report: dict) -> str:
+  """What the row's compile took on this 2-core host: wall time, and peak host memory where measured."""
+  text = f"commit {report.get('commit', 'unknown')}, {report.get('wall_s', float('nan')):.0f} s wall on 2 cores"
+  if "host_peak_rss_gib" in report:
+    text += f", {report['host_peak_rss_gib']:.1f} GiB peak resident"
+  return text + (f"; {HOST_NOTES[name]}" if name in HOST_NOTES else "")
 
 
 def _row_note(p: dict) -> str:
@@ -205,17 +218,22 @@ def comparisons(reports: dict[str, dict]) -> list[str]:
     out += ["## The released 7B step beside the reference, on a common basis", "",
             f"Our count of one step's FLOPs over every chip: **{flops / 1e15:,.0f} PFLOP**. The reference trains the "
             f"same config on {gpus} H100-class GPUs ({peak / 1e12:g} TFLOP/s dense bf16 each, {gpus * peak / 1e15:.1f} "
-            f"PF/s together) in about {step_s} s per step, {update_s} s of it in the update (its scripts' comments "
-            f"and issue tracker): at that step time these FLOPs would use {100 * flops / (gpus * peak * step_s):.0f}% "
-            f"of its peak. {after['chips']} v5p chips have {tpu_peak / 1e15:.1f} PF/s of bf16 peak, so the step needs "
+            f"PF/s together) in about {step_s} s per step, {update_s} s of it in the update, as a user measured it "
+            f"(github.com/BytedTsinghua-SIA/MemAgent/issues/31): at that step time these FLOPs would use "
+            f"{100 * flops / (gpus * peak * step_s):.0f}% of its peak; at the authors' figure as that issue quotes it "
+            f"(issues/8: 150 steps in about 32 GPU-days, {AUTHORS_STEP_S:.0f} s per step on 32 GPUs) "
+            f"{100 * flops / (gpus * peak * AUTHORS_STEP_S):.0f}%. {after['chips']} v5p chips have {tpu_peak / 1e15:.1f} PF/s of bf16 peak, so the step needs "
             f"at least {flops / tpu_peak:.0f} s there at 100% and the range above at MaxText's MFU. This compares "
             "FLOP counts and hardware peaks, not measured speed: neither side was run on the same basis.", ""]
   return out
 
 
-# The released 7B trainer (its scripts' comments and issue tracker): 32 GPUs (4 nodes x 8), about 2,400 s per
-# step of which about 2,100 s in the update; H100 dense bf16 peak 989 TFLOP/s.
+# The released 7B trainer's step as its users measured it: github.com/BytedTsinghua-SIA/MemAgent/issues/31 (its
+# run_memory_7B.sh settings on 32 H100s, 4 nodes x 8: about 2,400 s per step, about 2,100 s of it in the actor
+# update); the authors' figure as that issue quotes it (issues/8: 150 steps in about 32 GPU-days; on 32 GPUs)
+# is about 580 s per step, 4x less (the issue's own arithmetic: its run takes about 128 GPU-days). H100 SXM dense bf16 peak 989 TFLOP/s.
 REFERENCE = (32, 989e12, 2400, 2100)
+AUTHORS_STEP_S = 32 * 24 * 3600 / 32 / 150  # 32 GPU-days over 32 GPUs, 150 steps: 576 s
 
 
 def define_flags():
@@ -244,8 +262,8 @@ def main(argv):
         reports[f"{name}_before"] = json.load(f)
   lines = ["# The RL step compiled for TPU pods on a 2-core CPU", "",
            f"Every number below comes from the real XLA TPU compiler (libtpu {_version('libtpu')}, jax "
-           f"{_version('jax')}) run on this CPU for compile-only devices: `memagent compile`, one command per row "
-           f"(commit {_commit()}). A compiler's estimate, not a measured run (README, \"Will it fit my pod?\"). "
+           f"{_version('jax')}) run on this CPU for compile-only devices: `memagent compile`, one command per row, "
+           f"each at the commit named beside it under Commands (page regenerated at {_commit()}). A compiler's estimate, not a measured run (README, \"Will it fit my pod?\"). "
            "Regenerate with `python -m experiments.benchmarks.tpu_compile_table`.", "",
            "- **Programs:** every distinct program the step runs, as the reader and the trainer's planner make them "
            "(memory block, final answer; per width group a log-prob pass; per mini-batch an update, the first with "
@@ -270,7 +288,7 @@ def main(argv):
                 + (f"; {HOST_LIMITS[name]}" if name in HOST_LIMITS else "") for name in missing], ""]
   lines += ["## Commands", ""]
   lines += [f"- `{name}` ({ROWS[name][3]}): `{' '.join(command(name, f'{args.folder}/{name}.json'))}` "
-            f"({reports[name].get('wall_s', float('nan')):.0f} s wall on 2 cores)" for name in reports if name in ROWS]
+            f"({_host_cost(name, reports[name])})" for name in reports if name in ROWS]
   lines += [f"- `{name}`: the row's command at commit {reports[name].get('commit', 'unknown')}, before activations "
             f"were pinned to their rows between blocks (models/attention.constrain_rows; `{args.folder}/{name}.json`, "
             "kept)" for name in reports if name not in ROWS]

@@ -25,7 +25,6 @@ from memagent_jax.experiment.config_checks import validate_config
 from memagent_jax.runtime import hlo_stats, parallel, tpu_targets
 
 GIB = 1024 ** 3
-FIT_SHARE = 0.9  # a program "fits comfortably" at <= 90% of HBM; over 100% it does not fit at all
 
 
 # What well-tuned JAX training reaches of a chip's peak: MaxText's published model FLOPs utilisation per TPU
@@ -160,11 +159,10 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
       report = program_report(compiled, chip, backend=facts["backend"])
     except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program over HBM
       report = out_of_memory_report(str(e), chip, backend=facts["backend"])
-    step_peak = report["peak_bytes"] + sum(prog.co_resident.values())
     reports[prog.name] = dict(report, call=prog.note, calls_per_step=prog.calls_per_step, live_share=prog.live_share,
                               compile_s=time.perf_counter() - t0, co_resident=prog.co_resident,
-                              program_fits=report["fits"], step_peak_bytes=step_peak,
-                              fits=step_peak <= chip.hbm_bytes, hbm_share=step_peak / chip.hbm_bytes)
+                              program_fits=report["fits"],
+                              **step_fit(report["peak_bytes"], prog.co_resident, chip.hbm_bytes))
   complete = len(reports) == len(built) and all(p["fits"] for p in reports.values())
   total, assumptions = step_estimate(reports, shapes) if complete else (None, [])
   m = dict(zip(mesh.axis_names, mesh.devices.shape))
@@ -240,6 +238,20 @@ def format_table(report: dict) -> str:
       line += f"; step roofline {report['step_estimate_s']:.0f} -> {g['step_estimate_s']:.0f} s"
     lines.append(line)
   return "\n".join(lines)
+
+
+def step_fit(own_peak: int, co_resident: dict[str, int], hbm_bytes: int) -> dict:
+  """A program's step peak (its own peak plus every buffer the trainer keeps alive beside it) and whether
+  that fits a chip of hbm_bytes: what "fits" means in a report."""
+  step_peak = own_peak + sum(co_resident.values())
+  return dict(step_peak_bytes=step_peak, fits=step_peak <= hbm_bytes, hbm_share=step_peak / hbm_bytes)
+
+
+def on_chip_with(report: dict, hbm_bytes: int) -> dict:
+  """The report's fit decisions redone for a chip of hbm_bytes (what would fit a smaller or larger part)."""
+  programs = {name: dict(p, **step_fit(p["peak_bytes"], p["co_resident"], hbm_bytes))
+              for name, p in report["programs"].items()}
+  return dict(report, hbm_bytes_per_chip=hbm_bytes, programs=programs)
 
 
 def check_fits(report: dict):
