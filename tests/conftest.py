@@ -115,9 +115,9 @@ def smollm_reference():
   return model.eval()
 
 
-def make_tiny_hf_dir(tmp_path_factory, arch: str, seed: int = 0) -> str:
+def make_tiny_hf_dir(tmp_path_factory, arch: str, seed: int = 0, tie: bool | None = None) -> str:
   """A random tiny Llama, Qwen2 or Qwen3 checkpoint saved by transformers itself (non-zero biases,
-  q/k norm scales away from 1)."""
+  q/k norm scales away from 1); tie: tied embeddings or not (default: the arch's small models')."""
   import torch
   import transformers
   torch.manual_seed(seed)
@@ -125,13 +125,13 @@ def make_tiny_hf_dir(tmp_path_factory, arch: str, seed: int = 0) -> str:
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                 rms_norm_eps=1e-5)
   if arch == "qwen2":
-    cfg = transformers.Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
+    cfg = transformers.Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=bool(tie))
     model = transformers.Qwen2ForCausalLM(cfg)
   elif arch == "qwen3":  # head_dim 32 != hidden / heads = 16, as the real Qwen3 models
-    cfg = transformers.Qwen3Config(**common, head_dim=32, rope_theta=1e6, tie_word_embeddings=True)
+    cfg = transformers.Qwen3Config(**common, head_dim=32, rope_theta=1e6, tie_word_embeddings=tie is not False)
     model = transformers.Qwen3ForCausalLM(cfg)
   else:
-    cfg = transformers.LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=True)
+    cfg = transformers.LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=tie is not False)
     model = transformers.LlamaForCausalLM(cfg)
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -139,7 +139,7 @@ def make_tiny_hf_dir(tmp_path_factory, arch: str, seed: int = 0) -> str:
         p.copy_(1.0 + 0.1 * torch.randn_like(p))  # non-trivial norm scales (Qwen3's q_norm, k_norm too)
       else:
         p.copy_(0.05 * torch.randn_like(p))  # includes q/k/v biases for Qwen2
-  out = tmp_path_factory.mktemp(f"tiny-{arch}")
+  out = tmp_path_factory.mktemp(f"tiny-{arch}" + ("" if tie is None else f"-tie{int(tie)}"))
   model.save_pretrained(str(out))
   return str(out)
 

@@ -43,6 +43,18 @@ def test_qwen3_logits_match_transformers(qwen3_dir, qwen3_policy):
   assert np.abs(ours[1, 6:] - torch_logits(qwen3_dir, ids[1:2, 6:])[0]).max() <= 1e-4
 
 
+def test_untied_qwen3_logits_match_transformers(tmp_path_factory):
+  """Qwen3-8B and 14B untie the output projection from the embedding: the tiny checkpoint's lm_head is
+  loaded as its own weight and the logits are transformers'."""
+  untied = make_tiny_hf_dir(tmp_path_factory, "qwen3", seed=6, tie=False)
+  policy = mj.load_policy(untied, dtype="float32")
+  assert not policy.config.tie_word_embeddings and policy.model.lm_head is not None
+  ids = np.random.default_rng(1).integers(0, 128, size=(2, 24))
+  diff = np.abs(np.asarray(policy.logits(ids)) - torch_logits(untied, ids)).max()
+  print(f"tiny untied Qwen3 fp32 max |logits diff| vs transformers: {diff:.2e}")
+  assert diff <= 1e-4
+
+
 def test_qwen3_qk_norms_are_loaded_and_used(qwen3_dir, qwen3_policy):
   """The parity above would not see q/k norms loaded as ones (scale 1 keeps the normalisation); check the
   scales are transformers' and that they move the logits."""
