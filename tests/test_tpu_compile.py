@@ -36,6 +36,18 @@ def test_topology_names_resolve_as_pod_users_write_them():
     tpu_targets.parse_topology("v5p-63")
 
 
+@pytest.mark.parametrize("name, devices", [("v5e-8", 8), ("v5p-8", 4), ("v6e-8", 8), ("tpu7x-8", 8)])
+def test_every_chip_is_a_target_of_the_installed_libtpu(name, devices):
+  """Each chip the report sizes for is one libtpu compiles for, with the device kind and count per slice the
+  chip table assumes: TPU7x's 4 chips are 8 devices (two dies each); v5p's "-8" counts cores of 4 chips."""
+  topology = tpu_targets.parse_topology(name)
+  found = tpu_targets.compile_only_devices(topology)
+  assert len(found) == devices
+  assert {d.device_kind for d in found} == {topology.chip.device_kind}
+  per_chip = 2 if topology.chip.name == "tpu7x" else 1
+  assert len(found) == topology.chips * per_chip
+
+
 def test_missing_libtpu_names_the_package_and_the_command(tmp_path):
   want = re.escape(tpu_targets.LIBTPU_REQUIREMENT)  # jax's own tpu extra pin (test_lean_core checks it)
   with pytest.raises(tpu_targets.LibtpuMissingError, match=r"libtpu.*pip install --target .*" + want):
