@@ -217,7 +217,19 @@ def cmd_compile(args) -> int:
                                                 buckets=max(cfg.agent.decode_buckets, 1))
       except ValueError as e:
         _fail(str(e))
-    report = compile_report.compile_step(cfg, topology, programs=programs, progress=not args.quiet, assume=assume)
+    options = {}
+    for item in args.xla_options:
+      key, sep, value = item.partition("=")
+      if not sep or not key:
+        _fail(f"--xla-option {item!r}: write KEY=VALUE, e.g. xla_tpu_enable_latency_hiding_scheduler=false")
+      options[key] = {"true": True, "false": False}.get(value.lower(), value)
+    try:
+      report = compile_report.compile_step(cfg, topology, programs=programs, progress=not args.quiet, assume=assume,
+                                           compiler_options=options)
+    except RuntimeError as e:
+      if options and "compile option" in str(e):  # XLA refused an option: name it, no traceback
+        _fail(f"--xla-option: {str(e).splitlines()[0]}")
+      raise
     if args.json:
       compile_report.write_json(report, args.json)
     print(compile_report.format_table(report), flush=True)
@@ -355,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "with its writing rows compacted into agent.decode_buckets sizes (experiment/gated_estimate.py)")
   c.add_argument("--assume.form_tokens", dest="form_tokens", type=_int_flag(1), default=3,
                  help="tokens of the keep form <keep> in the model's tokenizer (default 3, as '<', 'keep', '>'; count it with yours)")
+  c.add_argument("--xla-option", dest="xla_options", action="append", default=[], metavar="KEY=VALUE",
+                 help="an XLA compiler option for every program (repeatable), e.g. "
+                      "xla_tpu_enable_latency_hiding_scheduler=false: what a flag you would run with changes")
   c.add_argument("--quiet", action="store_true", help="no progress bar")
   _debug_flag(c)
   c.set_defaults(func=cmd_compile)

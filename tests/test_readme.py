@@ -159,6 +159,25 @@ def test_pod_table_row_is_computed_from_its_compile_report(tmp_path):
   assert "| no | 12.0 GiB (120%, rollout) | - | - |" in readme_results.pods(str(tmp_path))
 
 
+def test_released_7b_sentence_is_computed_from_its_compile_rows(tmp_path):
+  import json
+  from experiments import readme_results
+  gib = 1024 ** 3
+  folder = tmp_path / "docs" / "results" / "tpu_compile_rows"
+  os.makedirs(folder)
+  assert "not all compiled yet" in readme_results.released_7b(str(tmp_path))
+  for name, temp, peak, micro in (("7b_v5p-64", 90, 100, 16), ("7b_v5p-64_no_lhs", 10, 20, 16),
+                                  ("7b_v5p-64_mb32", 80, 91, 32)):
+    update = dict(temp_bytes=temp * gib, step_peak_bytes=peak * gib, fits=peak <= 95)
+    json.dump({"hbm_bytes_per_chip": 95 * gib, "model": {"source": "qwen2.5-7b-instruct"},
+               "shapes": {"micro_batches": micro}, "programs": {"update": update}}, open(folder / f"{name}.json", "w"))
+  text = readme_results.released_7b(str(tmp_path))
+  assert text.startswith("**The released 7B does not fit v5p-64 as the trainer compiles it today:** its update needs "
+                         "100.0 GiB per chip of 95, 90.0 GiB of it temporaries")
+  assert "28 unrolled layers" in text and "without that scheduler: 10.0 GiB, a 20.0 GiB step peak" in text
+  assert "32 micro-batches instead of 16: still 91.0 GiB" in text
+
+
 def test_gated_block_is_computed_from_its_result(tmp_path):
   """The README's gated table from a hand-made make-gated result: per seed and length, both accuracies,
   decoded tokens and seconds per document, the keep share; the full scale wins over the demo one."""

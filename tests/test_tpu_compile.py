@@ -188,6 +188,22 @@ def test_a_config_that_cannot_fit_exits_3_with_one_line(tmp_path, capsys):
                       r"v5e has 14\.9 GiB", err[0]), err[0]
 
 
+def test_xla_options_reach_the_compiler_or_are_refused_in_one_line(tmp_path, capsys):
+  """--xla-option KEY=VALUE goes to XLA with every program (an unknown key is XLA's own refusal, one line,
+  exit 2) and is recorded in the report."""
+  for bad, said in (("novalue", "write KEY=VALUE"), ("xla_no_such_option=true", "No such compile option")):
+    with pytest.raises(SystemExit) as e:
+      cli.main(["compile", "--config", TINY, "--topology", "v5e:2x2", "--programs", "answer", "--quiet",
+                "--config.mesh.fsdp=4", "--xla-option", bad])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and "--xla-option" in err[0], err
+  code, r, out = _compile(tmp_path, capsys, "--topology", "v5e:2x2", "--programs", "answer", "--config.mesh.fsdp=4",
+                          "--xla-option", "xla_tpu_enable_latency_hiding_scheduler=false")
+  assert code == 0 and r["compiler_options"] == {"xla_tpu_enable_latency_hiding_scheduler": False}
+  assert "XLA option xla_tpu_enable_latency_hiding_scheduler=False" in out.out
+
+
 def test_unknown_topology_lists_the_known_ones(capsys):
   with pytest.raises(SystemExit) as e:
     cli.main(["compile", "--config", TINY, "--topology", "v9z-8"])

@@ -133,10 +133,12 @@ def _kind(name: str) -> str:
 
 
 def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "answer", "logprobs", "update"),
-                 progress: bool = True, assume: gated_estimate.GatedAssumption | None = None) -> dict:
+                 progress: bool = True, assume: gated_estimate.GatedAssumption | None = None,
+                 compiler_options: dict | None = None) -> dict:
   """Compiles the chosen kinds of cfg's step programs for `topology`; returns the report dict (JSON).
   A program's step peak is its own peak plus everything the trainer keeps alive beside it. assume: a gated
-  memory's keep rate: the rollout is compiled as every turn writes, then re-costed (gated_estimate.py)."""
+  memory's keep rate: the rollout is compiled as every turn writes, then re-costed (gated_estimate.py).
+  compiler_options: XLA options every program is compiled with (recorded in the report)."""
   validate_config(cfg)
   if assume is not None:  # the uncompacted rollout: its one decode loop is what the estimate re-costs
     cfg = cfg.copy_and_resolve_references()
@@ -155,7 +157,7 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
     t0 = time.perf_counter()
     try:
       with parallel.trace_mesh(mesh):  # the splash kernel runs per shard of the mesh
-        compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
+        compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile(compiler_options or None)
       report = program_report(compiled, chip, backend=facts["backend"])
     except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program over HBM
       report = out_of_memory_report(str(e), chip, backend=facts["backend"])
@@ -188,6 +190,7 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
               f"{chip.name} per device: {chip.hbm_bytes / GIB:.1f} GiB HBM, {chip.peak_flops / 1e12:g} TFLOP/s bf16, "
               f"{chip.hbm_bandwidth / 1e9:g} GB/s HBM, {chip.ici_bandwidth / 1e9:g} GB/s ICI"],
           "per_device_weight_bytes": {"train": facts["param_bytes"], "rollout": facts["rollout_param_bytes"]},
+          "compiler_options": dict(compiler_options or {}),
           **({"gated": gated} if gated is not None else {})}
 
 
@@ -202,7 +205,9 @@ def format_table(report: dict) -> str:
            + " x ".join(f"{k} {v}" for k, v in report["mesh"].items())
            + f"), {report['model']['source']} ({report['model']['params'] / 1e9:.2f}B params, "
            f"{report['model']['dtype']}, remat {report['model']['remat']}, rollout layout "
-           f"{report['model']['rollout_layout']}); per chip, GiB unless said",
+           f"{report['model']['rollout_layout']}"
+           + "".join(f", XLA option {k}={v}" for k, v in report.get("compiler_options", {}).items())
+           + "); per chip, GiB unless said",
            "", "| program | calls / step | args | out | aliased | temp | own peak | beside it | step peak | % HBM | "
            "TFLOP | GB moved | collective GB | per-iteration collective MB | unknown loops | roofline s | bound | "
            "attention | compile s |",
