@@ -112,8 +112,11 @@ def demo(repo: str) -> str:
 
 
 # The configs a user sizes a pod by (tpu_compile_table's rows), and the length of the paper's RL runs.
-POD_ROWS = ("0.5b_v5e-8", "1.5b_v5e-8", "3b_v6e-8", "qwen3_1.7b_v5e-8", "qwen3_4b_v6e-8", "qwen3_8b_v5p-8",
-            "7b_v5p-64", "14b_v5p-128")
+def _pod_rows() -> list[str]:
+  """Each one-host config on the pod it names (configs' POD), then the released 7B and 14B on theirs."""
+  from configs import memagent_qwen2_5_small, memagent_qwen3
+  return ([f"{size}_{pod}" for size, pod in memagent_qwen2_5_small.POD.items()]
+          + [f"qwen3_{size}_{pod}" for size, pod in memagent_qwen3.POD.items()] + ["7b_v5p-64", "14b_v5p-128"])
 COMPILE_ROWS = os.path.join(RESULTS, "tpu_compile_rows")
 PAPER_STEPS = (150, 400)
 FREE_FRACTION = 0.10  # what a config should leave free of each chip's HBM
@@ -142,13 +145,14 @@ def pods(repo: str) -> str:
   lines = [f"| config | pod | fits ({100 * FREE_FRACTION:.0f}% free asked) | step peak / chip (largest) | "
            f"step s at MaxText's MFU | {PAPER_STEPS[0]}-{PAPER_STEPS[1]} steps, hours |", "|---|---|---|---|---|---|"]
   missing = []
-  for name in POD_ROWS:
+  pod_rows = _pod_rows()
+  for name in pod_rows:
     report = _load(repo, os.path.join("tpu_compile_rows", f"{name}.json"))
     if report is None:
       missing.append(name)
     else:
       lines.append(_pod_row(name, report))
-  if len(missing) == len(POD_ROWS):
+  if len(missing) == len(pod_rows):
     lines = []
   if missing:
     lines += ["", f"Not compiled yet: {', '.join(missing)} (`python -m experiments.benchmarks.tpu_compile_table "

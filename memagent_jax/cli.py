@@ -217,12 +217,7 @@ def cmd_compile(args) -> int:
                                                 buckets=max(cfg.agent.decode_buckets, 1))
       except ValueError as e:
         _fail(str(e))
-    options = {}
-    for item in args.xla_options:
-      key, sep, value = item.partition("=")
-      if not sep or not key:
-        _fail(f"--xla-option {item!r}: write KEY=VALUE, e.g. xla_tpu_enable_latency_hiding_scheduler=false")
-      options[key] = {"true": True, "false": False}.get(value.lower(), value)
+    options = dict(args.xla_options)
     try:
       report = compile_report.compile_step(cfg, topology, programs=programs, progress=not args.quiet, assume=assume,
                                            compiler_options=options)
@@ -238,6 +233,14 @@ def cmd_compile(args) -> int:
     print(f"memagent compile: does not fit: {e}", file=sys.stderr)
     return 3
   return 0
+
+
+def _xla_option(item: str) -> tuple[str, object]:
+  """argparse type: KEY=VALUE -> (key, value), true/false as booleans."""
+  key, sep, value = item.partition("=")
+  if not sep or not key:
+    raise argparse.ArgumentTypeError(f"{item!r}: write KEY=VALUE, e.g. xla_tpu_enable_latency_hiding_scheduler=false")
+  return key, {"true": True, "false": False}.get(value.lower(), value)
 
 
 def _int_flag(lo: int, hi: int = INT_MAX):
@@ -368,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
   c.add_argument("--assume.form_tokens", dest="form_tokens", type=_int_flag(1), default=3,
                  help="tokens of the keep form <keep> in the model's tokenizer (default 3, as '<', 'keep', '>'; count it with yours)")
   c.add_argument("--xla-option", dest="xla_options", action="append", default=[], metavar="KEY=VALUE",
+                 type=_xla_option,
                  help="an XLA compiler option for every program (repeatable), e.g. "
                       "xla_tpu_enable_latency_hiding_scheduler=false: what a flag you would run with changes")
   c.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -19,7 +19,7 @@ import time
 
 from absl import app, flags
 
-from configs import memagent_qwen3
+from configs import memagent_qwen2_5_small, memagent_qwen3
 from memagent_jax.runtime import tpu_targets
 
 GIB = 1024 ** 3
@@ -31,13 +31,10 @@ ROWS = {
     "7b_v5p-64_train_layout": (Q7, "v5p-64", ["--config.mesh.rollout=train", "--programs=rollout"],
                                "before: rollouts decode with the FSDP training layout"),
     "14b_v5p-128": (Q14, "v5p-128", [], "released 14B on its mesh (fsdp 16 x tensor 4)"),
-    "0.5b_v5e-8": (f"{SMALL}:0.5b", "v5e-8", [], "Qwen2.5-0.5B on one v5e host"),
     "0.5b_v5p-8": (f"{SMALL}:0.5b", "v5p-8", ["--config.mesh.fsdp=4"], "Qwen2.5-0.5B on one v5p host"),
-    "1.5b_v5e-8": (f"{SMALL}:1.5b", "v5e-8", [], "Qwen2.5-1.5B on one v5e host"),
     "1.5b_v5p-8": (f"{SMALL}:1.5b", "v5p-8", ["--config.mesh.fsdp=4"], "Qwen2.5-1.5B on one v5p host"),
     "3b_v5e-8": (f"{SMALL}:3b", "v5e-8", [], "Qwen2.5-3B on one v5e host (tensor 2)"),
     "3b_v5p-8": (f"{SMALL}:3b", "v5p-8", ["--config.mesh.fsdp=2"], "Qwen2.5-3B on one v5p host (tensor 2)"),
-    "3b_v6e-8": (f"{SMALL}:3b", "v6e-8", [], "Qwen2.5-3B on one v6e (Trillium) host (tensor 2)"),
     "7b_v6e-64": (Q7, "v6e-64", [], "released 7B on 64 v6e chips (data 2 x fsdp 8 x tensor 4)"),
     "7b_tpu7x-32": (Q7, "tpu7x-32", [], "released 7B on 16 TPU7x (Ironwood) chips, 32 devices"),
     "7b_v5p-64_mb32": (Q7, "v5p-64", ["--programs=update", "--config.rl.micro_batches=32"],
@@ -51,6 +48,8 @@ ROWS = {
     "7b_v5p-64_gated": (Q7, "v5p-64", ["--programs=rollout", "--config.agent.memory=gated",
                                        "--config.agent.decode_buckets=3", "--assume.keep_rate=0.8"],
                         "released 7B's rollout re-costed for a gated memory keeping 80% of memory turns"),
+    **{f"{size}_{pod}": (f"{SMALL}:{size}", pod, [], f"Qwen2.5-{size.upper()} on the one host it is sized for")
+       for size, pod in memagent_qwen2_5_small.POD.items()},
     **{f"qwen3_{size}_{pod}": (f"{QWEN3}:{size}", pod, [], f"Qwen3-{size.upper()} on the one host it is sized for")
        for size, pod in memagent_qwen3.POD.items()},
 }
@@ -97,7 +96,7 @@ def run_row(name: str, folder: str) -> dict:
     print("$ " + " ".join(cmd), flush=True)
     child = subprocess.Popen([sys.executable, "-m", "memagent_jax.cli", *cmd[1:]])
     _, status, usage = os.wait4(child.pid, 0)  # the child's own peak resident memory (Linux: KiB)
-    code = os.waitstatus_to_exitcode(status)
+    code = child.returncode = os.waitstatus_to_exitcode(status)
     if code not in (0, 3) or not os.path.exists(path):
       raise SystemExit(f"row {name}: memagent compile exited {code}")
     with open(path) as f:
@@ -171,6 +170,16 @@ def steps(reports: dict[str, dict]) -> list[str]:
   return lines
 
 
+def _saved_block_inputs(r: dict) -> str:
+  """What full remat keeps per chip for one micro-batch of the widest group: layers x [rows, T, E] bf16."""
+  from memagent_jax.models.config import get_preset
+  cfg, s = get_preset(r["model"]["source"]), r["shapes"]
+  rows = s["width_groups"][-1][0] // s["micro_batches"] // (r["mesh"].get("data", 1) * r["mesh"].get("fsdp", 1))
+  tokens = s["width_groups"][-1][1] + s["response_width"]
+  layer = rows * tokens * cfg.hidden_size * 2
+  return f"{cfg.num_layers} x {layer / GIB:.2f} GiB for {rows} rows of {tokens:,} tokens"
+
+
 def comparisons(reports: dict[str, dict]) -> list[str]:
   """The before/after sections (small models' activations pinned to rows, rollout layout) and the 7B step beside
   the reference's on a common basis."""
@@ -205,7 +214,7 @@ def comparisons(reports: dict[str, dict]) -> list[str]:
   if after and len(variants) > 1:
     out += ["## What fills the released 7B's update (v5p-64)", "",
             "The update's temporaries, per chip, as the trainer runs it and in two variants of one knob each. Full "
-            "remat keeps one [rows, T, E] block input per layer (28 x 0.33 GiB for 6 rows of 8,204 tokens); the "
+            f"remat keeps one [rows, T, E] block input per layer ({_saved_block_inputs(after)}); the "
             "rest is what XLA holds at once. With its latency-hiding scheduler (the default) the recomputed "
             "activations of several layers are live together; halving the rows per micro-batch barely moves them.", "",
             "| row | micro-batches | XLA options | temp GiB | own peak GiB | step peak GiB | % HBM | fits | "
