@@ -24,6 +24,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       # outputs; recompute norms, RoPE, softmax, SwiGLU) | full (only the block input: least memory)
       remat="none",
       attention="auto",  # attention backend: auto (by platform) | xla (portable) | cudnn (GPU) | splash (TPU)
+      # training and log-prob forwards run the layers as one lax.scan over stacked weights (XLA keeps one
+      # layer's recomputed activations live, and compiles one block); False unrolls them. Decoding is unrolled
+      scan_layers=True,
   ))
   c.agent = ml_collections.ConfigDict(dict(
       chunk_tokens=5000,  # tokens per chunk the agent reads (toy documents keep each fact inside one)

@@ -353,3 +353,52 @@ def test_old_log_probs_from_the_same_pass_equal_recomputed_ones():
   grad = lambda new: jax.tree_util.tree_map(lambda x, y: x - y, new, p0)
   assert _rel(grad(b), grad(a)) < 1e-5
   assert mb.clip_frac == 0.0 and mb.approx_kl_old == 0.0 and abs(ma.approx_kl_old) < 1e-6
+
+
+def _deep_model(scan_layers: bool, seed=0):
+  """tiny-llama with 4 layers, so three run under the scan (the last is unrolled: its queries are cut)."""
+  cfg = dataclasses.replace(get_preset("tiny-llama"), num_layers=4)
+  return Decoder(cfg, jnp.float32, scan_layers=scan_layers, rngs=nnx.Rngs(seed))
+
+
+@pytest.mark.parametrize("remat", [False, "full", "dots"])
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_scanned_layers_give_the_unrolled_update(remat, shared_prefix):
+  """Layers under one lax.scan over stacked weights give the Python loop's log-probs, loss and update
+  (with and without a shared prefix's cache, under each remat policy)."""
+  rows = _prefixed_rows()
+  prefix = jnp.asarray(PREFIX) if shared_prefix else None
+  batch = jax.tree.map(jnp.asarray, upd.split_micro(rows, 2))
+  spec = _spec(remat=remat, kl_coef=0.1)
+  tx = optax.sgd(1.0)  # the update is the gradient itself
+  out = {}
+  with jax.default_matmul_precision("highest"):
+    for scan in (False, True):
+      gd, params = nnx.split(_deep_model(scan))
+      new, _, metrics = upd.update_step(_copy(params), tx.init(params), batch, graphdef=gd, tx=tx, spec=spec,
+                                        prefix=prefix)
+      logp = upd.batch_logprobs(params, batch.tokens, batch.valid, graphdef=gd, prefix=prefix,
+                                spec=upd.LogprobSpec(prompt_width=P, temperature=1.0, compute_dtype="float32"))
+      out[scan] = params, new, metrics, logp
+  (p0, a, ma, la), (_, b, mb, lb) = out[False], out[True]
+  grad = lambda new: jax.tree_util.tree_map(lambda x, y: x - y, new, p0)
+  assert _rel(grad(b), grad(a)) < 1e-5
+  assert abs(float(mb.loss) - float(ma.loss)) < 1e-6
+  np.testing.assert_allclose(np.asarray(lb), np.asarray(la), atol=1e-5)
+
+
+def test_scanned_update_compiles_the_layers_as_one_loop():
+  """The compiled update holds one while loop over L-1 = 3 layers per micro-batch pass (forward, and the
+  backward's), and the unrolled model's none: what keeps XLA's scheduler to one layer at a time."""
+  from memagent_jax.runtime.hlo_stats import ProgramStats
+  rows = _rows()
+  batch = jax.tree.map(jnp.asarray, upd.split_micro(rows, 1))
+  tx = optax.sgd(1.0)
+  trips = {}
+  for scan in (False, True):
+    gd, params = nnx.split(_deep_model(scan))
+    text = upd.update_step.lower(params, tx.init(params), batch, graphdef=gd, tx=tx,
+                                 spec=_spec(remat="full")).compile().as_text()
+    trips[scan] = [loop.trip_count for loop in ProgramStats(text).loops]
+  assert 3 not in trips[False]
+  assert trips[True].count(3) >= 2  # the forward's scan and the backward's

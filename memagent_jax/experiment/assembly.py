@@ -48,7 +48,8 @@ def load_policy_of(cfg, source: str | None = None):
   gated reader of a toy checkpoint saved before the gated words existed reads with the current toy tokenizer
   (toy_tokenizer.with_gated_words); an overwrite reader keeps the checkpoint's own."""
   m = cfg.model
-  policy = load_policy(source or m.source, dtype=m.dtype, seed=m.seed, attention=m.attention)
+  policy = load_policy(source or m.source, dtype=m.dtype, seed=m.seed, attention=m.attention,
+                       scan_layers=m.scan_layers)
   if cfg.agent.memory == "gated":
     policy.tokenizer = toy_tokenizer.with_gated_words(policy.tokenizer)
   return policy

@@ -129,7 +129,7 @@ def abstract_policy(cfg, mcfg, tokenizer, *, platform: str) -> Policy:
   """The config's policy with abstract weights (shapes, dtypes): nothing is read or allocated."""
   dtype = jnp.dtype(cfg.model.dtype)
   model = nnx.eval_shape(lambda: Decoder(mcfg, dtype, attention=cfg.model.attention, platform=platform,
-                                         rngs=nnx.Rngs(0)))
+                                         scan_layers=cfg.model.scan_layers, rngs=nnx.Rngs(0)))
   return Policy(model, tokenizer, name=cfg.model.source)
 
 

@@ -171,7 +171,7 @@ class Decoder(nnx.Module):
   """Token ids -> final hidden states; `logits` projects them onto the vocabulary."""
 
   def __init__(self, cfg: ModelConfig, dtype=jnp.float32, *, attention: str | AttentionSpec = "auto",
-               platform: str | None = None, rngs: nnx.Rngs):
+               platform: str | None = None, scan_layers: bool = True, rngs: nnx.Rngs):
     self.config = cfg
     self.dtype = jnp.dtype(dtype)
     # How attention is traced (backend auto | xla | cudnn | splash, the platform the programs are
@@ -179,6 +179,9 @@ class Decoder(nnx.Module):
     # the xla tiling; see attention.AttentionSpec). Static, checked here so an unavailable choice
     # fails at load time. Set it on a built model with `set_attention`.
     self.attention = _attention_spec(attention, platform)
+    # Forwards that do not decode (training, log-probs) run layers 0..L-2 as one lax.scan over stacked
+    # weights (`_scan_layers`); False unrolls them. Static; the parameter tree is per layer either way.
+    self.scan_layers = scan_layers
     self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
     self.layers = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
@@ -239,18 +242,21 @@ class Decoder(nnx.Module):
       x = x + shifted
     x = constrain_rows(x)  # [B, T, E] rows over (data, fsdp), as between every two blocks
     cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, self.dtype)  # [B, T, D]
-    layers = []
     last = len(self.layers) - 1
     # fused backends take whole rows only: their last block runs every slot, sliced after
     cut = out_slots if out_slots is not None and spec.resolve(self.dtype) == "xla" else None
-    for i, layer in enumerate(self.layers):
-      layer_cache = None if cache is None else cache.layer(i)
+    run = lambda blk, h, c, slots: blk(h, cos, sin, seen, c, write_index, spec, slots)
+    scanned = self._scans(cache, policy)  # layers 0..last-1 under one lax.scan, else none
+    layers = []
+    if scanned:
+      x, layers = self._scan_layers(run, x, cache, policy)
+    for i in range(scanned, last + 1):
+      layer, layer_cache = self.layers[i], None if cache is None else cache.layer(i)
       slots = cut if i == last else None
       if policy is not None:
-        x, layer_cache = nnx.remat(lambda blk, h, c: blk(h, cos, sin, seen, c, write_index, spec, slots),
-                                   policy=policy)(layer, x, layer_cache)
+        x, layer_cache = nnx.remat(lambda blk, h, c: run(blk, h, c, slots), policy=policy)(layer, x, layer_cache)
       else:
-        x, layer_cache = layer(x, cos, sin, seen, layer_cache, write_index, spec, slots)
+        x, layer_cache = run(layer, x, layer_cache, slots)
       x = constrain_rows(x)
       layers.append(layer_cache)
     if out_slots is not None and cut is None:
@@ -258,6 +264,36 @@ class Decoder(nnx.Module):
     if cache is not None:
       cache = cache.after_write(layers, valid=key_valid, count=t, tokens=history)
     return self.final_norm(x), cache
+
+  def _scans(self, cache: KVCache | None, policy) -> int:
+    """How many leading layers run under one lax.scan: all but the last (whose queries may be cut to
+    out_slots) when `scan_layers` is on and the call is not a decode (no cache, or a training forward
+    over a shared prefix's cache); a decode keeps unrolled layers that update their cache in place."""
+    if not self.scan_layers or (cache is not None and policy is None) or len(self.layers) < 2:
+      return 0
+    return len(self.layers) - 1
+
+  def _scan_layers(self, run, x, cache: KVCache | None, policy):
+    """Layers 0..L-2 as one lax.scan over their weights stacked on a leading [L-1] axis, each
+    iteration rematerialised by `policy`. XLA then schedules one block, so the backward's recomputed
+    activations of one layer are live at a time (unrolled, its latency-hiding scheduler starts many
+    layers' recomputations early: jax-ml/jax#20763). -> (x [B, T, E], L-1 LayerCaches or Nones)."""
+    n = len(self.layers) - 1
+    graphdef, _ = nnx.split(self.layers[0])
+    stacked = jax.tree.map(lambda *w: jnp.stack(w), *(nnx.state(self.layers[i]) for i in range(n)))
+    caches = None if cache is None else LayerCache(jnp.stack(cache.k[:n]), jnp.stack(cache.v[:n]))  # [L-1, B, K, S, D]
+
+    def block(h, weights_and_cache):  # h [B, T, E]; one layer's weights (and cache) -> (h, its cache)
+      weights, layer_cache = weights_and_cache
+      h, layer_cache = run(nnx.merge(graphdef, weights), h, layer_cache, None)
+      return constrain_rows(h), layer_cache
+
+    if policy is not None:
+      block = jax.checkpoint(block, policy=policy, prevent_cse=False)  # inside a scan CSE cannot hoist it
+    x, new = jax.lax.scan(block, x, (stacked, caches))
+    if new is None:
+      return x, [None] * n
+    return x, [LayerCache(new.k[i], new.v[i]) for i in range(n)]
 
   def _shifted_embeddings(self, tokens, key_valid, cache, write_index):
     """Sum over d = 1..N of token_shift[d-1][token d slots back] for each of the T tokens, where
