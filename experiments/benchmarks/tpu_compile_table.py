@@ -25,6 +25,7 @@ from memagent_jax.runtime import tpu_targets
 GIB = 1024 ** 3
 Q7, Q14, SMALL = "configs/memagent_qwen2_5_7b.py", "configs/memagent_qwen2_5_14b.py", "configs/memagent_qwen2_5_small.py"
 QWEN3 = "configs/memagent_qwen3.py"
+UNROLLED = "--config.model.scan_layers=false"  # the training forwards' layers as a Python loop (before scan_layers)
 # name -> (config, topology, overrides, what the row shows)
 ROWS = {
     "7b_v5p-64": (Q7, "v5p-64", [], "released 7B on its mesh (fsdp 8 x tensor 4), replicated rollout layout"),
@@ -37,14 +38,16 @@ ROWS = {
     "3b_v5p-8": (f"{SMALL}:3b", "v5p-8", ["--config.mesh.fsdp=2"], "Qwen2.5-3B on one v5p host (tensor 2)"),
     "7b_v6e-64": (Q7, "v6e-64", [], "released 7B on 64 v6e chips (data 2 x fsdp 8 x tensor 4)"),
     "7b_tpu7x-32": (Q7, "tpu7x-32", [], "released 7B on 16 TPU7x (Ironwood) chips, 32 devices"),
-    "7b_v5p-64_mb32": (Q7, "v5p-64", ["--programs=update", "--config.rl.micro_batches=32"],
-                       "the released 7B's update in 32 micro-batches (3 memory rows per chip in each, not 6)"),
-    "7b_v5p-64_no_lhs": (Q7, "v5p-64", ["--programs=update",
+    "7b_v5p-64_unrolled": (Q7, "v5p-64", [UNROLLED], "released 7B with its training forwards' layers unrolled"),
+    "7b_v5p-64_mb32": (Q7, "v5p-64", ["--programs=update", UNROLLED, "--config.rl.micro_batches=32"],
+                       "the released 7B's update, layers unrolled, in 32 micro-batches (3 memory rows per chip in "
+                       "each, not 6)"),
+    "7b_v5p-64_no_lhs": (Q7, "v5p-64", ["--programs=update", UNROLLED,
                                         "--xla-option=xla_tpu_enable_latency_hiding_scheduler=false"],
-                         "the released 7B's update compiled without XLA's latency-hiding scheduler"),
-    "0.5b_v5e-8_no_lhs": (f"{SMALL}:0.5b", "v5e-8", ["--programs=update",
+                         "the released 7B's update, layers unrolled, compiled without XLA's latency-hiding scheduler"),
+    "0.5b_v5e-8_no_lhs": (f"{SMALL}:0.5b", "v5e-8", ["--programs=update", UNROLLED,
                                                      "--xla-option=xla_tpu_enable_latency_hiding_scheduler=false"],
-                          "Qwen2.5-0.5B's update on v5e-8 compiled without XLA's latency-hiding scheduler"),
+                          "Qwen2.5-0.5B's update on v5e-8, layers unrolled, without XLA's latency-hiding scheduler"),
     "7b_v5p-64_gated": (Q7, "v5p-64", ["--programs=rollout", "--config.agent.memory=gated",
                                        "--config.agent.decode_buckets=3", "--assume.keep_rate=0.8"],
                         "released 7B's rollout re-costed for a gated memory keeping 80% of memory turns"),
@@ -57,7 +60,9 @@ ROWS = {
 HOST_LIMITS: dict[str, str] = {}
 # Rows compiled here only with help: how, as measured (printed beside the row's command).
 HOST_NOTES = {
-    "7b_v5p-64": "its update programs fill the host's 24 GiB: compiled with a 32 GiB swap file added (`fallocate "
+    "7b_v5p-64_unrolled": "compiled as the 7b_v5p-64 row at 1bc0055, when the layers were unrolled (no "
+                          "model.scan_layers yet: the same programs as this row's command); its update programs fill "
+                          "the host's 24 GiB: compiled with a 32 GiB swap file added (`fallocate "
                  "-l 32G f && mkswap f && swapon f`; resident + swapped peaked at 25.6 GB, read from /proc every "
                  "10 s); without swap the kernel's OOM killer stopped it at 24.3 GB on 2026-12-02",
 }

@@ -182,7 +182,8 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
   return {"topology": topology.name, "chip": chip.name, "chips": topology.chips, "devices": len(devices),
           "slices": topology.slices, "hbm_bytes_per_chip": chip.hbm_bytes, "mesh": m,
           "model": {"source": cfg.model.source, "params": facts["params"], "dtype": cfg.model.dtype,
-                    "remat": cfg.model.remat, "rollout_layout": cfg.mesh.rollout},
+                    "remat": cfg.model.remat, "scan_layers": cfg.model.scan_layers,
+                    "rollout_layout": cfg.mesh.rollout},
           "shapes": dataclasses.asdict(shapes), "programs": reports, "step_estimate_s": total,
           "step_wall_s_range": wall, "step_chip_s_range": wall and [w * topology.chips for w in wall],
           "utilisation_range": mfu, "held_through_step": facts["alive"],
@@ -192,6 +193,12 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
           "per_device_weight_bytes": {"train": facts["param_bytes"], "rollout": facts["rollout_param_bytes"]},
           "compiler_options": dict(compiler_options or {}),
           **({"gated": gated} if gated is not None else {})}
+
+
+def layer_loop(report: dict) -> str:
+  """How the report's training programs ran the layers: "scanned" or "unrolled" (reports made before
+  model.scan_layers existed ran them unrolled)."""
+  return "scanned" if report["model"].get("scan_layers", False) else "unrolled"
 
 
 def _gib(x) -> str:
@@ -204,7 +211,8 @@ def format_table(report: dict) -> str:
   lines = [f"{report['topology']} ({report['devices']} devices of {report['chip']}, mesh "
            + " x ".join(f"{k} {v}" for k, v in report["mesh"].items())
            + f"), {report['model']['source']} ({report['model']['params'] / 1e9:.2f}B params, "
-           f"{report['model']['dtype']}, remat {report['model']['remat']}, rollout layout "
+           f"{report['model']['dtype']}, remat {report['model']['remat']}, layers "
+           f"{layer_loop(report)}, rollout layout "
            f"{report['model']['rollout_layout']}"
            + "".join(f", XLA option {k}={v}" for k, v in report.get("compiler_options", {}).items())
            + "); per chip, GiB unless said",
