@@ -166,27 +166,30 @@ def pods(repo: str) -> str:
 
 
 def released_7b(repo: str) -> str:
-  """Whether the released 7B's update fits its pod as the trainer compiles it, and what its temporaries are
-  without XLA's latency-hiding scheduler and at twice the micro-batches (tpu_compile_table's 7b rows)."""
-  rows = {n: _load(repo, os.path.join("tpu_compile_rows", f"{n}.json"))
-          for n in ("7b_v5p-64", "7b_v5p-64_no_lhs", "7b_v5p-64_mb32")}
+  """Whether the released 7B's update fits its pod as the trainer compiles it (layers scanned), and what the
+  same update held with the layers unrolled: as compiled, without XLA's latency-hiding scheduler, and at
+  twice the micro-batches (tpu_compile_table's 7b rows)."""
+  names = ("7b_v5p-64", "7b_v5p-64_unrolled", "7b_v5p-64_no_lhs", "7b_v5p-64_mb32")
+  rows = {n: _load(repo, os.path.join("tpu_compile_rows", f"{n}.json")) for n in names}
   if any(r is None for r in rows.values()):
-    return ("The released 7B's update rows (7b_v5p-64, 7b_v5p-64_no_lhs, 7b_v5p-64_mb32) are not all compiled "
-            "yet: docs/results/tpu_compile.md lists their commands.\n")
+    return (f"The released 7B's update rows ({', '.join(names)}) are not all compiled yet: "
+            "docs/results/tpu_compile.md lists their commands.\n")
+  from memagent_jax.experiment.compile_report import layer_loop
   from memagent_jax.models.config import get_preset
-  base, no_lhs, mb = (rows[n]["programs"]["update"] for n in rows)
+  base, unrolled, no_lhs, mb = (rows[n]["programs"]["update"] for n in names)
   layers = get_preset(rows["7b_v5p-64"]["model"]["source"]).num_layers
   hbm, gib = rows["7b_v5p-64"]["hbm_bytes_per_chip"], 1024 ** 3
-  verdict = ("does not fit v5p-64 as the trainer compiles it today" if not base["fits"] else
-             "fits v5p-64")
-  return (f"**The released 7B {verdict}:** its update needs {base['step_peak_bytes'] / gib:.1f} GiB per chip of "
-          f"{hbm / gib:.0f}, {base['temp_bytes'] / gib:.1f} GiB of it temporaries that XLA's latency-hiding scheduler "
-          f"keeps live across the {layers} unrolled layers (compiled without "
-          f"that scheduler: {no_lhs['temp_bytes'] / gib:.1f} GiB, a {no_lhs['step_peak_bytes'] / gib:.1f} GiB step "
-          f"peak; {rows['7b_v5p-64_mb32']['shapes']['micro_batches']} micro-batches instead of "
-          f"{rows['7b_v5p-64']['shapes']['micro_batches']}: still {mb['step_peak_bytes'] / gib:.1f} GiB), the known "
-          "cost of unrolled layers ([jax#20763](https://github.com/jax-ml/jax/issues/20763)). The fix, the layers "
-          "under one `lax.scan` as MaxText runs them, is open work.\n")
+  verdict = "fits v5p-64" if base["fits"] else "does not fit v5p-64 as the trainer compiles it today"
+  return (f"**The released 7B {verdict}:** its update's step peak is {base['step_peak_bytes'] / gib:.1f} GiB per "
+          f"chip of {hbm / gib:.0f} ({100 * base['hbm_share']:.0f}%; {base['temp_bytes'] / gib:.1f} GiB of "
+          f"temporaries) with the training forwards' layers {layer_loop(rows['7b_v5p-64'])} (`model.scan_layers`, "
+          f"one `lax.scan` over {layers - 1} of the {layers} layers' stacked weights, as MaxText runs them). "
+          f"Unrolled, the same update needed {unrolled['step_peak_bytes'] / gib:.1f} GiB, "
+          f"{unrolled['temp_bytes'] / gib:.1f} GiB of it temporaries that XLA's latency-hiding scheduler keeps "
+          f"live across the layers ([jax#20763](https://github.com/jax-ml/jax/issues/20763); its temporaries without that "
+          f"scheduler {no_lhs['temp_bytes'] / gib:.1f} GiB; {rows['7b_v5p-64_mb32']['shapes']['micro_batches']} "
+          f"micro-batches instead of {rows['7b_v5p-64']['shapes']['micro_batches']}: still "
+          f"{mb['step_peak_bytes'] / gib:.1f} GiB).\n")
 
 
 def gated(repo: str) -> str:

@@ -166,16 +166,24 @@ def test_released_7b_sentence_is_computed_from_its_compile_rows(tmp_path):
   folder = tmp_path / "docs" / "results" / "tpu_compile_rows"
   os.makedirs(folder)
   assert "not all compiled yet" in readme_results.released_7b(str(tmp_path))
-  for name, temp, peak, micro in (("7b_v5p-64", 90, 100, 16), ("7b_v5p-64_no_lhs", 10, 20, 16),
-                                  ("7b_v5p-64_mb32", 80, 91, 32)):
-    update = dict(temp_bytes=temp * gib, step_peak_bytes=peak * gib, fits=peak <= 95)
-    json.dump({"hbm_bytes_per_chip": 95 * gib, "model": {"source": "qwen2.5-7b-instruct"},
+  rows = (("7b_v5p-64", 25, 33, 16, True), ("7b_v5p-64_unrolled", 90, 100, 16, False),
+          ("7b_v5p-64_no_lhs", 10, 20, 16, False), ("7b_v5p-64_mb32", 80, 91, 32, False))
+  for name, temp, peak, micro, scanned in rows:
+    update = dict(temp_bytes=temp * gib, step_peak_bytes=peak * gib, fits=peak <= 95, hbm_share=peak / 95)
+    json.dump({"hbm_bytes_per_chip": 95 * gib, "model": {"source": "qwen2.5-7b-instruct", "scan_layers": scanned},
                "shapes": {"micro_batches": micro}, "programs": {"update": update}}, open(folder / f"{name}.json", "w"))
   text = readme_results.released_7b(str(tmp_path))
-  assert text.startswith("**The released 7B does not fit v5p-64 as the trainer compiles it today:** its update needs "
-                         "100.0 GiB per chip of 95, 90.0 GiB of it temporaries")
-  assert "28 unrolled layers" in text and "without that scheduler: 10.0 GiB, a 20.0 GiB step peak" in text
+  assert text.startswith("**The released 7B fits v5p-64:** its update's step peak is 33.0 GiB per chip of 95 "
+                         "(35%; 25.0 GiB of temporaries) with the training forwards' layers scanned")
+  assert "one `lax.scan` over 27 of the 28 layers' stacked weights" in text
+  assert "Unrolled, the same update needed 100.0 GiB, 90.0 GiB of it temporaries" in text
+  assert "its temporaries without that scheduler 10.0 GiB" in text
   assert "32 micro-batches instead of 16: still 91.0 GiB" in text
+  update = dict(temp_bytes=99 * gib, step_peak_bytes=106 * gib, fits=False, hbm_share=106 / 95)
+  json.dump({"hbm_bytes_per_chip": 95 * gib, "model": {"source": "qwen2.5-7b-instruct", "scan_layers": True},
+             "shapes": {"micro_batches": 16}, "programs": {"update": update}}, open(folder / "7b_v5p-64.json", "w"))
+  assert readme_results.released_7b(str(tmp_path)).startswith(
+      "**The released 7B does not fit v5p-64 as the trainer compiles it today:** its update's step peak is 106.0")
 
 
 def test_gated_block_is_computed_from_its_result(tmp_path):

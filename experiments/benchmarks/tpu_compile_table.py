@@ -60,7 +60,7 @@ ROWS = {
 HOST_LIMITS: dict[str, str] = {}
 # Rows compiled here only with help: how, as measured (printed beside the row's command).
 HOST_NOTES = {
-    "7b_v5p-64_unrolled": "compiled as the 7b_v5p-64 row at 1bc0055, when the layers were unrolled (no "
+    "7b_v5p-64_unrolled": "compiled as the 7b_v5p-64 row at the commit named, when the layers were unrolled (no "
                           "model.scan_layers yet: the same programs as this row's command); its update programs fill "
                           "the host's 24 GiB: compiled with a 32 GiB swap file added (`fallocate "
                  "-l 32G f && mkswap f && swapon f`; resident + swapped peaked at 25.6 GB, read from /proc every "
@@ -188,18 +188,21 @@ def _saved_block_inputs(r: dict) -> str:
 def comparisons(reports: dict[str, dict]) -> list[str]:
   """The before/after sections (small models' activations pinned to rows, rollout layout) and the 7B step beside
   the reference's on a common basis."""
+  from memagent_jax.experiment.compile_report import layer_loop  # lazy: jax only when the page is written
   out = []
   pairs = [(n, f"{n}_before") for n in reports if f"{n}_before" in reports]
   if pairs:
     out += ["## Small models on one host: before and after pinning activations to their rows", "",
-            "| row | program | temp GiB before | after | step peak GiB before | after | collective GB before | after |",
-            "|---|---|---|---|---|---|---|---|"]
+            "The after rows as last compiled (their layers column: a row recompiled since `model.scan_layers` also "
+            "runs the training forwards' layers scanned).", "",
+            "| row | layers after | program | temp GiB before | after | step peak GiB before | after | collective GB "
+            "before | after |", "|---|---|---|---|---|---|---|---|---|"]
     for after_name, before_name in pairs:
       a, b = reports[after_name], reports[before_name]
       for prog, pa in a["programs"].items():
         pb = b["programs"].get(prog)
         if pb and prog.startswith(("update", "logprobs")):
-          out.append(f"| {after_name} | {prog} | {pb['temp_bytes'] / GIB:.2f} | {pa['temp_bytes'] / GIB:.2f} | "
+          out.append(f"| {after_name} | {layer_loop(a)} | {prog} | {pb['temp_bytes'] / GIB:.2f} | {pa['temp_bytes'] / GIB:.2f} | "
                      f"{pb['step_peak_bytes'] / GIB:.2f} | {pa['step_peak_bytes'] / GIB:.2f} | "
                      f"{_fmt(pb['collective_bytes'], '.1f', 1e9)} | {_fmt(pa['collective_bytes'], '.1f', 1e9)} |")
     out.append("")
@@ -215,19 +218,23 @@ def comparisons(reports: dict[str, dict]) -> list[str]:
                  f"{100 * p['loop_collective_bytes_per_iteration'] / w:.1f}% | {p['collective_bytes'] / 1e9:.0f} | "
                  f"{p['peak_bytes'] / GIB:.1f} | {p['roofline_s']:.1f} |")
     out.append("")
-  variants = [(n, reports[n]) for n in ("7b_v5p-64", "7b_v5p-64_mb32", "7b_v5p-64_no_lhs") if n in reports]
+  variants = [(n, reports[n]) for n in ("7b_v5p-64", "7b_v5p-64_unrolled", "7b_v5p-64_mb32", "7b_v5p-64_no_lhs")
+              if n in reports]
   if after and len(variants) > 1:
     out += ["## What fills the released 7B's update (v5p-64)", "",
-            "The update's temporaries, per chip, as the trainer runs it and in two variants of one knob each. Full "
-            f"remat keeps one [rows, T, E] block input per layer ({_saved_block_inputs(after)}); the "
-            "rest is what XLA holds at once. With its latency-hiding scheduler (the default) the recomputed "
-            "activations of several layers are live together; halving the rows per micro-batch barely moves them.", "",
-            "| row | micro-batches | XLA options | temp GiB | own peak GiB | step peak GiB | % HBM | fits | "
-            "roofline s |", "|---|---|---|---|---|---|---|---|---|"]
+            "The update's temporaries, per chip, as the trainer runs it (layers scanned) and with the training "
+            "forwards' layers unrolled, as compiled before `model.scan_layers`, in that form and in two variants of "
+            f"one knob each. Full remat keeps one [rows, T, E] block input per layer ({_saved_block_inputs(after)}); "
+            "the rest is what XLA holds at once. Unrolled, XLA's latency-hiding scheduler (the default) keeps the "
+            "recomputed activations of several layers live together (jax-ml/jax#20763); halving the rows per "
+            "micro-batch barely moves them. Under one lax.scan it schedules one layer's body, so one layer's are.", "",
+            "| row | layers | micro-batches | XLA options | temp GiB | own peak GiB | step peak GiB | % HBM | fits | "
+            "roofline s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in variants:
       p = r["programs"]["update"]
       opts = ", ".join(f"{k}={v}" for k, v in r.get("compiler_options", {}).items()) or "-"
-      out.append(f"| {name} | {r['shapes']['micro_batches']} | {opts} | {p['temp_bytes'] / GIB:.1f} | {p['peak_bytes'] / GIB:.1f} | "
+      out.append(f"| {name} | {layer_loop(r)} | {r['shapes']['micro_batches']} | {opts} | {p['temp_bytes'] / GIB:.1f} | "
+                 f"{p['peak_bytes'] / GIB:.1f} | "
                  f"{p['step_peak_bytes'] / GIB:.1f} | {100 * p['hbm_share']:.0f}% | {'yes' if p['fits'] else 'no'} | "
                  f"{p['roofline_s']:.1f} |")
     out.append("")
