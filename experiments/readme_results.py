@@ -113,10 +113,12 @@ def demo(repo: str) -> str:
 
 # The configs a user sizes a pod by (tpu_compile_table's rows), and the length of the paper's RL runs.
 def _pod_rows() -> list[str]:
-  """Each one-host config on the pod it names (configs' POD), then the released 7B and 14B on theirs."""
+  """Each one-host config on the pod it names (configs' POD; Qwen3's with its DAPO variant), then the released
+  7B and 14B on theirs."""
   from configs import memagent_qwen2_5_small, memagent_qwen3
   return ([f"{size}_{pod}" for size, pod in memagent_qwen2_5_small.POD.items()]
-          + [f"qwen3_{size}_{pod}" for size, pod in memagent_qwen3.POD.items()] + ["7b_v5p-64", "14b_v5p-128"])
+          + [f"qwen3_{size}_{pod}{variant}" for size, pod in memagent_qwen3.POD.items() for variant in ("", "_dapo")]
+          + ["7b_v5p-64", "14b_v5p-128"])
 COMPILE_ROWS = os.path.join(RESULTS, "tpu_compile_rows")
 PAPER_STEPS = (150, 400)
 FREE_FRACTION = 0.10  # what a config should leave free of each chip's HBM
@@ -136,6 +138,8 @@ def _pod_row(name: str, report: dict) -> str:
   wall = report.get("step_wall_s_range")
   if not wall:
     return head + " - | - |"
+  if report.get("regeneration"):  # dynamic sampling: up to its cap of extra generation batches
+    wall = [wall[0], report["regeneration"]["step_estimate_worst_s"] / report["utilisation_range"][0]]
   lo, hi = PAPER_STEPS
   return head + f" {wall[0]:.0f}-{wall[1]:.0f} | {lo * wall[0] / 3600:.1f}-{hi * wall[1] / 3600:.1f} |"
 
@@ -161,7 +165,9 @@ def pods(repo: str) -> str:
             "measured run): the step peak is the largest program's own bytes plus what the trainer keeps beside it; "
             "step seconds are the roofline at MaxText's published MFU range for the chip; the hours are the paper's "
             f"{PAPER_STEPS[0]}-{PAPER_STEPS[1]} RL steps at this config's batch (the one-host Qwen2.5 and Qwen3 configs "
-            "take 32 questions per step, the released 7B and 14B 128 and 256)."]
+            "take 32 questions per step, the released 7B and 14B 128 and 256). A DAPO variant's range runs from every "
+            "group kept from the first generation batch to its cap of extra batches (rl.max_extra_gen_batches), "
+            "each re-running the rollout."]
   return "\n".join(lines) + "\n"
 
 

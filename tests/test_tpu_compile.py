@@ -238,3 +238,19 @@ def test_compiler_out_of_memory_is_a_does_not_fit_line(tmp_path, capsys):
   assert code == 3
   assert len(err) == 1 and re.fullmatch(r"memagent compile: does not fit: update needs [0-9.]+ GiB per chip "
                                         r"\([0-9.]+ its own \+ .*\), v5e has 14\.9 GiB", err[0]), err
+
+
+def test_dynamic_sampling_cap_costs_the_rollout_again():
+  """Each extra generation batch re-runs the rollout and answer programs (calls x live share x roofline), not the
+  update: by hand, 4 x 0.5 x 10 + 4 x 1 x 2 = 28 s per batch; 3 extra on a 128 s step give 212 s."""
+  import ml_collections
+  reports = {"rollout": dict(calls_per_step=4, live_share=0.5, roofline_s=10.0),
+             "answer": dict(calls_per_step=4, live_share=1.0, roofline_s=2.0),
+             "update": dict(calls_per_step=1, live_share=1.0, roofline_s=100.0),
+             "update#2": dict(calls_per_step=2, live_share=1.0, roofline_s=0.0)}
+  rl = ml_collections.ConfigDict(dict(dynamic_sampling=True, max_extra_gen_batches=3))
+  r = compile_report.dynamic_sampling_regeneration(rl, reports, 128.0)
+  assert r == {"max_extra_gen_batches": 3, "roofline_s_per_extra_batch": 28.0, "step_estimate_worst_s": 212.0}
+  assert compile_report.dynamic_sampling_regeneration(rl, reports, None) is None  # no step estimate
+  rl.dynamic_sampling = False
+  assert compile_report.dynamic_sampling_regeneration(rl, reports, 128.0) is None

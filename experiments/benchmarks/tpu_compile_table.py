@@ -55,6 +55,9 @@ ROWS = {
        for size, pod in memagent_qwen2_5_small.POD.items()},
     **{f"qwen3_{size}_{pod}": (f"{QWEN3}:{size}", pod, [], f"Qwen3-{size.upper()} on the one host it is sized for")
        for size, pod in memagent_qwen3.POD.items()},
+    **{f"qwen3_{size}_{pod}_dapo": (f"{QWEN3}:{size},dapo", pod, [],
+                                    f"Qwen3-{size.upper()}'s DAPO variant (no KL: no reference weights) on the same host")
+       for size, pod in memagent_qwen3.POD.items()},
 }
 # Rows this 2-core, 24 GiB host could not compile with the current report: why, as measured.
 HOST_LIMITS: dict[str, str] = {}
@@ -170,7 +173,10 @@ def steps(reports: dict[str, dict]) -> list[str]:
       lines.append(head + " - | - | - | - |")
       continue
     wall, chip_s = r.get("step_wall_s_range"), r.get("step_chip_s_range")
-    lines.append(head + f" {r['step_estimate_s']:.0f} | {f'{wall[0]:.0f}-{wall[1]:.0f}' if wall else '-'} | "
+    regen = r.get("regeneration")  # dynamic sampling: the roofline at its cap of extra generation batches
+    roofline = f"{r['step_estimate_s']:.0f}" + (f" (at {regen['max_extra_gen_batches']} extra generation batches: "
+                                                 f"{regen['step_estimate_worst_s']:.0f})" if regen else "")
+    lines.append(head + f" {roofline} | {f'{wall[0]:.0f}-{wall[1]:.0f}' if wall else '-'} | "
                  f"{f'{chip_s[0]:.3g}-{chip_s[1]:.3g}' if chip_s else '-'} | {matmul_step(r):.0f} |")
   return lines
 

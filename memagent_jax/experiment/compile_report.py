@@ -119,8 +119,8 @@ def step_estimate(reports: dict, shapes: compile_plan.StepShapes) -> tuple[float
       f"{s.logprob_passes} log-prob passes over a width group (recomputed old log-probs after the first update, "
       "reference log-probs when rl.kl_coef > 0)",
       "no shared template prefix in the update (the trainer runs it only where every row of a group starts with "
-      "it; it saves work, so this is the costlier case); no dynamic-sampling regeneration; no host time, "
-      "checkpointing or evaluation",
+      "it; it saves work, so this is the costlier case); no dynamic-sampling regeneration (with "
+      "rl.dynamic_sampling, the step at its cap is reported apart); no host time, checkpointing or evaluation",
       "roofline per program = max(FLOPs / peak bf16 FLOP/s, bytes / HBM bandwidth, bytes a chip sends over ICI "
       "(ring collectives) / its one-direction ICI bandwidth); programs do not overlap",
       "FLOPs count matmuls (dot, convolution) and attention kernels; loop bodies are multiplied by trip counts "
@@ -177,6 +177,7 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
     if total is not None:
       p = reports["rollout"]
       gated["step_estimate_s"] = total - p["calls_per_step"] * p["live_share"] * (p["roofline_s"] - gated["roofline_s"])
+  regeneration = dynamic_sampling_regeneration(cfg.rl, reports, total)
   mfu = MAXTEXT_MFU.get(chip.name)
   wall = [total / mfu[1], total / mfu[0]] if total is not None and mfu else None
   return {"topology": topology.name, "chip": chip.name, "chips": topology.chips, "devices": len(devices),
@@ -192,7 +193,20 @@ def compile_step(cfg, topology: tpu_targets.Topology, *, programs=("rollout", "a
               f"{chip.hbm_bandwidth / 1e9:g} GB/s HBM, {chip.ici_bandwidth / 1e9:g} GB/s ICI"],
           "per_device_weight_bytes": {"train": facts["param_bytes"], "rollout": facts["rollout_param_bytes"]},
           "compiler_options": dict(compiler_options or {}),
-          **({"gated": gated} if gated is not None else {})}
+          **({"gated": gated} if gated is not None else {}),
+          **({"regeneration": regeneration} if regeneration is not None else {})}
+
+
+def dynamic_sampling_regeneration(rl, reports: dict, total: float | None) -> dict | None:
+  """Dynamic sampling draws up to rl.max_extra_gen_batches more generation batches when too few groups
+  carry a reward signal (rl/rollout.py's collect): each costs the rollout and answer programs again. -> the
+  roofline of one extra batch and the step at the cap (None without dynamic sampling or a step estimate)."""
+  if not (rl.dynamic_sampling and rl.max_extra_gen_batches) or total is None:
+    return None
+  per_batch = sum(p["calls_per_step"] * p["live_share"] * p["roofline_s"] for name, p in reports.items()
+                  if _kind(name) in ("rollout", "answer"))
+  return {"max_extra_gen_batches": rl.max_extra_gen_batches, "roofline_s_per_extra_batch": per_batch,
+          "step_estimate_worst_s": total + rl.max_extra_gen_batches * per_batch}
 
 
 def layer_loop(report: dict) -> str:
@@ -242,6 +256,11 @@ def format_table(report: dict) -> str:
       line += (f"; at {100 * ulo:.0f}-{100 * uhi:.0f}% of peak (MaxText's training MFU on {report['chip']}) "
                f"{lo:.0f}-{hi:.0f} s wall, {clo:.3g}-{chi:.3g} chip-seconds on {report['chips']} chips")
     lines.append(line)
+  if report.get("regeneration"):
+    r = report["regeneration"]
+    lines.append(f"dynamic sampling: each extra generation batch adds {r['roofline_s_per_extra_batch']:.0f} s of "
+                 f"roofline; at rl.max_extra_gen_batches={r['max_extra_gen_batches']} the step is "
+                 f"{r['step_estimate_worst_s']:.0f} s (the estimate above: every group kept from the first batch)")
   if report.get("gated"):
     g = report["gated"]
     line = (f"gated memory at keep rate {g['keep_rate']:g} (a {g['form_tokens']}-token keep form, the writing rows "
