@@ -254,3 +254,23 @@ def test_dynamic_sampling_cap_costs_the_rollout_again():
   assert compile_report.dynamic_sampling_regeneration(rl, reports, None) is None  # no step estimate
   rl.dynamic_sampling = False
   assert compile_report.dynamic_sampling_regeneration(rl, reports, 128.0) is None
+
+
+def test_scanned_and_unrolled_rows_side_by_side():
+  """The page's layers section from two hand-made rows of one config: update temporaries, collectives and
+  roofline, the largest step peak and the step roofline, scanned first; the all-gather growth named."""
+  from experiments.benchmarks import tpu_compile_table as page
+  gib = 1024 ** 3
+
+  def report(temp, gathered, roofline, peak, step):
+    update = dict(temp_bytes=temp * gib, collective_bytes=2 * gathered * 1e9, roofline_s=roofline,
+                  step_peak_bytes=peak * gib, hbm_share=peak / 16, collectives={"all-gather": {"bytes": gathered * 1e9}})
+    rollout = dict(temp_bytes=1 * gib, step_peak_bytes=4 * gib, hbm_share=4 / 16)
+    return {"programs": {"rollout": rollout, "update": update}, "step_estimate_s": step}
+
+  lines = page.layer_loops({"0.5b_v5e-8": report(2.5, 150, 10.4, 8, 173),
+                            "0.5b_v5e-8_unrolled": report(7.9, 67, 9.7, 12, 167), "7b_v5p-64": report(1, 1, 1, 1, 1)})
+  assert "(0.5b_v5e-8: 150 GB of all-gathers per update instead of 67)" in lines[2]
+  assert lines[-2] == ("| 0.5b_v5e-8 | 2.50 | 7.90 | 300 | 134 | 10.40 | 9.70 | 8.0 GiB (50%, update) | "
+                       "12.0 GiB (75%, update) | 173 | 167 |")
+  assert page.layer_loops({"7b_v5p-64": report(1, 1, 1, 1, 1)}) == []  # no unrolled twin: no section

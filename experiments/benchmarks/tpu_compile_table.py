@@ -26,6 +26,13 @@ GIB = 1024 ** 3
 Q7, Q14, SMALL = "configs/memagent_qwen2_5_7b.py", "configs/memagent_qwen2_5_14b.py", "configs/memagent_qwen2_5_small.py"
 QWEN3 = "configs/memagent_qwen3.py"
 UNROLLED = "--config.model.scan_layers=false"  # the training forwards' layers as a Python loop (before scan_layers)
+# The one-host configs, each on the pod it names (configs' POD).
+_ONE_HOST = {
+    **{f"{size}_{pod}": (f"{SMALL}:{size}", pod, [], f"Qwen2.5-{size.upper()} on the one host it is sized for")
+       for size, pod in memagent_qwen2_5_small.POD.items()},
+    **{f"qwen3_{size}_{pod}": (f"{QWEN3}:{size}", pod, [], f"Qwen3-{size.upper()} on the one host it is sized for")
+       for size, pod in memagent_qwen3.POD.items()},
+}
 # name -> (config, topology, overrides, what the row shows)
 ROWS = {
     "7b_v5p-64": (Q7, "v5p-64", [], "released 7B on its mesh (fsdp 8 x tensor 4), replicated rollout layout"),
@@ -48,13 +55,14 @@ ROWS = {
     "0.5b_v5e-8_no_lhs": (f"{SMALL}:0.5b", "v5e-8", ["--programs=update", UNROLLED,
                                                      "--xla-option=xla_tpu_enable_latency_hiding_scheduler=false"],
                           "Qwen2.5-0.5B's update on v5e-8, layers unrolled, without XLA's latency-hiding scheduler"),
+    "0.5b_v5e-8_mb16": (f"{SMALL}:0.5b", "v5e-8", ["--programs=update", "--config.rl.micro_batches=16"],
+                        "Qwen2.5-0.5B's update on v5e-8 in 16 micro-batches (2 rows of 8K tokens per chip), not 32"),
     "7b_v5p-64_gated": (Q7, "v5p-64", ["--programs=rollout", "--config.agent.memory=gated",
                                        "--config.agent.decode_buckets=3", "--assume.keep_rate=0.8"],
                         "released 7B's rollout re-costed for a gated memory keeping 80% of memory turns"),
-    **{f"{size}_{pod}": (f"{SMALL}:{size}", pod, [], f"Qwen2.5-{size.upper()} on the one host it is sized for")
-       for size, pod in memagent_qwen2_5_small.POD.items()},
-    **{f"qwen3_{size}_{pod}": (f"{QWEN3}:{size}", pod, [], f"Qwen3-{size.upper()} on the one host it is sized for")
-       for size, pod in memagent_qwen3.POD.items()},
+    **_ONE_HOST,
+    **{f"{name}_unrolled": (config, pod, [UNROLLED], f"{what}, the training forwards' layers unrolled")
+       for name, (config, pod, _, what) in _ONE_HOST.items()},
     **{f"qwen3_{size}_{pod}_dapo": (f"{QWEN3}:{size},dapo", pod, [],
                                     f"Qwen3-{size.upper()}'s DAPO variant (no KL: no reference weights) on the same host")
        for size, pod in memagent_qwen3.POD.items()},
@@ -63,9 +71,7 @@ ROWS = {
 HOST_LIMITS: dict[str, str] = {}
 # Rows compiled here only with help: how, as measured (printed beside the row's command).
 HOST_NOTES = {
-    "7b_v5p-64_unrolled": "compiled as the 7b_v5p-64 row at the commit named, when the layers were unrolled (no "
-                          "model.scan_layers yet: the same programs as this row's command); its update programs fill "
-                          "the host's 24 GiB: compiled with a 32 GiB swap file added (`fallocate "
+    "7b_v5p-64_unrolled": "its update programs fill the host's 24 GiB: compiled with a 32 GiB swap file added (`fallocate "
                  "-l 32G f && mkswap f && swapon f`; resident + swapped peaked at 25.6 GB, read from /proc every "
                  "10 s); without swap the kernel's OOM killer stopped it at 24.3 GB on 2026-12-02",
 }
@@ -123,6 +129,9 @@ def _host_cost(name: str, report: dict) -> str:
   text = f"commit {report.get('commit', 'unknown')}, {report.get('wall_s', float('nan')):.0f} s wall on 2 cores"
   if "host_peak_rss_gib" in report:
     text += f", {report['host_peak_rss_gib']:.1f} GiB peak resident"
+  if name.endswith("_unrolled") and "scan_layers" not in report["model"]:
+    text += (f"; compiled as the {name.removesuffix('_unrolled')} row before `model.scan_layers` existed, when "
+             "the training forwards' layers were unrolled: the programs of this row's command")
   return text + (f"; {HOST_NOTES[name]}" if name in HOST_NOTES else "")
 
 
@@ -191,6 +200,50 @@ def _saved_block_inputs(r: dict) -> str:
   return f"{cfg.num_layers} x {layer / GIB:.2f} GiB for {rows} rows of {tokens:,} tokens"
 
 
+def _gathers(pairs) -> str:
+  """" (<row>: X GB of all-gathers per update instead of Y)" for the pair whose all-gathers grow the most."""
+  def gathered(r):
+    return r["programs"]["update"].get("collectives", {}).get("all-gather", {}).get("bytes", 0.0)
+  rows = [(gathered(s) / gathered(u), n, gathered(s), gathered(u)) for n, s, u in pairs if gathered(u)]
+  if not rows:
+    return ""
+  _, name, scanned, unrolled = max(rows)
+  return f" ({name}: {scanned / 1e9:.0f} GB of all-gathers per update instead of {unrolled / 1e9:.0f})"
+
+
+def layer_loops(reports: dict[str, dict]) -> list[str]:
+  """Each config compiled with its training forwards' layers scanned (the default) and unrolled: the update's
+  temporaries, collectives and roofline, the step's largest peak and its roofline."""
+  pairs = [(n, reports[n], reports[f"{n}_unrolled"]) for n in reports if f"{n}_unrolled" in reports]
+  if not pairs:
+    return []
+  out = ["## Layers scanned or unrolled", "",
+         "Each config's step with the training and log-prob forwards' layers under one lax.scan (`model.scan_layers`, "
+         "the default) and unrolled (`--config.model.scan_layers=false`; decoding is unrolled either way). Scanned, "
+         "XLA holds one layer's recomputed activations at a time, which is what lets the released 7B fit; the "
+         "weights are stacked for the scan in every forward (one more bf16 copy, and its gradient, per chip), and "
+         f"the scanned update moves more bytes: more all-gathers of the FSDP-sharded weights{_gathers(pairs)} and "
+         "more HBM traffic, which costs the one-host configs' HBM-bound updates time (the roofline columns). Set "
+         "`--config.model.scan_layers=false` where the unrolled step fits. Per chip; update = the largest update "
+         "program.", "",
+         "| row | update temp GiB scanned | unrolled | update collective GB scanned | unrolled | update roofline s "
+         "scanned | unrolled | largest step peak scanned | unrolled | step roofline s scanned | unrolled |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
+  cell = lambda x, f: "-" if x is None else format(x, f)
+  for name, scanned, unrolled in pairs:
+    cols = []
+    for key, scale, f in (("temp_bytes", GIB, ".2f"), ("collective_bytes", 1e9, ".0f"), ("roofline_s", 1, ".2f")):
+      for r in (scanned, unrolled):
+        update = max((p for n, p in r["programs"].items() if n.startswith("update")), key=lambda p: p["temp_bytes"])
+        cols.append(cell(None if update[key] is None else update[key] / scale, f))
+    for r in (scanned, unrolled):
+      worst_name, worst = max(r["programs"].items(), key=lambda kv: kv[1]["hbm_share"])
+      cols.append(f"{worst['step_peak_bytes'] / GIB:.1f} GiB ({100 * worst['hbm_share']:.0f}%, {worst_name})")
+    cols += [cell(r.get("step_estimate_s"), ".0f") for r in (scanned, unrolled)]
+    out.append(f"| {name} | " + " | ".join(cols) + " |")
+  return out + [""]
+
+
 def comparisons(reports: dict[str, dict]) -> list[str]:
   """The before/after sections (small models' activations pinned to rows, rollout layout) and the 7B step beside
   the reference's on a common basis."""
@@ -244,6 +297,7 @@ def comparisons(reports: dict[str, dict]) -> list[str]:
                  f"{p['step_peak_bytes'] / GIB:.1f} | {100 * p['hbm_share']:.0f}% | {'yes' if p['fits'] else 'no'} | "
                  f"{p['roofline_s']:.1f} |")
     out.append("")
+  out += layer_loops(reports)
   gated_row = reports.get("7b_v5p-64_gated", {})
   gated = gated_row.get("gated")
   if gated:
