@@ -29,7 +29,9 @@ def get_config(variant: str = "0.5b") -> ml_collections.ConfigDict:
     raise ValueError(f"unknown variant {variant!r} of memagent_qwen2_5_small; choose one of {sorted(SIZES)}")
   model, _, questions, mini, micro, rollout_rows, fsdp, tensor = SIZES[variant]
   c = base.get_config()
-  c.model.update(source=model, dtype="bfloat16", remat="full")
+  # layers unrolled: on one host the scanned update (which stacks the weights in every forward) moves more
+  # bytes for little saved memory (docs/results/tpu_compile.md, "Layers scanned or unrolled")
+  c.model.update(source=model, dtype="bfloat16", remat="full", scan_layers=False)
   c.agent.update(chunk_tokens=5000, memory_tokens=1024, answer_tokens=1024, question_tokens=1024,
                  final_template="boxed", block_chunks=8, max_chunks=8)
   c.data.update(task="hotpotqa", length=28000, data_dir="data/hotpotqa/hotpot_train_v1.1.json", train_size=8192)

@@ -47,6 +47,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c = released(base.get_config(), model=preset, questions_per_step=QUESTIONS_PER_STEP,
                mini_batch=QUESTIONS_PER_UPDATE, fsdp=fsdp, tensor=tensor)
   c.rl.update(micro_batches=QUESTIONS_PER_UPDATE * c.rl.group_size, rollout_batch=rollout_rows)
+  # layers unrolled: scanned, the update's stacked weight copy costs these few-chip meshes 1.2-11 GiB per
+  # chip and the 4B a tenth of its update time (docs/results/tpu_compile.md, "Layers scanned or unrolled")
+  c.model.scan_layers = False
   c.eval.batch_size = rollout_rows
   c.train.workdir = f"runs/memagent_qwen3_{size}" + ("_dapo" if with_dapo else "")
   return dapo(c) if with_dapo else c

@@ -257,20 +257,25 @@ def test_dynamic_sampling_cap_costs_the_rollout_again():
 
 
 def test_scanned_and_unrolled_rows_side_by_side():
-  """The page's layers section from two hand-made rows of one config: update temporaries, collectives and
-  roofline, the largest step peak and the step roofline, scanned first; the all-gather growth named."""
+  """The page's layers section from hand-made rows of one config and its twin (`_unrolled` beside a scanned
+  row, `_scanned` beside an unrolled one): update temporaries, collectives and roofline, the largest step peak
+  and the step roofline, scanned first; the largest all-gather growth named."""
   from experiments.benchmarks import tpu_compile_table as page
   gib = 1024 ** 3
 
-  def report(temp, gathered, roofline, peak, step):
+  def report(temp, gathered, roofline, peak, step, scanned):
     update = dict(temp_bytes=temp * gib, collective_bytes=2 * gathered * 1e9, roofline_s=roofline,
                   step_peak_bytes=peak * gib, hbm_share=peak / 16, collectives={"all-gather": {"bytes": gathered * 1e9}})
     rollout = dict(temp_bytes=1 * gib, step_peak_bytes=4 * gib, hbm_share=4 / 16)
-    return {"programs": {"rollout": rollout, "update": update}, "step_estimate_s": step}
+    return {"programs": {"rollout": rollout, "update": update}, "step_estimate_s": step,
+            "model": {"scan_layers": scanned}}
 
-  lines = page.layer_loops({"0.5b_v5e-8": report(2.5, 150, 10.4, 8, 173),
-                            "0.5b_v5e-8_unrolled": report(7.9, 67, 9.7, 12, 167), "7b_v5p-64": report(1, 1, 1, 1, 1)})
+  scanned, unrolled = report(2.5, 150, 10.4, 8, 173, True), report(7.9, 67, 9.7, 12, 167, False)
+  row = ("| 0.5b_v5e-8 | 2.50 | 7.90 | 300 | 134 | 10.40 | 9.70 | 8.0 GiB (50%, update) | 12.0 GiB (75%, update) | "
+         "173 | 167 |")
+  lines = page.layer_loops({"0.5b_v5e-8": scanned, "0.5b_v5e-8_unrolled": unrolled,
+                            "7b_v5p-64": report(1, 1, 1, 1, 1, True)})
   assert "(0.5b_v5e-8: 150 GB of all-gathers per update instead of 67)" in lines[2]
-  assert lines[-2] == ("| 0.5b_v5e-8 | 2.50 | 7.90 | 300 | 134 | 10.40 | 9.70 | 8.0 GiB (50%, update) | "
-                       "12.0 GiB (75%, update) | 173 | 167 |")
-  assert page.layer_loops({"7b_v5p-64": report(1, 1, 1, 1, 1)}) == []  # no unrolled twin: no section
+  assert lines[-2] == row
+  assert page.layer_loops({"0.5b_v5e-8": unrolled, "0.5b_v5e-8_scanned": scanned})[-2] == row
+  assert page.layer_loops({"7b_v5p-64": report(1, 1, 1, 1, 1, True)}) == []  # no twin: no section
