@@ -56,8 +56,6 @@ ROWS = {
     "0.5b_v5e-8_no_lhs": (f"{SMALL}:0.5b", "v5e-8", ["--programs=update", UNROLLED,
                                                      "--xla-option=xla_tpu_enable_latency_hiding_scheduler=false"],
                           "Qwen2.5-0.5B's update on v5e-8, layers unrolled, without XLA's latency-hiding scheduler"),
-    "0.5b_v5e-8_mb16": (f"{SMALL}:0.5b", "v5e-8", ["--programs=update", "--config.rl.micro_batches=16"],
-                        "Qwen2.5-0.5B's update on v5e-8 in 16 micro-batches (2 rows of 8K tokens per chip), not 32"),
     "7b_v5p-64_gated": (Q7, "v5p-64", ["--programs=rollout", "--config.agent.memory=gated",
                                        "--config.agent.decode_buckets=3", "--assume.keep_rate=0.8"],
                         "released 7B's rollout re-costed for a gated memory keeping 80% of memory turns"),
@@ -107,6 +105,7 @@ def run_row(name: str, folder: str) -> dict:
   path = os.path.join(folder, f"{name}.json")
   if not os.path.exists(path):
     cmd = command(name, path)
+    commit = _commit()  # the code compiled: read before, as later commits may land while it compiles
     t0 = time.perf_counter()
     print("$ " + " ".join(cmd), flush=True)
     child = subprocess.Popen([sys.executable, "-m", "memagent_jax.cli", *cmd[1:]])
@@ -118,7 +117,7 @@ def run_row(name: str, folder: str) -> dict:
       report = json.load(f)
     report["wall_s"] = time.perf_counter() - t0
     report["host_peak_rss_gib"] = usage.ru_maxrss * 1024 / GIB
-    report["commit"] = _commit()
+    report["commit"] = commit
     with open(path, "w") as f:
       json.dump(report, f, indent=1)
   with open(path) as f:

@@ -99,7 +99,8 @@ RANGES: dict[str, Range] = {
     "distributed.process_id": Range(True, 0, allowed=(-1,), why=" (or -1 for JAX_PROCESS_ID)"),
 }
 BOOLS = ("rl.recompute_old_logprobs", "rl.dynamic_sampling", "rl.mask_truncated",
-         "rl.overlong.enable", "teacher.prompt_loss", "train.async_checkpoint", "train.progress")
+         "rl.overlong.enable", "teacher.prompt_loss", "train.async_checkpoint", "train.progress",
+         "model.scan_layers")
 
 
 def _fail(msg: str):

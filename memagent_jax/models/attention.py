@@ -282,7 +282,10 @@ def _splash_kernel(t: int, heads: int, interpret: bool):
   sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
                         block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
   mask = sm.MultiHeadMask([sm.CausalMask((t, t)) for _ in range(heads)])
-  return sk.make_splash_mqa(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
+  # concrete mask tables, even when first built inside a traced loop body (a scan over layers): the cached
+  # kernel outlives that trace
+  with jax.ensure_compile_time_eval():
+    return sk.make_splash_mqa(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
 def splash_attention(q, k, v, key_valid, *, interpret: bool = False):
