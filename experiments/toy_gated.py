@@ -10,6 +10,12 @@ Each run is `experiments.toy_reproduction --world=lookup --memory=<overwrite|gat
 workdir (resumable: a finished run is not run again). The gated runs' warm start imitates a teacher that
 replies <keep> on chunks without the asked key, and their memory turns run only the rows still decoding
 (agent.decode_buckets=3). Output: docs/results/toy_gated[_demo].{md,json,png}.
+
+At full scale the overwrite runs are make reproduce's recipe itself: seed s is make seeds' run of seed s
+(seed 0: make reproduce's), reused from its workdir or committed record when it is of the current recipe
+(experiments/toy_seeds.finished_run), not run again. A finished gated run's RL rows are recorded in
+docs/results/toy_gated/<run>.json with their recipe digest (to be committed), so the runs (each about as long as
+make reproduce) may finish on different days or machines; a record of another recipe counts for nothing.
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ import time
 import numpy as np
 from absl import app, flags
 
-from experiments import toy_report
+from experiments import toy_report, toy_seeds
 from memagent_jax.evaluation.length_sweep import SweepRow
 from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 
 MEMORIES = ("overwrite", "gated")
+FINISHED = "docs/results/toy_gated"  # each finished full-scale gated run's record, committed
 FLAGS = flags.FLAGS
 
 
@@ -39,16 +46,30 @@ def define_flags():
   flags.DEFINE_string("root", None, "directory of the runs (default runs/toy_gated_<scale>)")
   flags.DEFINE_string("out", None, "table + plot path stem (default docs/results/toy_gated[_demo])")
   flags.DEFINE_bool("dry_run", False, "print the commands, run nothing")
+  flags.DEFINE_list("only", [], "run only these runs (workdir names: overwrite_seed0, gated_seed0, ...); the table "
+                    "still holds every finished run")
 
 
-def runs(root: str, seeds: list[int]) -> list[dict]:
-  """One run per (seed, memory): label, workdir, seed, memory."""
-  return [dict(label=f"{memory}, seed {seed}", workdir=os.path.join(root, f"{memory}_seed{seed}"), seed=seed,
-               memory=memory) for seed in seeds for memory in MEMORIES]
+def runs(root: str, seeds: list[int], scale: str = "full") -> list[dict]:
+  """One run per (seed, memory): label, workdir, seed, memory; at full scale an overwrite run names the make
+  seeds run it is (`seeds_run`), where make seeds has that seed."""
+  by_seed = {r["seed"]: r for r in toy_seeds.runs("runs/toy_seeds_lookup") if not r["perturb"]
+             and r.get("host_devices", 1) == 1}
+  out = []
+  for seed in seeds:
+    for memory in MEMORIES:
+      run = dict(label=f"{memory}, seed {seed}", workdir=os.path.join(root, f"{memory}_seed{seed}"), seed=seed,
+                 memory=memory)
+      if scale == "full" and memory == "overwrite" and seed in by_seed:
+        run["seeds_run"] = by_seed[seed]
+      out.append(run)
+  return out
 
 
 def command(run: dict, scale: str) -> list[str]:
   """A run as a toy_reproduction command: warm start and RL trained (or resumed), RL swept."""
+  if "seeds_run" in run:
+    return toy_seeds.command(run["seeds_run"])
   return [sys.executable, "-m", "experiments.toy_reproduction", f"--scale={scale}", "--world=lookup",
           "--base=experiments/data/toy_base_lookup", "--stages=warm_start,rl,eval", "--eval_methods=rl",
           f"--memory={run['memory']}", f"--seed={run['seed']}", f"--workdir={run['workdir']}",
@@ -59,15 +80,43 @@ def result_path(run: dict, scale: str) -> str:
   return os.path.join(run["workdir"], "results", toy_report.report_name(scale, "lookup") + ".json")
 
 
-def finished_rows(run: dict, scale: str) -> tuple[list[SweepRow], float | None] | None:
-  """A finished run's RL rows by length and its minutes, else None."""
-  path = result_path(run, scale)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    data = json.load(f)
-  rows = sorted((SweepRow.from_json(r) for r in data["rows"] if r["method"] == "rl"), key=lambda r: r.length)
-  return rows, data.get("minutes")
+def record_path(run: dict, finished: str = FINISHED) -> str:
+  return os.path.join(finished, os.path.basename(os.path.normpath(run["workdir"])) + ".json")
+
+
+def run_recipe(run: dict, scale: str) -> str:
+  """The recipe digest a result of this run must carry (toy_report.recipe)."""
+  return toy_report.recipe(toy_report.ToyRun(scale=scale, root="", world="lookup", n=200, max_multiple=256,
+                                             memory=run["memory"]))
+
+
+def finished_rows(run: dict, scale: str, finished: str = FINISHED) -> tuple[list[SweepRow], float | None] | None:
+  """A finished run's RL rows by length and its minutes, else None: a make seeds run where the run is one, else
+  its workdir's result or (full scale) its committed record, of the current recipe."""
+  if "seeds_run" in run:
+    done = toy_seeds.finished_run(run["seeds_run"], toy_seeds.FINISHED)
+    return None if done is None else (done["rows"], done["minutes"])
+  paths = [result_path(run, scale)] + ([record_path(run, finished)] if scale == "full" else [])
+  current = run_recipe(run, scale)
+  for path in paths:
+    if os.path.isfile(path):
+      with open(path) as f:
+        data = json.load(f)
+      if data.get("recipe") != current:
+        continue
+      rows = sorted((SweepRow.from_json(r) for r in data["rows"] if r["method"] == "rl"), key=lambda r: r.length)
+      return rows, data.get("minutes")
+  return None
+
+
+def keep_record(run: dict, scale: str, command_line: str, minutes: float, finished: str = FINISHED):
+  """A finished full-scale run's RL rows, recipe, this command's minutes and the commit, to be committed."""
+  rows, _ = finished_rows(run, scale, finished)
+  os.makedirs(finished, exist_ok=True)
+  with atomic_write(record_path(run, finished)) as f:
+    json.dump({"label": run["label"], "seed": run["seed"], "memory": run["memory"], "command": command_line,
+               "minutes": minutes, "commit": toy_report.current_commit(), "cpu_cores": os.cpu_count(),
+               "recipe": run_recipe(run, scale), "rows": [r.to_json() for r in rows]}, f, indent=1)
 
 
 def _cost(row: SweepRow, key: str) -> float:
@@ -160,19 +209,28 @@ def main(argv):
   scale = FLAGS.scale
   root = FLAGS.root or f"runs/toy_gated_{scale}"
   out = FLAGS.out or ("docs/results/toy_gated" + ("" if scale == "full" else f"_{scale}"))
-  todo = runs(root, [int(s) for s in FLAGS.seeds])
+  todo = runs(root, [int(s) for s in FLAGS.seeds], scale)
   commands = [shlex.join(["python", *command(run, scale)[1:]]) for run in todo]
   if FLAGS.dry_run:
     print("\n".join(commands))
     return
-  for run, cmd in zip(todo, commands):
-    if finished_rows(run, scale) is None:
+  names = [os.path.basename(os.path.normpath(run["workdir"])) for run in todo]
+  unknown = sorted(set(FLAGS.only) - set(names))
+  if unknown:
+    raise app.UsageError(f"--only={','.join(FLAGS.only)}: no run named {', '.join(unknown)} (runs: {', '.join(names)})")
+  for run, cmd, name in zip(todo, commands, names):
+    if finished_rows(run, scale) is None and (not FLAGS.only or name in FLAGS.only):
       print(f"\n==== {run['label']}: {cmd}", flush=True)
       t0 = time.perf_counter()
       subprocess.run(command(run, scale), check=True)
-      print(f"==== {run['label']}: {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+      minutes = (time.perf_counter() - t0) / 60
+      print(f"==== {run['label']}: {minutes:.1f} min", flush=True)
+      if "seeds_run" in run:
+        toy_seeds.keep_record(run["seeds_run"], cmd, minutes, toy_seeds.FINISHED)
+      elif scale == "full":
+        keep_record(run, scale, cmd, minutes)
     write_table(todo, commands, scale, out)  # after every run: a stopped command leaves the runs it finished
-  print(f"\nTable: {out}.md\nPlot:  {out}.png")
+  print(f"\nTable: {out}.md\nPlot:  {out}.png" + (f"\nCommit the runs' records: {FINISHED}/" if scale == "full" else ""))
 
 
 if __name__ == "__main__":

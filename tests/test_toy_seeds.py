@@ -152,3 +152,37 @@ def test_imports_beside_other_scripts_with_flags_of_the_same_names():
                "experiments.toy_reproduction", "experiments.benchmarks.bench_length_sweep",
                "experiments.benchmarks.tpu_compile_table", "experiments.readme_results"):
     importlib.import_module(name)
+
+
+def test_gated_sweep_reuses_make_seeds_overwrite_runs_and_records_its_own(tmp_path, monkeypatch):
+  """make gated at full scale: overwrite seed s is make seeds' run of seed s (seed 0 make reproduce's), not run
+  again; a gated run's result counts only with the gated recipe's digest, and its committed record stands for
+  it where its workdir is gone. At demo scale every run is its own."""
+  from experiments import toy_gated, toy_report, toy_seeds
+  monkeypatch.setattr(toy_seeds, "REPRODUCE_ROOT", str(tmp_path / "seed0"))
+  monkeypatch.setattr(toy_seeds, "REPRODUCE_RESULT", str(tmp_path / "reproduce.json"))
+  monkeypatch.setattr(toy_seeds, "FINISHED", str(tmp_path / "seed_records"))
+  finished = str(tmp_path / "gated_records")
+  runs = toy_gated.runs(str(tmp_path / "gated"), [0, 1])
+  assert [(r["memory"], r["seed"], "seeds_run" in r) for r in runs] == [
+      ("overwrite", 0, True), ("gated", 0, False), ("overwrite", 1, True), ("gated", 1, False)]
+  assert toy_gated.command(runs[0], "full") == toy_seeds.command(toy_seeds.runs("runs/toy_seeds_lookup")[0])
+  assert "--memory=gated" in toy_gated.command(runs[1], "full")
+  assert not any("seeds_run" in r for r in toy_gated.runs("x", [0, 1], "demo"))
+  with open(tmp_path / "reproduce.json", "w") as f:  # make reproduce's committed result: seed 0's overwrite run
+    json.dump({"rows": [r.to_json() for r in _rows([99.0, 98.0, 97.0])], "minutes": 52.4,
+               "recipe": toy_report.reproduce_recipe()}, f)
+  assert [r.accuracy for r in toy_gated.finished_rows(runs[0], "full", finished)[0]] == [0.99, 0.98, 0.97]
+  assert toy_gated.finished_rows(runs[2], "full", finished) is None  # seed 1: make seeds has not run it here
+  gated = runs[1]
+  os.makedirs(os.path.join(gated["workdir"], "results"))
+  for recipe, counts in ((toy_report.reproduce_recipe(), False), (toy_gated.run_recipe(gated, "full"), True)):
+    with open(toy_gated.result_path(gated, "full"), "w") as f:
+      json.dump({"rows": [r.to_json() for r in _rows([90.0, 80.0, 70.0])], "minutes": 30.0, "recipe": recipe}, f)
+    assert (toy_gated.finished_rows(gated, "full", finished) is not None) == counts
+  assert toy_gated.run_recipe(gated, "full") != toy_report.reproduce_recipe()
+  toy_gated.keep_record(gated, "full", "cmd", 31.0, finished=finished)
+  shutil.rmtree(gated["workdir"])
+  rows, minutes = toy_gated.finished_rows(gated, "full", finished)
+  assert [r.accuracy for r in rows] == [0.9, 0.8, 0.7] and minutes == 31.0
+  assert json.load(open(os.path.join(finished, "gated_seed0.json")))["recipe"] == toy_gated.run_recipe(gated, "full")

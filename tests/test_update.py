@@ -361,11 +361,10 @@ def _deep_model(scan_layers: bool, seed=0):
   return Decoder(cfg, jnp.float32, scan_layers=scan_layers, rngs=nnx.Rngs(seed))
 
 
-@pytest.mark.parametrize("remat", [False, "full", "dots"])
-@pytest.mark.parametrize("shared_prefix", [False, True])
-def test_scanned_layers_give_the_unrolled_update(remat, shared_prefix):
+@pytest.mark.parametrize("shared_prefix,remat", [(False, False), (False, "dots"), (True, "full")])
+def test_scanned_layers_give_the_unrolled_update(shared_prefix, remat):
   """Layers under one lax.scan over stacked weights give the Python loop's log-probs, loss and update
-  (with and without a shared prefix's cache, under each remat policy)."""
+  (with and without a shared prefix's cache; each remat policy once: the scan body is checkpointed by it)."""
   rows = _prefixed_rows()
   prefix = jnp.asarray(PREFIX) if shared_prefix else None
   batch = jax.tree.map(jnp.asarray, upd.split_micro(rows, 2))
