@@ -48,6 +48,20 @@ def test_every_chip_is_a_target_of_the_installed_libtpu(name, devices):
   assert len(found) == topology.chips * per_chip
 
 
+def test_a_mesh_axis_that_splits_a_torus_axis_is_laid_out():
+  """The released 7B's mesh on v6e-64 (data 2 x fsdp 8 x tensor 4 on an 8x8 torus): no mesh axis is a product
+  of whole physical axes, which jax.make_mesh refuses outside v5e; the mesh splits them, each device once."""
+  from memagent_jax.runtime.parallel import MeshSpec, make_mesh
+  devices = tpu_targets.compile_only_devices(tpu_targets.parse_topology("v6e-64"))
+  mesh = make_mesh(MeshSpec(data=2, fsdp=8, tensor=4), devices)
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 8, "tensor": 4}
+  assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+  coords = lambda d: tuple(d.coords)
+  for row in mesh.devices.reshape(16, 4):  # a tensor group: 4 neighbours along one torus axis
+    xs = sorted(coords(d) for d in row)
+    assert len({c[0] for c in xs}) == 1 or len({c[1] for c in xs}) == 1, xs
+
+
 def test_missing_libtpu_names_the_package_and_the_command(tmp_path):
   want = re.escape(tpu_targets.LIBTPU_REQUIREMENT)  # jax's own tpu extra pin (test_lean_core checks it)
   with pytest.raises(tpu_targets.LibtpuMissingError, match=r"libtpu.*pip install --target .*" + want):

@@ -42,6 +42,8 @@ ROWS = {
     "14b_v5p-128": (Q14, "v5p-128", [], "released 14B on its mesh (fsdp 16 x tensor 4)"),
     "0.5b_v5p-8": (f"{SMALL}:0.5b", "v5p-8", ["--config.mesh.fsdp=4"], "Qwen2.5-0.5B on one v5p host"),
     "1.5b_v5p-8": (f"{SMALL}:1.5b", "v5p-8", ["--config.mesh.fsdp=4"], "Qwen2.5-1.5B on one v5p host"),
+    "1.5b_v5e-8_fsdp8": (f"{SMALL}:1.5b", "v5e-8", ["--config.mesh.fsdp=8", "--config.mesh.tensor=1"],
+                         "Qwen2.5-1.5B on v5e-8 on its before row's mesh (fsdp 8; the config's is fsdp 4 x tensor 2)"),
     "3b_v5e-8": (f"{SMALL}:3b", "v5e-8", [], "Qwen2.5-3B on one v5e host (tensor 2)"),
     "3b_v5p-8": (f"{SMALL}:3b", "v5p-8", ["--config.mesh.fsdp=2"], "Qwen2.5-3B on one v5p host (tensor 2)"),
     "7b_v6e-64": (Q7, "v6e-64", [], "released 7B on 64 v6e chips (data 2 x fsdp 8 x tensor 4)"),
@@ -74,8 +76,8 @@ HOST_NOTES = {
                  "-l 32G f && mkswap f && swapon f`; resident + swapped peaked at 25.6 GB, read from /proc every "
                  "10 s); without swap the kernel's OOM killer stopped it at 24.3 GB on 2026-12-02",
 }
-# Rows compiled before a change, kept as JSON (`<row>_before.json` in the folder): the "before" of a section.
-BEFORE_ROWS = {"0.5b_v5e-8", "1.5b_v5e-8", "3b_v5e-8"}
+# Rows compiled before a change, kept as JSON in the folder: after row -> its before (the same config and mesh).
+BEFORE_ROWS = {"0.5b_v5e-8": "0.5b_v5e-8_before", "1.5b_v5e-8_fsdp8": "1.5b_v5e-8_before", "3b_v5e-8": "3b_v5e-8_before"}
 
 
 def _version(package: str) -> str:
@@ -251,24 +253,29 @@ def layer_loops(reports: dict[str, dict]) -> list[str]:
   return out + [""]
 
 
+def _mesh(report: dict) -> str:
+  """The row's mesh as the configs write it (axes of size 1 left out)."""
+  return " x ".join(f"{axis} {size}" for axis, size in report["mesh"].items() if size > 1) or "one device"
+
+
 def comparisons(reports: dict[str, dict]) -> list[str]:
   """The before/after sections (small models' activations pinned to rows, rollout layout) and the 7B step beside
   the reference's on a common basis."""
   from memagent_jax.experiment.compile_report import layer_loop  # lazy: jax only when the page is written
   out = []
-  pairs = [(n, f"{n}_before") for n in reports if f"{n}_before" in reports]
+  pairs = [(n, b) for n, b in BEFORE_ROWS.items() if n in reports and b in reports]
   if pairs:
     out += ["## Small models on one host: before and after pinning activations to their rows", "",
             "The after rows as last compiled (their layers column: a row recompiled since `model.scan_layers` also "
             "runs the training forwards' layers scanned).", "",
-            "| row | layers after | program | temp GiB before | after | step peak GiB before | after | collective GB "
-            "before | after |", "|---|---|---|---|---|---|---|---|---|"]
+            "| row | mesh | layers after | program | temp GiB before | after | step peak GiB before | after | "
+            "collective GB before | after |", "|---|---|---|---|---|---|---|---|---|---|"]
     for after_name, before_name in pairs:
       a, b = reports[after_name], reports[before_name]
       for prog, pa in a["programs"].items():
         pb = b["programs"].get(prog)
         if pb and prog.startswith(("update", "logprobs")):
-          out.append(f"| {after_name} | {layer_loop(a)} | {prog} | {pb['temp_bytes'] / GIB:.2f} | {pa['temp_bytes'] / GIB:.2f} | "
+          out.append(f"| {after_name} | {_mesh(a)} | {layer_loop(a)} | {prog} | {pb['temp_bytes'] / GIB:.2f} | {pa['temp_bytes'] / GIB:.2f} | "
                      f"{pb['step_peak_bytes'] / GIB:.2f} | {pa['step_peak_bytes'] / GIB:.2f} | "
                      f"{_fmt(pb['collective_bytes'], '.1f', 1e9)} | {_fmt(pa['collective_bytes'], '.1f', 1e9)} |")
     out.append("")
@@ -369,11 +376,11 @@ def main(argv):
   names = args.rows.split(",")
   missing = [n for n in names if not args.compile and not os.path.exists(os.path.join(args.folder, f"{n}.json"))]
   reports = {name: run_row(name, args.folder) for name in names if name not in missing}
-  for name in [n for n in names if n in BEFORE_ROWS and n in reports]:  # compiled earlier: never recompiled here
-    path = os.path.join(args.folder, f"{name}_before.json")
+  for before in [BEFORE_ROWS[n] for n in names if n in BEFORE_ROWS and n in reports]:  # compiled earlier: never here
+    path = os.path.join(args.folder, f"{before}.json")
     if os.path.exists(path):
       with open(path) as f:
-        reports[f"{name}_before"] = json.load(f)
+        reports[before] = json.load(f)
   lines = ["# The RL step compiled for TPU pods on a 2-core CPU", "",
            f"Every number below comes from the real XLA TPU compiler (libtpu {_version('libtpu')}, jax "
            f"{_version('jax')}) run on this CPU for compile-only devices: `memagent compile`, one command per row, "

@@ -88,22 +88,19 @@ def _read_tokenizer(model_dir: str):
                        f"{e})") from None
 
 
-def _load_hf_dir(model_dir: str, dtype, name: str, attention: str | AttentionSpec = "auto",
-                 scan_layers: bool = True):
+def _load_hf_dir(model_dir: str, dtype) -> tuple[Decoder, Tokenizer | None]:
   cfg = read_hf_config(model_dir)
   model = build_model(cfg, load_hf_params(model_dir, cfg, dtype), dtype)
-  model.set_attention(attention)
-  model.scan_layers = scan_layers
   has_tok = any(os.path.isfile(os.path.join(model_dir, f))
                 for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
-  return Policy(model, _read_tokenizer(model_dir) if has_tok else None, name=name)
+  return model, (_read_tokenizer(model_dir) if has_tok else None)
 
 
-def _load_gguf(path: str, dtype, name: str, attention: str | AttentionSpec = "auto", scan_layers: bool = True):
+def _load_gguf(path: str, dtype) -> tuple[Decoder, Tokenizer | None]:
   """Loads through the cached conversion; a broken cache is named with how to rebuild it."""
   model_dir = convert_gguf(path)
   try:
-    return _load_hf_dir(model_dir, dtype, name, attention, scan_layers)
+    return _load_hf_dir(model_dir, dtype)
   except WeightsError as e:
     raise WeightsError(f"{e} (in the cached conversion of {path}; delete {model_dir} to convert "
                        "it again)") from None
@@ -147,31 +144,37 @@ def load_policy(source: str = EMBEDDED_DEFAULT, dtype="float32", seed: int = 0,
   if not isinstance(source, (str, os.PathLike)):
     raise TypeError(f"model source must be a string or path, got {type(source).__name__}")
   source = os.fspath(source)
-  dt = _dtype(dtype)
   (AttentionSpec(backend=attention) if isinstance(attention, str) else attention).check()  # before any weight is read
+  model, tokenizer = _load_weights(source, _dtype(dtype), seed)
+  model.set_attention(attention)  # how it is traced, set once whatever the source (before Policy splits it)
+  model.scan_layers = scan_layers
+  return Policy(model, tokenizer, name=source)
+
+
+def _load_weights(source: str, dt, seed: int) -> tuple[Decoder, Tokenizer | None]:
+  """The source's model (built with the default attention and layer loop) and tokenizer."""
   key = source.lower()
   if key == EMBEDDED_DEFAULT:
-    return _load_gguf(embedded_gguf_path(), dt, source, attention, scan_layers)
+    return _load_gguf(embedded_gguf_path(), dt)
   if key.startswith("random:"):
     preset = source.split(":", 1)[1].lower()
     cfg = get_preset(preset)
     source_tok = tokenizer_source_for_preset(preset)
     tok = load_tokenizer(source_tok) if source_tok else None
-    return Policy(Decoder(cfg, dt, attention=attention, scan_layers=scan_layers, rngs=nnx.Rngs(seed)), tok,
-                  name=source)
+    return Decoder(cfg, dt, rngs=nnx.Rngs(seed)), tok
   if os.path.isdir(source):
-    return _load_hf_dir(source, dt, source, attention, scan_layers)
+    return _load_hf_dir(source, dt)
   if key.endswith(".gguf"):
-    return _load_gguf(source, dt, source, attention, scan_layers)
+    return _load_gguf(source, dt)
   if os.path.isfile(source):
     raise WeightsError(f"model source {source} is a file but not a .gguf file; pass the directory that "
                        f"holds config.json and *.safetensors (accepted: {LOCAL_SOURCES})")
   if key in HUB_IDS:
-    return _load_hf_dir(_download(HUB_IDS[key]), dt, source, attention, scan_layers)
+    return _load_hf_dir(_download(HUB_IDS[key]), dt)
   if os.sep in source and (source.startswith((".", os.sep, "~")) or os.path.exists(os.path.dirname(source))):
     raise FileNotFoundError(f"model source not found: {source}")
   if "/" in source and source.count("/") == 1:
-    return _load_hf_dir(_download(source), dt, source, attention, scan_layers)
+    return _load_hf_dir(_download(source), dt)
   raise UnknownModelError(
       f"unknown model preset or source {source!r} (not a local file or directory either); known presets: "
       f"{', '.join(sorted([EMBEDDED_DEFAULT] + list(HUB_IDS) + ['random:' + p for p in PRESETS]))}"
