@@ -114,11 +114,11 @@ def demo(repo: str) -> str:
 # The configs a user sizes a pod by (tpu_compile_table's rows), and the length of the paper's RL runs.
 def _pod_rows() -> list[str]:
   """Each one-host config on the pod it names (configs' POD; Qwen3's with its DAPO variant), then the released
-  7B and 14B on theirs."""
+  7B on its v5p-64 and on the newer chips' pods of the same mesh (v6e-64, TPU7x-32), and the 14B on v5p-128."""
   from configs import memagent_qwen2_5_small, memagent_qwen3
   return ([f"{size}_{pod}" for size, pod in memagent_qwen2_5_small.POD.items()]
           + [f"qwen3_{size}_{pod}{variant}" for size, pod in memagent_qwen3.POD.items() for variant in ("", "_dapo")]
-          + ["7b_v5p-64", "14b_v5p-128"])
+          + ["7b_v5p-64", "7b_v6e-64", "7b_tpu7x-32", "14b_v5p-128"])
 COMPILE_ROWS = os.path.join(RESULTS, "tpu_compile_rows")
 PAPER_STEPS = (150, 400)
 FREE_FRACTION = 0.10  # what a config should leave free of each chip's HBM
@@ -136,8 +136,9 @@ def _pod_row(name: str, report: dict) -> str:
   head = (f"| `{config}` | {pod} ({report['chips']} chips) | {verdict} | "
           f"{worst['step_peak_bytes'] / 1024 ** 3:.1f} GiB ({100 * worst['hbm_share']:.0f}%, {worst_name}) |")
   wall = report.get("step_wall_s_range")
-  if not wall:
-    return head + " - | - |"
+  if not wall:  # no published MFU for the chip (TPU7x): the roofline alone, said so
+    roofline = report.get("step_estimate_s")
+    return head + (" - | - |" if roofline is None else f" roofline {roofline:.0f} (no published MFU) | - |")
   if report.get("regeneration"):  # dynamic sampling: up to its cap of extra generation batches
     wall = [wall[0], report["regeneration"]["step_estimate_worst_s"] / report["utilisation_range"][0]]
   lo, hi = PAPER_STEPS

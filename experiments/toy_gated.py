@@ -153,6 +153,10 @@ def markdown(results: list[tuple[dict, list[SweepRow], float | None]], commands:
       "time of the batched evaluation / n on 2 CPU cores, which two sweeps and other work may share (a run's "
       "seconds are not comparable across runs; docs/results/bench_compaction.md times row compaction alone, side by "
       "side in one process).",
+      *([] if not any("seeds_run" in run for run, _, _ in results) else [
+          "", "The overwrite runs are make reproduce's recipe itself: make seeds' runs of the same seeds (seed 0 is "
+          "make reproduce's; docs/results/toy_reproduction_seeds.md), reused, not run again; their wall time is "
+          "that of the command that finished them (make reproduce's sweeps every method)."]),
       "", *[f"    {c}" for c in commands], "", *lines, "",
       "Wall time per run: " + ("; ".join(minutes) if minutes else "-") + ".", "",
       f"![gated against overwrite]({plot_name})", ""])

@@ -131,6 +131,24 @@ def test_combined_and_async_collectives_count_every_operand_once():
   assert stats.total.collectives == {"all-reduce": [1, 888], "all-gather": [1, 240]}
 
 
+def test_a_call_counts_its_body_and_a_reduce_not_its_lambda():
+  """The TPU7x compiler wraps collectives in `call(..), to_apply=%body` (seen in its optimised HLO of the 7B's
+  answer program): the body's all-reduce counts, over a mesh-form group of 4 (bf16[64, 32]: 4096 B in, x 2 x
+  3/4 = 6144 B), as does its dot (2 x 64 x 32 x 8 = 32768 FLOPs); the all-reduce's own to_apply (%add, per
+  element) is not a body."""
+  stats = _module(_ADD, """%wrapped (p: bf16[64,32]) -> bf16[64,32] {
+  %p = bf16[64,32]{1,0} parameter(0)
+  ROOT %ar = bf16[64,32]{1,0} all-reduce(%p), replica_groups=mesh['data'=1,'fsdp'=8,'tensor'=4] {'tensor'}, to_apply=%add
+}""", """ENTRY %main (x: bf16[64,8], w: bf16[8,32]) -> bf16[64,32] {
+  %x = bf16[64,8]{1,0} parameter(0)
+  %w = bf16[8,32]{1,0} parameter(1)
+  %d = bf16[64,32]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %c = bf16[64,32]{1,0} call(%d), to_apply=%wrapped
+}""")
+  assert stats.total.collectives == {"all-reduce": [1, 6144]}
+  assert stats.total.flops == 32768
+
+
 _DOT_BODY = """  %w = f32[16,4]{1,0} constant({...})
   %x = f32[8,16]{1,0} broadcast(%one), dimensions={}
   %d = f32[8,4]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}"""  # 2 x 8 x 4 x 16 = 1024

@@ -163,6 +163,9 @@ def test_pod_table_row_is_computed_from_its_compile_report(tmp_path):
   report["step_wall_s_range"] = None
   json.dump(report, open(folder / "qwen3_1.7b_v5e-8.json", "w"))
   assert "| no | 12.0 GiB (120%, rollout) | - | - |" in readme_results.pods(str(tmp_path))
+  report["step_estimate_s"] = 444.4  # a chip without a published MFU (TPU7x): the roofline, named as such
+  json.dump(report, open(folder / "qwen3_1.7b_v5e-8.json", "w"))
+  assert "| roofline 444 (no published MFU) | - |" in readme_results.pods(str(tmp_path))
 
 
 def test_released_7b_sentence_is_computed_from_its_compile_rows(tmp_path):

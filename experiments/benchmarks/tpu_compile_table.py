@@ -71,7 +71,11 @@ ROWS = {
 # Rows this 2-core, 24 GiB host could not compile with the current report: why, as measured.
 HOST_LIMITS: dict[str, str] = {}
 # Rows compiled here only with help: how, as measured (printed beside the row's command).
+_BESIDE_TOY_RUNS = ("compiled beside two toy RL runs (make gated) on the same 2 cores: its wall time is about three "
+                    "times a quiet compile's (the released 7B's on v5p-64, alone: 392 s)")
 HOST_NOTES = {
+    "7b_tpu7x-32": _BESIDE_TOY_RUNS,
+    "7b_v6e-64": _BESIDE_TOY_RUNS,
     "7b_v5p-64_unrolled": "its update programs fill the host's 24 GiB: compiled with a 32 GiB swap file added (`fallocate "
                  "-l 32G f && mkswap f && swapon f`; resident + swapped peaked at 25.6 GB, read from /proc every "
                  "10 s); without swap the kernel's OOM killer stopped it at 24.3 GB on 2026-12-02",
