@@ -202,10 +202,15 @@ def released_7b(repo: str) -> str:
 def gated(repo: str) -> str:
   """Gated against overwrite memory (make gated; its demo scale where the full one has not run), and row
   compaction's wall-time effect (bench_compaction)."""
-  result = _load(repo, "toy_gated.json") or _load(repo, "toy_gated_demo.json")
+  def seeds_paired(result) -> list[int]:  # the seeds with both memories finished
+    memories = {(r["seed"], r["memory"]) for r in result["runs"]}
+    return sorted(s for s, m in memories if m == "gated" and (s, "overwrite") in memories)
+  full, demo = _load(repo, "toy_gated.json"), _load(repo, "toy_gated_demo.json")
+  result = full if full and seeds_paired(full) else demo or full  # a full run still going: the demo's
   if result is None:
     return "`make gated` has not written docs/results/toy_gated.json (or its demo scale, toy_gated_demo.json) yet.\n"
   runs = {(r["seed"], r["memory"]): r["rows"] for r in result["runs"]}
+  paired = seeds_paired(result)
   lines = ["| seed | length | overwrite acc % | gated acc % | decoded tokens / doc (overwrite -> gated) | "
            "s / doc (overwrite -> gated) | gated keep share |", "|---|---|---|---|---|---|---|"]
   for seed in sorted({s for s, _ in runs}):
@@ -227,7 +232,7 @@ def gated(repo: str) -> str:
   scale = result["scale"]
   text = [*lines, "", f"Scale {scale} (`python -m experiments.toy_gated --scale={scale}`"
           + (", make gated" if scale == "full" else "; `make gated` runs the full recipe") + "), n = "
-          f"{gt[0]['n'] if gt else '-'} per point, commit {result.get('commit') or 'not recorded'}; "
+          f"{runs[(paired[0], 'gated')][0]['n'] if paired else '-'} per point, commit {result.get('commit') or 'not recorded'}; "
           "docs/results/toy_gated" + ("" if scale == "full" else f"_{scale}") + ".md has chunks read and the plot."]
   bench = _load(repo, "bench_compaction.json")
   if bench:

@@ -214,5 +214,9 @@ def test_gated_block_is_computed_from_its_result(tmp_path):
   assert "Scale demo" in block and "commit abc" in block
   result["scale"] = "full"
   result["runs"][1]["rows"][1]["accuracy"] = 0.61
+  full = dict(result, runs=result["runs"][:1])  # a full make gated still running: only its overwrite run
+  json.dump(full, open(folder / "toy_gated.json", "w"))
+  assert "Scale demo" in readme_results.gated(str(tmp_path))  # the demo's table, not an empty full one
   json.dump(result, open(folder / "toy_gated.json", "w"))
-  assert "| 0 | 4x | 43.0 | 61.0 |" in readme_results.gated(str(tmp_path))
+  block = readme_results.gated(str(tmp_path))
+  assert "| 0 | 4x | 43.0 | 61.0 |" in block and "Scale full" in block and "n = 200 per point" in block

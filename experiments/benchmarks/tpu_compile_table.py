@@ -74,7 +74,6 @@ HOST_LIMITS: dict[str, str] = {}
 _BESIDE_TOY_RUNS = ("compiled beside two toy RL runs (make gated) on the same 2 cores: its wall time is about three "
                     "times a quiet compile's (the released 7B's on v5p-64, alone: 392 s)")
 HOST_NOTES = {
-    "7b_tpu7x-32": _BESIDE_TOY_RUNS,
     "7b_v6e-64": _BESIDE_TOY_RUNS,
     "7b_v5p-64_unrolled": "its update programs fill the host's 24 GiB: compiled with a 32 GiB swap file added (`fallocate "
                  "-l 32G f && mkswap f && swapon f`; resident + swapped peaked at 25.6 GB, read from /proc every "
