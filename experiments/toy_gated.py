@@ -97,16 +97,8 @@ def finished_rows(run: dict, scale: str, finished: str = FINISHED) -> tuple[list
     done = toy_seeds.finished_run(run["seeds_run"], toy_seeds.FINISHED)
     return None if done is None else (done["rows"], done["minutes"])
   paths = [result_path(run, scale)] + ([record_path(run, finished)] if scale == "full" else [])
-  current = run_recipe(run, scale)
-  for path in paths:
-    if os.path.isfile(path):
-      with open(path) as f:
-        data = json.load(f)
-      if data.get("recipe") != current:
-        continue
-      rows = sorted((SweepRow.from_json(r) for r in data["rows"] if r["method"] == "rl"), key=lambda r: r.length)
-      return rows, data.get("minutes")
-  return None
+  found = toy_report.finished_rl_rows(paths, run_recipe(run, scale))
+  return None if found is None else (found[0], found[1].get("minutes"))
 
 
 def keep_record(run: dict, scale: str, command_line: str, minutes: float, finished: str = FINISHED):

@@ -161,6 +161,18 @@ def recipe(run: ToyRun) -> str:
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:12]
 
 
+def finished_rl_rows(paths: list[str], recipe_digest: str) -> tuple[list[SweepRow], dict, str] | None:
+  """RL-MemAgent's rows by length, the whole result and its path, from the first of `paths` that exists and is of
+  `recipe_digest` (a result without a recipe is of an older one); None where none is."""
+  for path in paths:
+    if os.path.isfile(path):
+      with open(path) as f:
+        data = json.load(f)
+      if data.get("recipe") == recipe_digest:
+        return sorted((SweepRow.from_json(r) for r in data["rows"] if r["method"] == "rl"), key=lambda r: r.length), data, path
+  return None
+
+
 def reproduce_recipe() -> str:
   """make reproduce's recipe (full scale, lookup world), which make seeds repeats."""
   return recipe(ToyRun(scale="full", root="", world="lookup", n=200, max_multiple=256))

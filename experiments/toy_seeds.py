@@ -120,15 +120,11 @@ def finished_run(run: dict, finished: str = FINISHED) -> dict | None:
   if run["workdir"] == REPRODUCE_ROOT:
     paths.append(REPRODUCE_RESULT)
   current = toy_report.reproduce_recipe()
-  for path in paths:
-    if os.path.isfile(path):
-      with open(path) as f:
-        data = json.load(f)
-      if data.get("recipe") != current:
-        continue
-      rows = sorted((SweepRow.from_json(r) for r in data["rows"] if r["method"] == "rl"), key=lambda r: r.length)
-      return dict(rows=rows, minutes=data.get("minutes"), commit=data.get("commit"), source=path, recipe=current)
-  return None
+  found = toy_report.finished_rl_rows(paths, current)
+  if found is None:
+    return None
+  rows, data, source = found
+  return dict(rows=rows, minutes=data.get("minutes"), commit=data.get("commit"), source=source, recipe=current)
 
 
 def keep_record(run: dict, command_line: str, minutes: float, finished: str = FINISHED):
