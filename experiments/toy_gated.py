@@ -150,7 +150,8 @@ def markdown(results: list[tuple[dict, list[SweepRow], float | None]], commands:
           "make reproduce's; docs/results/toy_reproduction_seeds.md), reused, not run again; their wall time is "
           "that of the command that finished them (make reproduce's sweeps every method)."]),
       "", *[f"    {c}" for c in commands], "", *lines, "",
-      "Wall time per run: " + ("; ".join(minutes) if minutes else "-") + ".", "",
+      "Wall time per run, of the command that finished it (a run stopped and resumed counts its last command "
+      "only): " + ("; ".join(minutes) if minutes else "-") + ".", "",
       f"![gated against overwrite]({plot_name})", ""])
 
 
