@@ -29,8 +29,7 @@ setup(
         "array_record>=0.8",
         "tqdm>=4.66",
         "matplotlib>=3.8",
-        "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
-        "tensorboard>=2.18",  # the viewer the README and the pipelines point to (no TensorFlow)
+        "tensorboard>=2.18",  # event files (its own writer) and the viewer the README points to; no TensorFlow
     ],
     extras_require={
         # torch (+ accelerate, which transformers needs to read GGUF) is only the reference for

@@ -187,7 +187,7 @@ def test_imports_point_downward_and_none_of_ours_inside_functions():
     ("memagent_jax/cli.py", "def f():\n  from configs import base\n", "function-level import of our own module configs"),
     ("memagent_jax/rl/update.py", "class A:\n  def f(self):\n    from . import losses\n",
      "function-level import of our own module memagent_jax.rl"),
-    ("memagent_jax/rl/metrics.py", "def f():\n  import tensorboardX\n", "without a one-line reason"),
+    ("memagent_jax/rl/metrics.py", "def f():\n  import tensorboard\n", "without a one-line reason"),
     ("memagent_jax/data/toy.py", "import importlib\nm = importlib.import_module('memagent_jax.rl.trainer')\n",
      "dynamic import of our own module memagent_jax.rl.trainer"),
 ])
@@ -203,7 +203,7 @@ def test_checker_flags(path, source, expect):
     ("memagent_jax/experiment/assembly.py", "import configs.base\nfrom memagent_jax.rl.trainer import Trainer\n"),
     ("memagent_jax/__init__.py", "from memagent_jax.cli import main\n"),
     ("memagent_jax/cli.py", "import memagent_jax as mj\nfrom memagent_jax import evaluation\n"),
-    ("memagent_jax/rl/metrics.py", "def f():\n  import tensorboardX  # optional sink, slow to import\n"),
+    ("memagent_jax/rl/metrics.py", "def f():\n  import tensorboard  # optional sink, slow to import\n"),
     ("memagent_jax/models/attention.py", "def f():\n  # TPU only: pallas kernels\n  from a import b\n"
                                          "  from a import c\n"),
 ])

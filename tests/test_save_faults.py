@@ -114,7 +114,7 @@ def test_full_disk_during_a_save_one_line_exit_2_and_resume_after_space_is_freed
   assert rc[1] == 2, (out / "err2").read_text()[-3000:]
   lines = (out / "err2").read_text().strip().splitlines()
   # one error line and no orbax traceback; beside it the full disk may also stop the metric files' closing
-  # flush (the trainer's one-line warning) or tensorboardX's writer thread (its own thread's traceback)
+  # flush (the trainer's one-line warning) or the TensorBoard writer's thread (its own thread's traceback)
   errors = [line for line in lines if line.startswith("train: error:")]
   assert len(errors) == 1 and not any("orbax" in line for line in lines if line not in errors), lines
   lines = errors

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # the viewer's reader
 
 from configs import toy_cpu
 from memagent_jax.runtime import checkpointing
@@ -96,8 +97,11 @@ def test_tiny_run_logs_every_metric_and_saves(tmp_path):
     assert f"train/{name}" in train[-1], name
   assert {f"train/{k}" for k in out.history[-1].scalars()} == set(train[-1]) - {"step"}  # what was logged
   assert [l["step"] for l in lines if "eval/score" in l] == [0, 2]  # the starting policy, then every 2
-  events = os.listdir(tmp_path / "logs" / "tensorboard")
-  assert events and os.path.getsize(tmp_path / "logs" / "tensorboard" / events[0]) > 0
+  events = EventAccumulator(str(tmp_path / "logs" / "tensorboard"))
+  events.Reload()
+  assert set(events.Tags()["scalars"]) == {k for l in lines for k in l} - {"step"}  # every logged scalar
+  assert [(e.step, e.value) for e in events.Scalars("train/reward_mean")] == [
+      (l["step"], pytest.approx(l["train/reward_mean"])) for l in train]
   assert checkpointing.Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 2
   assert train[-1]["train/perf/host_rss_bytes"] > 1e7  # a live Python with jax: tens of MB at least
 

@@ -1,4 +1,4 @@
-"""Metric sinks: TensorBoard event files (tensorboardX, no TensorFlow) and a JSONL log.
+"""Metric sinks: TensorBoard event files (tensorboard's own writer, no TensorFlow) and a JSONL log.
 
 Only process 0 writes; every scalar goes to both sinks so runs can be plotted or grepped.
 """
@@ -10,6 +10,7 @@ import math
 import os
 import resource
 import sys
+import time
 
 import jax
 
@@ -29,11 +30,11 @@ class MetricWriter:
     self._jsonl = open(os.path.join(self.log_dir, "metrics.jsonl"), "a")
 
   def _event_writer(self):
-    """The TensorBoard writer, opened at the first scalar: tensorboardX takes ~1.7 s to import, and a writer
-    that never wrote cannot close at interpreter exit (its queue's thread would start during shutdown)."""
+    """The TensorBoard event file, opened at the first scalar (a run that never writes leaves no file).
+    tensorboard's own writer, not tensorboardX: that one imports torch where it is installed (~2 s a process)."""
     if self._tb is None:
-      from tensorboardX import SummaryWriter  # lazy: about 1.7 s to import, and only writing runs need it
-      self._tb = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"), flush_secs=10)
+      from tensorboard.summary.writer.event_file_writer import EventFileWriter  # optional sink, only writing runs
+      self._tb = EventFileWriter(os.path.join(self.log_dir, "tensorboard"), flush_secs=10)
     return self._tb
 
   def write(self, step: int, scalars: dict[str, float], prefix: str = ""):
@@ -50,9 +51,10 @@ class MetricWriter:
       raise OSError(e.errno, f"metrics of step {step} not written: {(e.strerror or str(e)).lower()} writing "
                              f"{self._jsonl.name}") from e
     if self.tensorboard and clean:
-      tb = self._event_writer()
-      for k, v in clean.items():
-        tb.add_scalar(k, v, int(step))
+      from tensorboard.compat.proto import event_pb2, summary_pb2  # with the writer above
+      values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in clean.items()]
+      self._event_writer().add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                                     summary=summary_pb2.Summary(value=values)))
 
   def close(self):
     if self._jsonl:
