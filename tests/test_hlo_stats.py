@@ -132,18 +132,26 @@ def test_combined_and_async_collectives_count_every_operand_once():
 
 
 def test_a_call_counts_its_body_and_a_reduce_not_its_lambda():
-  """The TPU7x compiler wraps collectives in `call(..), to_apply=%body` (seen in its optimised HLO of the 7B's
-  answer program): the body's all-reduce counts, over a mesh-form group of 4 (bf16[64, 32]: 4096 B in, x 2 x
-  3/4 = 6144 B), as does its dot (2 x 64 x 32 x 8 = 32768 FLOPs); the all-reduce's own to_apply (%add, per
-  element) is not a body."""
-  stats = _module(_ADD, """%wrapped (p: bf16[64,32]) -> bf16[64,32] {
+  """The TPU7x compiler offloads collectives to its SparseCores as asynchronous calls (the form below is its
+  optimised HLO of the 7B's answer program, shortened): `call-start(), async_execution_thread="sparsecore",
+  to_apply=%body`, then call-update and call-done, which name no body. The body's all-reduce counts once, at
+  the start, over a mesh-form group of 4 (bf16[64, 32]: 4096 B in, x 2 x 3/4 = 6144 B); a plain `call`'s body
+  counts too (its dot: 2 x 64 x 32 x 8 = 32768 FLOPs); the all-reduce's own to_apply (%add, per element) is no
+  body."""
+  stats = _module(_ADD, """%called_computation.87 (p: bf16[64,32]) -> bf16[64,32] {
   %p = bf16[64,32]{1,0} parameter(0)
-  ROOT %ar = bf16[64,32]{1,0} all-reduce(%p), replica_groups=mesh['data'=1,'fsdp'=8,'tensor'=4] {'tensor'}, to_apply=%add
+  ROOT %ar = bf16[64,32]{1,0} all-reduce(%p), channel_id=178, replica_groups=mesh['data'=1,'fsdp'=8,'tensor'=4] {'tensor'}, use_global_device_ids=true, to_apply=%add
+}""", """%wrapped (x: bf16[64,8], w: bf16[8,32]) -> bf16[64,32] {
+  %x = bf16[64,8]{1,0} parameter(0)
+  %w = bf16[8,32]{1,0} parameter(1)
+  ROOT %d = bf16[64,32]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }""", """ENTRY %main (x: bf16[64,8], w: bf16[8,32]) -> bf16[64,32] {
   %x = bf16[64,8]{1,0} parameter(0)
   %w = bf16[8,32]{1,0} parameter(1)
-  %d = bf16[64,32]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  ROOT %c = bf16[64,32]{1,0} call(%d), to_apply=%wrapped
+  %d = bf16[64,32]{1,0} call(%x, %w), to_apply=%wrapped
+  %ar.call-start = ((), (), (s32[1]{0})) call-start(), async_execution_thread="sparsecore", to_apply=%called_computation.87
+  %ar.call-update = ((), (), (s32[1]{0})) call-update(%ar.call-start, %d)
+  ROOT %ar.call-done = bf16[64,32]{1,0} call-done(%ar.call-update)
 }""")
   assert stats.total.collectives == {"all-reduce": [1, 6144]}
   assert stats.total.flops == 32768

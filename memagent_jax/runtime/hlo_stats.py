@@ -125,9 +125,10 @@ def _attr(ins: Instr, key: str) -> str | None:
 
 def _callees(ins: Instr) -> list[str]:
   """Computations an instruction runs (reduction lambdas of `to_apply` are per element: left out, but a
-  `call`'s to_apply is its body: the TPU7x compiler wraps collectives in calls)."""
+  call's to_apply is its body: the TPU7x compiler offloads collectives to its SparseCores as asynchronous
+  `call-start(), async_execution_thread="sparsecore", to_apply=%body` .. call-update .. call-done)."""
   names = re.findall(r"\b(?:calls|body|condition)=%([\w.\-]+)", ins.attrs)
-  if ins.opcode == "call" and (body := _attr(ins, "to_apply")):
+  if ins.opcode in ("call", "call-start") and (body := _attr(ins, "to_apply")):
     names.append(body)
   m = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs)
   if m:
