@@ -1,10 +1,11 @@
-"""Data-parallel RL on a mesh: two training steps of configs/toy_cpu.py:tiny give the same params
-on 1 device and on 2 processes x 2 devices joined by jax.distributed (rows over a `data` axis of 4,
-each process generating only its half of the rollout rows; one process over several devices alone:
-test_parallel, test_rollout_sharding, test_device_rows). The same processes
-first evaluate the starting policy on the held-out set: on 2 processes each reads its half of every
-batch (not the whole set on both), and the sampled answers and scores are those of one process, row
-for row. (One set of processes for both: each start, model build and compile is paid once.)"""
+"""RL on a mesh of processes: two training steps of configs/toy_cpu.py:tiny give the same params on 1
+device and on 2 processes x 2 devices joined by jax.distributed, the mesh data 2 x tensor 2 (rows over
+`data`, one process's half each: each process generates only its half of the rollout rows; weights split
+over `tensor` across the devices of a process; one process over several devices alone: test_parallel,
+test_rollout_sharding, test_device_rows). The same processes first evaluate the starting policy on the
+held-out set: on 2 processes each reads its half of every batch (not the whole set on both), and the sampled
+answers and scores are those of one process, row for row. (One set of processes for all of it: each start,
+model build and compile is paid once.)"""
 
 import json
 import os
@@ -33,11 +34,13 @@ TRAIN_SCRIPT = textwrap.dedent("""
     cfg.train.steps = 2
     # a held-out set of 2 batches of 4 documents, sampled
     cfg.eval.update(every=1, size=8, batch_size=4, temperature=1.0, top_p=0.9)
-    cfg.mesh.update(data=int(os.environ["DATA"]), fsdp=int(os.environ["FSDP"]), tensor=1)
+    cfg.mesh.update(data=int(os.environ["DATA"]), fsdp=1, tensor=int(os.environ["TENSOR"]))
     cfg.distributed.update(num_processes=int(os.environ["NPROC"]), process_id=int(os.environ["PID"]),
                            coordinator_address=os.environ["COORD"])
     workdir = os.path.join(os.environ["OUT"], os.environ["TAG"])
     exp = build_experiment(cfg, workdir=workdir)
+    from memagent_jax.runtime import parallel
+    assert parallel.initialize_distributed(cfg.distributed) == (jax.process_count() > 1)  # again: a no-op
     trainer, calls = exp.trainer, []
     # the starting policy, once, before training (which then evaluates no more)
     reader = exp.evaluator.reader
@@ -67,20 +70,21 @@ TRAIN_SCRIPT = textwrap.dedent("""
     logged = read_jsonl(os.path.join(workdir, "logs", "metrics.jsonl")) if jax.process_index() == 0 else []
     logged = [m for m in logged if "train/reward_mean" in m]
     print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
-                      "devices": jax.device_count(), "step": trainer.state.step, "moved": moved,
+                      "devices": jax.device_count(), "mesh": dict(trainer.mesh.shape) if trainer.mesh else None,
+                      "step": trainer.state.step, "moved": moved,
                       "rows_per_process": [m.get("train/perf/rollout_rows_per_process") for m in logged],
                       "reward": [m.get("train/reward_mean") for m in logged],
                       "calls": calls, "summary": summary, "refused": refused}))
 """)
 
 
-def _run(tag, out, devices, nproc=1, data=1, fsdp=1):
+def _run(tag, out, devices, nproc=1, data=1, tensor=1):
   coord = f"localhost:{_free_port()}" if nproc > 1 else ""
   procs = [subprocess.Popen(
       [sys.executable, "-c", TRAIN_SCRIPT], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True, env=_clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                                 OUT=str(out), TAG=tag, NPROC=str(nproc), PID=str(i), COORD=coord,
-                                DATA=str(data), FSDP=str(fsdp)))
+                                DATA=str(data), TENSOR=str(tensor)))
            for i in range(nproc)]
   outs = _collect(procs, timeout=600)
   params = np.load(os.path.join(out, tag + ".npz"))
@@ -91,7 +95,7 @@ def _run(tag, out, devices, nproc=1, data=1, fsdp=1):
 def runs(tmp_path_factory):
   """Both layouts, each trained 2 steps after evaluating the starting policy."""
   out = tmp_path_factory.mktemp("dp")
-  return {"1x1": _run("1x1", out, devices=1), "2x2": _run("2x2", out, devices=2, nproc=2, data=4)}
+  return {"1x1": _run("1x1", out, devices=1), "2x2": _run("2x2", out, devices=2, nproc=2, data=2, tensor=2)}
 
 
 @pytest.mark.slow
@@ -99,6 +103,7 @@ def test_two_steps_equal_on_1x1_and_2_processes(runs):
   (single, p1), (two, p22) = runs["1x1"], runs["2x2"]
   assert single[0]["step"] == two[0]["step"] == 2
   assert two[0]["processes"] == 2 and two[0]["devices"] == 4
+  assert [o["mesh"] for o in two] == [{"data": 2, "fsdp": 1, "tensor": 2}] * 2
   # each process generated half of the step's 8 trajectories (4 questions x G = 2)
   assert single[0]["rows_per_process"] == [8, 8] and two[0]["rows_per_process"] == [4, 4]
   assert single[0]["reward"] == two[0]["reward"]  # the same samples

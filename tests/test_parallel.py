@@ -1,8 +1,8 @@
 """Mesh, logical rules, param / opt-state / batch sharding, and multi-process runs.
 
 JAX fixes its device count when it first starts, so multi-device checks run small
-scripts in subprocesses (8 emulated CPU devices, or 2 processes joined by
-jax.distributed) and assert on the JSON they print.
+scripts in subprocesses (8 emulated CPU devices) and assert on the JSON they print; 2 processes
+joined by jax.distributed train in test_data_parallel_training.py (these helpers start them).
 """
 
 import dataclasses
@@ -285,72 +285,14 @@ def test_sharded_train_step_matches_one_device(eight_devices):
 
 
 # ---------------------------------------------------------------------------------------
-# Two processes joined by jax.distributed
+# Processes joined by jax.distributed: the helpers of the multi-process tests (the trainer on 2
+# processes x 2 devices, data x tensor, against one device: test_data_parallel_training.py)
 # ---------------------------------------------------------------------------------------
-
-DISTRIBUTED_SCRIPT = textwrap.dedent("""
-    import os
-    from memagent_jax.runtime import parallel as par
-    dist = par.DistributedSpec(num_processes=int(os.environ["NPROC"]), process_id=int(os.environ["PID"]),
-                               coordinator_address=os.environ["COORD"])
-    started = par.initialize_distributed(dist)
-    assert par.initialize_distributed(dist) == started  # idempotent
-""") + STEP_CODE + textwrap.dedent("""
-    from jax.experimental import multihost_utils
-    graphdef, params, tx = tiny_model()
-    opt = tx.init(params)
-    mesh = par.make_mesh(par.MeshSpec(data=-1, fsdp=1, tensor=int(os.environ["TENSOR"])))
-    shardings = par.param_shardings(params, mesh)
-    opt_sh = par.opt_state_shardings(opt, params, shardings, mesh)
-    p_s = par.shard_params(params, mesh)
-    o_s = par.shard_opt_state(opt, params, shardings, mesh)
-    # every process holds the whole batch (as the trainer's rollouts); rows split over the mesh
-    batch = par.shard_micro_batches(global_tokens(8, 17)[None], mesh)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    inner = make_step(graphdef, tx)
-    step = jax.jit(lambda p, o, micro: inner(p, o, micro[0]), out_shardings=(replicated, shardings, opt_sh))
-    loss, new_params, _ = step(p_s, o_s, batch)
-    checksum = jax.jit(lambda t: sum(jnp.sum(jnp.abs(x)) for x in jax.tree.leaves(t)),
-                       out_shardings=replicated)(new_params)
-    full = multihost_utils.process_allgather(new_params, tiled=True)
-    np.savez(os.path.join(os.environ["OUT"], f"params_{os.environ['TAG']}.npz"),
-             *[np.asarray(x) for x in jax.tree.leaves(full)])
-    # the trainer's update step on the same global mesh (every process holds the whole batch)
-    import optax
-    from memagent_jax.rl import update as upd
-    P, N, R = 10, 6, 8
-    g = np.random.default_rng(0)
-    rl_rows = dict(tokens=g.integers(0, 256, (R, P + N)).astype(np.int32), valid=np.ones((R, P + N), bool),
-                   loss_mask=np.ones((R, N), bool), old_logp=np.full((R, N), -5.5, np.float32),
-                   ref_logp=np.full((R, N), -5.5, np.float32), advantages=g.standard_normal(R).astype(np.float32))
-    rl_batch = jax.tree.map(lambda v: par.shard_micro_batches(v, mesh), upd.split_micro(rl_rows, 2))
-    rl_tx = optax.sgd(1.0)
-    rl_spec = upd.UpdateSpec(prompt_width=P, loss="ppo_clip", agg="token-mean", clip_low=0.2, clip_high=0.28,
-                             clip_c=None, kl_coef=0.01, kl_kind="low_var_kl", entropy_coef=0.0, remat=False,
-                             temperature=1.0, compute_dtype="float32")
-    rl_params, _, rl_m = upd.update_step(jax.tree.map(jnp.copy, p_s), rl_tx.init(p_s), rl_batch, graphdef=graphdef, tx=rl_tx,
-                                         spec=rl_spec)
-    rl_checksum = jax.jit(lambda t: sum(jnp.sum(jnp.abs(x)) for x in jax.tree.leaves(t)),
-                          out_shardings=replicated)(rl_params)
-    print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
-                      "devices": jax.device_count(), "mesh": dict(mesh.shape),
-                      "global_rows": batch.shape[1], "loss": float(loss),
-                      "checksum": float(checksum), "rl_loss": float(rl_m.loss),
-                      "rl_checksum": float(rl_checksum)}))
-""")
-
 
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
-
-
-def _spawn(tag: str, out_dir, devices: int, **env) -> subprocess.Popen:
-  env = _clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", OUT=str(out_dir),
-                   TAG=tag, **{k: str(v) for k, v in env.items()})
-  return subprocess.Popen([sys.executable, "-c", DISTRIBUTED_SCRIPT], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _collect(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
@@ -371,32 +313,6 @@ def _collect(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
         p.kill()
         p.communicate()
   return outputs
-
-
-@pytest.mark.slow
-def test_two_processes_agree_with_single_process(tmp_path):
-  coord = f"localhost:{_free_port()}"
-  procs = [_spawn(f"p{i}", tmp_path, 2, NPROC=2, PID=i, COORD=coord, TENSOR=2) for i in range(2)]
-  multi = _collect(procs, timeout=150)
-  single = _collect([_spawn("single", tmp_path, 1, NPROC=1, PID=0, COORD="", TENSOR=1)], 90)[0]
-  for i, out in enumerate(multi):
-    assert out["process"] == i and out["processes"] == 2 and out["devices"] == 4
-    assert out["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
-    assert out["global_rows"] == 8
-  assert single["processes"] == 1 and single["devices"] == 1
-  assert multi[0]["loss"] == multi[1]["loss"] and multi[0]["checksum"] == multi[1]["checksum"]
-  assert abs(multi[0]["loss"] - single["loss"]) <= 1e-5
-  assert abs(multi[0]["checksum"] - single["checksum"]) <= 1e-5 * abs(single["checksum"])
-  # the RL update step (rl/update.py) agrees across processes and with one process
-  assert multi[0]["rl_loss"] == multi[1]["rl_loss"] and multi[0]["rl_checksum"] == multi[1]["rl_checksum"]
-  assert abs(multi[0]["rl_loss"] - single["rl_loss"]) <= 1e-5
-  assert abs(multi[0]["rl_checksum"] - single["rl_checksum"]) <= 1e-5 * abs(single["rl_checksum"])
-  ref = np.load(tmp_path / "params_single.npz")
-  for tag in ("p0", "p1"):
-    got = np.load(tmp_path / f"params_{tag}.npz")
-    assert len(got.files) == len(ref.files)
-    for name in ref.files:
-      np.testing.assert_allclose(got[name], ref[name], atol=1e-5, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------
