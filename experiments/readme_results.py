@@ -229,6 +229,8 @@ def gated(repo: str) -> str:
   lines += ["", "Gated below overwrite's 95% interval at: " + (", ".join(below) or "no length") + ". Seconds per "
             "document come from runs that shared the 2 cores with other work; only bench_compaction (below) times "
             "one setting against another in one process."]
+  if result.get("where_gating_loses"):  # how gated went wrong at the longest length (toy_gated.loss_sentence)
+    lines += ["", result["where_gating_loses"] + " (docs/results/toy_gated.md, \"Where gating loses\")"]
   scale = result["scale"]
   text = [*lines, "", f"Scale {scale} (`python -m experiments.toy_gated --scale={scale}`"
           + (", make gated" if scale == "full" else "; `make gated` runs the full recipe") + "), n = "

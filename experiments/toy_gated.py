@@ -30,8 +30,9 @@ import time
 import numpy as np
 from absl import app, flags
 
-from experiments import toy_report, toy_seeds
+from experiments import toy_analysis, toy_report, toy_seeds
 from memagent_jax.evaluation.length_sweep import SweepRow
+from memagent_jax.evaluation.memory_errors import KINDS
 from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 
 MEMORIES = ("overwrite", "gated")
@@ -101,6 +102,26 @@ def finished_rows(run: dict, scale: str, finished: str = FINISHED) -> tuple[list
   return None if found is None else (found[0], found[1].get("minutes"))
 
 
+def first_errors(workdir: str) -> dict[str, dict] | None:
+  """Per length, how the wrong documents of a run's RL sweep first went wrong (experiments/toy_analysis.py
+  errors: the first wrong memory's kind, or the answer), from its per-document answers; None without them."""
+  prefix = os.path.join(workdir, "eval", "rl")
+  try:
+    rows = toy_analysis.prefix_rows(prefix, toy_report.ToyRun.eval_seed, "lookup")
+  except FileNotFoundError:
+    return None
+  return {str(r["length"]): {"wrong": r["wrong"], **{k: r[k] for k in KINDS}} for r in rows}
+
+
+def run_errors(run: dict, finished: str = FINISHED) -> dict[str, dict] | None:
+  """A run's first errors: from its workdir where its answers are there, else from its committed record."""
+  workdir = run["seeds_run"]["workdir"] if "seeds_run" in run else run["workdir"]
+  found = first_errors(workdir)
+  if found is None and "seeds_run" not in run and os.path.exists(record_path(run, finished)):
+    found = json.load(open(record_path(run, finished))).get("first_errors")
+  return found
+
+
 def keep_record(run: dict, scale: str, command_line: str, minutes: float, finished: str = FINISHED):
   """A finished full-scale run's RL rows, recipe, this command's minutes and the commit, to be committed."""
   rows, _ = finished_rows(run, scale, finished)
@@ -108,15 +129,60 @@ def keep_record(run: dict, scale: str, command_line: str, minutes: float, finish
   with atomic_write(record_path(run, finished)) as f:
     json.dump({"label": run["label"], "seed": run["seed"], "memory": run["memory"], "command": command_line,
                "minutes": minutes, "commit": toy_report.current_commit(), "cpu_cores": os.cpu_count(),
-               "recipe": run_recipe(run, scale), "rows": [r.to_json() for r in rows]}, f, indent=1)
+               "recipe": run_recipe(run, scale), "rows": [r.to_json() for r in rows],
+               "first_errors": first_errors(run["workdir"])}, f, indent=1)
 
 
 def _cost(row: SweepRow, key: str) -> float:
   return float(row.reading.get(key, float("nan")))
 
 
+def errors_markdown(errors: dict[tuple[int, str], dict[str, dict] | None]) -> list[str]:
+  """Where gating loses: per seed and length, the wrong documents of each memory by their first error."""
+  seeds = sorted({seed for (seed, memory), e in errors.items() if memory == "gated" and e})
+  if not seeds:
+    return []
+  kinds = ("missed_update", "distractor_overwrite", "copy_corruption", "answer")
+  lines = ["## Where gating loses", "",
+           "Each wrong document by its first error (experiments/toy_analysis.py errors, from the sweep's "
+           "per-document memories): **missed update**, the chunk with the asked key's (latest) fact left the "
+           "memory without it (a gated turn that kept, or a write that dropped it); **distractor overwrite**, a "
+           "chunk with another key's fact put that fact in its place; **copy corruption**, a chunk with nothing "
+           "asked about spoiled a right memory; **answer**, the final memory was right and the answer not. "
+           "Overwrite / gated; - where the run's per-document answers are not kept (a make seeds run whose "
+           "workdir is gone).", "",
+           "| seed | length | wrong | " + " | ".join(k.replace("_", " ") for k in kinds) + " |",
+           "|---|---|---|" + "---|" * len(kinds)]
+  for seed in seeds:
+    ow, gt = errors.get((seed, "overwrite")), errors[(seed, "gated")]
+    for length in sorted(gt, key=int):
+      cell = lambda key: (f"{ow[length][key]}" if ow and length in ow else "-") + f" / {gt[length][key]}"
+      lines.append(f"| {seed} | {length} ({int(length) // 128}x) | {cell('wrong')} | "
+                   + " | ".join(cell(k) for k in kinds) + " |")
+  if loss_sentence(errors):
+    lines += ["", loss_sentence(errors)]
+  return ["", *lines]
+
+
+def loss_sentence(errors: dict[tuple[int, str], dict[str, dict] | None]) -> str:
+  """How gated's wrong documents at the longest length first went wrong, per seed ('' without errors)."""
+  seeds = sorted({seed for (seed, memory), e in errors.items() if memory == "gated" and e})
+  if not seeds:
+    return ""
+  longest = max(int(length) for length in errors[(seeds[-1], "gated")])
+  kinds = ("missed_update", "distractor_overwrite", "copy_corruption", "answer")
+  said = []
+  for seed in seeds:
+    e = errors[(seed, "gated")].get(str(longest))
+    if e and e["wrong"]:
+      top = max(kinds, key=lambda k: e[k])
+      said.append(f"seed {seed}: {e[top]} of its {e['wrong']} wrong documents first went wrong at a "
+                  f"{top.replace('_', ' ')}, {e['missed_update']} at a missed update")
+  return f"At the longest length ({longest} tokens), gated " + "; ".join(said) + "." if said else ""
+
+
 def markdown(results: list[tuple[dict, list[SweepRow], float | None]], commands: list[str], scale: str,
-             plot_name: str) -> str:
+             plot_name: str, errors: dict[tuple[int, str], dict[str, dict] | None] | None = None) -> str:
   """The finished runs side by side: per seed and length, overwrite against gated."""
   lines = ["| seed | length (x training) | overwrite acc % | gated acc % | decoded tokens / doc, overwrite | gated "
            "| chunks read / doc, overwrite | gated | s / doc, overwrite | gated | gated keep share |",
@@ -152,7 +218,7 @@ def markdown(results: list[tuple[dict, list[SweepRow], float | None]], commands:
       "", *[f"    {c}" for c in commands], "", *lines, "",
       "Wall time per run, of the command that finished it (a run stopped and resumed counts its last command "
       "only): " + ("; ".join(minutes) if minutes else "-") + ".", "",
-      f"![gated against overwrite]({plot_name})", ""])
+      f"![gated against overwrite]({plot_name})", *errors_markdown(errors or {}), ""])
 
 
 def plot(results, path: str):
@@ -191,10 +257,11 @@ def write_table(todo: list[dict], commands: list[str], scale: str, out: str):
   if not results:
     return
   os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  errors = {(run["seed"], run["memory"]): run_errors(run) for run, _, _ in results}
   with atomic_write(out + ".md") as f:
-    f.write(markdown(results, commands, scale, os.path.basename(out) + ".png"))
+    f.write(markdown(results, commands, scale, os.path.basename(out) + ".png", errors))
   with atomic_write(out + ".json") as f:
-    json.dump({"scale": scale, "commit": toy_report.current_commit(),
+    json.dump({"scale": scale, "commit": toy_report.current_commit(), "where_gating_loses": loss_sentence(errors),
                "runs": [{"label": run["label"], "seed": run["seed"], "memory": run["memory"], "minutes": minutes,
                          "rows": [r.to_json() for r in rows]} for run, rows, minutes in results]}, f, indent=1)
   plot(results, out + ".png")

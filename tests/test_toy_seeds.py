@@ -186,3 +186,20 @@ def test_gated_sweep_reuses_make_seeds_overwrite_runs_and_records_its_own(tmp_pa
   rows, minutes = toy_gated.finished_rows(gated, "full", finished)
   assert [r.accuracy for r in rows] == [0.9, 0.8, 0.7] and minutes == 31.0
   assert json.load(open(os.path.join(finished, "gated_seed0.json")))["recipe"] == toy_gated.run_recipe(gated, "full")
+
+
+def test_gated_page_says_where_gating_loses(tmp_path):
+  """The first-error table beside overwrite (or '-' where its answers are gone), and the sentence on the
+  longest length, from each run's first errors; a run without per-document answers has none."""
+  from experiments import toy_gated
+  e = lambda wrong, missed, distractor: {"wrong": wrong, "missed_update": missed, "distractor_overwrite": distractor,
+                                         "copy_corruption": 0, "answer": wrong - missed - distractor}
+  errors = {(0, "overwrite"): {"128": e(1, 1, 0), "256": e(2, 1, 1)}, (0, "gated"): {"128": e(0, 0, 0), "256": e(5, 1, 4)},
+            (1, "overwrite"): None, (1, "gated"): {"128": e(3, 0, 3), "256": e(9, 2, 6)}}
+  text = "\n".join(toy_gated.errors_markdown(errors))
+  assert "| 0 | 256 (2x) | 2 / 5 | 1 / 1 | 1 / 4 | 0 / 0 | 0 / 0 |" in text
+  assert "| 1 | 128 (1x) | - / 3 | - / 0 | - / 3 | - / 0 | - / 0 |" in text
+  assert ("At the longest length (256 tokens), gated seed 0: 4 of its 5 wrong documents first went wrong at a "
+          "distractor overwrite, 1 at a missed update; seed 1: 6 of its 9") in text
+  assert toy_gated.errors_markdown({(0, "gated"): None}) == []
+  assert toy_gated.first_errors(str(tmp_path)) is None  # no eval/rl_<length>.jsonl there
