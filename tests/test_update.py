@@ -294,8 +294,8 @@ def _shifted_model(seed=0):
   return model
 
 
-@pytest.mark.parametrize("make_model", [_model, _shifted_model])
-@pytest.mark.parametrize("remat", [False, True])
+# each model and each remat setting once (the prefix path is one code path under both; 2 cases, not 4)
+@pytest.mark.parametrize("make_model, remat", [(_model, True), (_shifted_model, False)])
 def test_shared_prefix_gives_the_same_logprobs_and_update(make_model, remat):
   """The opening's keys computed once for all rows (and copied into each row's cache) give the
   per-row computation's log-probs, gradients and update, on rows that start with it at any

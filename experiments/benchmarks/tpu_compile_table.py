@@ -94,9 +94,10 @@ def _version(package: str) -> str:
 
 
 def _commit() -> str:
+  """The checkout's commit, with "+" when tracked files differ from it (the code compiled is not that commit's)."""
   try:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()
+    return run("rev-parse", "--short", "HEAD") + ("+" if run("status", "--porcelain", "--untracked-files=no") else "")
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
 
