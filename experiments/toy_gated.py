@@ -32,7 +32,8 @@ from absl import app, flags
 
 from experiments import toy_analysis, toy_report, toy_seeds
 from memagent_jax.evaluation.length_sweep import SweepRow
-from memagent_jax.evaluation.memory_errors import KINDS
+from memagent_jax.data import toy
+from memagent_jax.evaluation.memory_errors import KINDS  # missed_update, distractor_overwrite, copy_corruption, answer
 from memagent_jax.runtime.atomic_io import atomic_write, save_figure
 
 MEMORIES = ("overwrite", "gated")
@@ -142,7 +143,6 @@ def errors_markdown(errors: dict[tuple[int, str], dict[str, dict] | None]) -> li
   seeds = sorted({seed for (seed, memory), e in errors.items() if memory == "gated" and e})
   if not seeds:
     return []
-  kinds = ("missed_update", "distractor_overwrite", "copy_corruption", "answer")
   lines = ["## Where gating loses", "",
            "Each wrong document by its first error (experiments/toy_analysis.py errors, from the sweep's "
            "per-document memories): **missed update**, the chunk with the asked key's (latest) fact left the "
@@ -151,14 +151,14 @@ def errors_markdown(errors: dict[tuple[int, str], dict[str, dict] | None]) -> li
            "asked about spoiled a right memory; **answer**, the final memory was right and the answer not. "
            "Overwrite / gated; - where the run's per-document answers are not kept (a make seeds run whose "
            "workdir is gone).", "",
-           "| seed | length | wrong | " + " | ".join(k.replace("_", " ") for k in kinds) + " |",
-           "|---|---|---|" + "---|" * len(kinds)]
+           "| seed | length | wrong | " + " | ".join(k.replace("_", " ") for k in KINDS) + " |",
+           "|---|---|---|" + "---|" * len(KINDS)]
   for seed in seeds:
     ow, gt = errors.get((seed, "overwrite")), errors[(seed, "gated")]
     for length in sorted(gt, key=int):
       cell = lambda key: (f"{ow[length][key]}" if ow and length in ow else "-") + f" / {gt[length][key]}"
-      lines.append(f"| {seed} | {length} ({int(length) // 128}x) | {cell('wrong')} | "
-                   + " | ".join(cell(k) for k in kinds) + " |")
+      lines.append(f"| {seed} | {length} ({int(length) // toy.TRAIN_TOKENS}x) | {cell('wrong')} | "
+                   + " | ".join(cell(k) for k in KINDS) + " |")
   if loss_sentence(errors):
     lines += ["", loss_sentence(errors)]
   return ["", *lines]
@@ -170,12 +170,11 @@ def loss_sentence(errors: dict[tuple[int, str], dict[str, dict] | None]) -> str:
   if not seeds:
     return ""
   longest = max(int(length) for length in errors[(seeds[-1], "gated")])
-  kinds = ("missed_update", "distractor_overwrite", "copy_corruption", "answer")
   said = []
   for seed in seeds:
     e = errors[(seed, "gated")].get(str(longest))
     if e and e["wrong"]:
-      top = max(kinds, key=lambda k: e[k])
+      top = max(KINDS, key=lambda k: e[k])
       said.append(f"seed {seed}: {e[top]} of its {e['wrong']} wrong documents first went wrong at a "
                   f"{top.replace('_', ' ')}, {e['missed_update']} at a missed update")
   return f"At the longest length ({longest} tokens), gated " + "; ".join(said) + "." if said else ""
