@@ -115,12 +115,13 @@ def first_errors(workdir: str) -> dict[str, dict] | None:
 
 
 def run_errors(run: dict, finished: str = FINISHED) -> dict[str, dict] | None:
-  """A run's first errors: from its workdir where its answers are there, else from its committed record."""
-  workdir = run["seeds_run"]["workdir"] if "seeds_run" in run else run["workdir"]
-  found = first_errors(workdir)
-  if found is None and "seeds_run" not in run and os.path.exists(record_path(run, finished)):
-    found = json.load(open(record_path(run, finished))).get("first_errors")
-  return found
+  """A run's first errors: from its committed record (computed once, when it finished), else from its workdir's
+  per-document answers (a make seeds run's; a record of an earlier version without them)."""
+  if "seeds_run" not in run and os.path.exists(record_path(run, finished)):
+    recorded = json.load(open(record_path(run, finished))).get("first_errors")
+    if recorded is not None:
+      return recorded
+  return first_errors(run["seeds_run"]["workdir"] if "seeds_run" in run else run["workdir"])
 
 
 def keep_record(run: dict, scale: str, command_line: str, minutes: float, finished: str = FINISHED):
@@ -138,9 +139,14 @@ def _cost(row: SweepRow, key: str) -> float:
   return float(row.reading.get(key, float("nan")))
 
 
+def _gated_seeds(errors: dict[tuple[int, str], dict[str, dict] | None]) -> list[int]:
+  """The seeds whose gated run has first errors."""
+  return sorted({seed for (seed, memory), e in errors.items() if memory == "gated" and e})
+
+
 def errors_markdown(errors: dict[tuple[int, str], dict[str, dict] | None]) -> list[str]:
   """Where gating loses: per seed and length, the wrong documents of each memory by their first error."""
-  seeds = sorted({seed for (seed, memory), e in errors.items() if memory == "gated" and e})
+  seeds = _gated_seeds(errors)
   if not seeds:
     return []
   lines = ["## Where gating loses", "",
@@ -159,14 +165,13 @@ def errors_markdown(errors: dict[tuple[int, str], dict[str, dict] | None]) -> li
       cell = lambda key: (f"{ow[length][key]}" if ow and length in ow else "-") + f" / {gt[length][key]}"
       lines.append(f"| {seed} | {length} ({int(length) // toy.TRAIN_TOKENS}x) | {cell('wrong')} | "
                    + " | ".join(cell(k) for k in KINDS) + " |")
-  if loss_sentence(errors):
-    lines += ["", loss_sentence(errors)]
-  return ["", *lines]
+  sentence = loss_sentence(errors)
+  return ["", *lines, *(["", sentence] if sentence else [])]
 
 
 def loss_sentence(errors: dict[tuple[int, str], dict[str, dict] | None]) -> str:
   """How gated's wrong documents at the longest length first went wrong, per seed ('' without errors)."""
-  seeds = sorted({seed for (seed, memory), e in errors.items() if memory == "gated" and e})
+  seeds = _gated_seeds(errors)
   if not seeds:
     return ""
   longest = max(int(length) for length in errors[(seeds[-1], "gated")])

@@ -20,6 +20,7 @@ import time
 from absl import app, flags
 
 from configs import memagent_qwen2_5_small, memagent_qwen3
+from experiments import toy_report
 from memagent_jax.runtime import tpu_targets
 
 GIB = 1024 ** 3
@@ -94,12 +95,8 @@ def _version(package: str) -> str:
 
 
 def _commit() -> str:
-  """The checkout's commit, with "+" when tracked files differ from it (the code compiled is not that commit's)."""
-  try:
-    run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()
-    return run("rev-parse", "--short", "HEAD") + ("+" if run("status", "--porcelain", "--untracked-files=no") else "")
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
+  """The checkout's commit ("+" when the compiled tree differs from it: toy_report.current_commit)."""
+  return toy_report.current_commit() or "unknown"
 
 
 def command(name: str, json_path: str) -> list[str]:
