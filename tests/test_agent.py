@@ -1,4 +1,5 @@
-"""The compiled memory recurrence against a plain Python loop, template fidelity, batching."""
+"""Template fidelity, batching, scan blocks and row layout of the memory recurrence (its conversations against a
+Python loop around transformers' greedy generate: test_parity)."""
 
 import hashlib
 import json
@@ -12,9 +13,7 @@ from memagent_jax.agent import ConversationBatch, DirectReader, MemAgent
 from memagent_jax.agent import memagent as memagent_module
 from memagent_jax.text import templates
 from memagent_jax.agent.recurrence import _strip_stop, pack_left
-from memagent_jax.text.templates import (FINAL_TEMPLATE_BOXED, FINAL_TEMPLATE_EVAL, MEMORY_TEMPLATE,
-                                          NO_MEMORY)
-from memagent_jax.policy.decode_spec import GREEDY
+from memagent_jax.text.templates import FINAL_TEMPLATE_BOXED, FINAL_TEMPLATE_EVAL, MEMORY_TEMPLATE
 from memagent_jax.policy.sampling import Generation
 
 SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
@@ -23,84 +22,6 @@ SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v
 def squad_paragraphs(n: int) -> list[str]:
   data = json.load(open(SQUAD))["data"]
   return [p["context"] for art in data for p in art["paragraphs"]][:n]
-
-
-def python_loop(policy, agent: MemAgent, question: str, document: str):
-  """The reference: tokenise the whole document, then one sampler call per chunk (greedy)."""
-  tok = policy.tokenizer
-  stops = set(policy.default_stop_tokens())
-  q, doc = tok.encode(question), tok.encode(document)
-  c = agent.chunk_tokens
-  memory = tok.encode(NO_MEMORY)
-  convs = []
-  for start in range(0, len(doc), c):
-    prompt = agent.memory_segments.assemble(prompt=q, memory=memory, chunk=doc[start:start + c])
-    gen = policy.sample([prompt], agent.memory_tokens, params=GREEDY)
-    response = gen.tokens[0, :gen.lengths[0]].tolist()
-    convs.append((prompt, response, gen.logprobs[0, :gen.lengths[0]]))
-    memory = response[:-1] if response and response[-1] in stops else response
-  prompt = agent.final_segments.assemble(prompt=q, memory=memory)
-  gen = policy.sample([prompt], agent.answer_tokens, params=GREEDY)
-  convs.append((prompt, gen.tokens[0, :gen.lengths[0]].tolist(), gen.logprobs[0, :gen.lengths[0]]))
-  return convs
-
-
-QUESTIONS = ["How many stories tall is the main library at Notre Dame?",
-             "What is the Grotto at Notre Dame?",
-             "Which newspaper at Notre Dame is published daily?"]
-
-
-@pytest.fixture(scope="module")
-def documents():
-  """SQuAD text of 150, 278 and ~393 SmolLM2 tokens: 2, 4 and 5 chunks of 80 tokens."""
-  paras = squad_paragraphs(7)
-  return [paras[2], paras[1], "\n\n".join(paras[5:7])]
-
-
-@pytest.fixture(scope="module")
-def mixed_batch(smollm, documents):
-  """One greedy batch of the three documents (shared: the 135M model is slow on CPU)."""
-  agent = MemAgent(smollm, chunk_tokens=80, memory_tokens=16, answer_tokens=8, block_chunks=2)
-  return agent, agent.answer_batch(QUESTIONS, documents)
-
-
-@pytest.mark.slow
-def test_recurrence_equals_python_loop_on_a_mixed_batch(smollm, documents, mixed_batch):
-  """Greedy: exactly the same prompts and responses as one sampler call per chunk per document,
-  for a batch whose documents have different chunk counts, over several scan blocks."""
-  agent, results = mixed_batch
-  chunk_counts = [r.num_chunks for r in results]
-  assert len(set(chunk_counts)) == 3 and max(chunk_counts) > 2 * agent.block_chunks  # 3 blocks
-  for question, document, res in zip(QUESTIONS, documents, results):
-    ref = python_loop(smollm, agent, question, document)
-    assert len(res.conversations) == len(ref) == res.num_chunks + 1
-    for conv, (prompt, response, logprobs) in zip(res.conversations, ref):
-      assert conv.prompt_ids.tolist() == prompt
-      assert conv.response_ids.tolist() == response
-      np.testing.assert_allclose(conv.response_logprobs, logprobs, atol=2e-3)
-    assert [c.is_final for c in res.conversations] == [False] * res.num_chunks + [True]
-    assert res.document_tokens == len(smollm.tokenizer.encode(document))
-
-
-@pytest.mark.slow
-def test_prompts_are_the_chat_wrapped_templates(smollm, documents, mixed_batch):
-  """Decoded prompts equal the chat template applied to the template text with question,
-  previous memory (first: 'No previous memory') and the chunk's text."""
-  tok = smollm.tokenizer
-  agent, results = mixed_batch
-  res, c = results[2], agent.chunk_tokens  # QUESTIONS[2] on documents[2]: 5 chunks
-  assert res.num_chunks >= 3
-  doc_ids = tok.encode(documents[2])
-  memory = NO_MEMORY
-  for k, conv in enumerate(res.conversations[:-1]):
-    chunk = tok.decode(doc_ids[k * c:(k + 1) * c], skip_special_tokens=False)
-    want = tok.chat_text(MEMORY_TEMPLATE.format(prompt=QUESTIONS[2], memory=memory, chunk=chunk))
-    assert tok.decode(conv.prompt_ids, skip_special_tokens=False) == want
-    memory = res.memories[k]
-  want = tok.chat_text(FINAL_TEMPLATE_BOXED.format(prompt=QUESTIONS[2], memory=memory))
-  assert tok.decode(res.conversations[-1].prompt_ids, skip_special_tokens=False) == want
-  assert "<problem> \n" in want and want.endswith("Your answer:\n<|im_end|>\n<|im_start|>assistant\n")
-  assert "put the answer in \\boxed{}." in want
 
 
 def test_templates_are_the_released_text():

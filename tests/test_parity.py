@@ -1,4 +1,5 @@
-"""Logits parity with transformers (PyTorch) for tiny random checkpoints and the real SmolLM2."""
+"""Parity with transformers (PyTorch): logits for tiny random checkpoints and the real SmolLM2, and the
+agent's greedy conversations on SmolLM2 against a Python loop around transformers' `generate`."""
 
 import json
 import os
@@ -14,6 +15,7 @@ from transformers import AutoModelForCausalLM
 import memagent_jax as mj
 from conftest import make_tiny_hf_dir, torch_logits
 from memagent_jax.models.attention import AttentionSpec
+from memagent_jax.text.templates import FINAL_TEMPLATE_BOXED, MEMORY_TEMPLATE, NO_MEMORY
 
 
 def test_tiny_checkpoint_logits_match_transformers(tiny_hf_dir):
@@ -116,41 +118,83 @@ def test_gguf_rotary_unpermute_inverts_llama_cpp_permute():
   assert not np.array_equal(permuted, w)
 
 
+SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
+QUESTIONS = ["How many stories tall is the main library at Notre Dame?",
+             "What is the Grotto at Notre Dame?",
+             "Which newspaper at Notre Dame is published daily?"]
+
+
+def _transformers_loop(policy, agent, question: str, document: str, greedy):
+  """The reference we did not compile: the whole document tokenised, then per chunk a prompt assembled
+  from the template's pieces, the question, the chunk's ids and the previous reference memory, and
+  transformers' greedy `generate` writing the next memory (its stop token dropped), then the answer."""
+  stops, tokenizer = set(policy.default_stop_tokens()), policy.tokenizer
+  q, doc = tokenizer.encode(question), tokenizer.encode(document)
+  memory, convs = tokenizer.encode(NO_MEMORY), []
+  for start in range(0, len(doc), agent.chunk_tokens):
+    prompt = agent.memory_segments.assemble(prompt=q, memory=memory, chunk=doc[start:start + agent.chunk_tokens])
+    ids, logp = greedy(np.asarray(prompt), agent.memory_tokens)
+    convs.append((prompt, ids, logp))
+    memory = ids[:-1].tolist() if len(ids) and ids[-1] in stops else ids.tolist()
+  prompt = agent.final_segments.assemble(prompt=q, memory=memory)
+  convs.append((prompt, *greedy(np.asarray(prompt), agent.answer_tokens)))
+  return convs
+
+
 @pytest.mark.slow
 def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smollm_reference):
-  """Every conversation of one question (batch of ONE row: a one-row per-row template opening was once
-  placed as if shared, and every key after its first slot was wrong) on a real SQuAD document, with the
-  template prefix cache on ("auto" takes it here, asserted) and off: the agent's greedy response ids are
-  transformers' greedy `generate` of the agent's own prompt ids, and their log-probs are transformers'
-  (the ids alone can survive a wrong cache: here the error moved logits by 3 without changing the argmax).
-  transformers runs once per distinct prompt: both settings must reach the same prompts."""
+  """The compiled recurrence against a plain Python loop around transformers' greedy `generate`, for the
+  embedded model on real SQuAD text: one batch of three documents of 2, 4 and 5 chunks (rows end in
+  different scan blocks of 2 chunks), with the template prefix cache on ("auto" takes it here, asserted)
+  and off. Every prompt is the loop's, every response id transformers', every log-prob transformers'
+  within 2e-3 (ids alone can survive a wrong cache: one such error moved logits by 3 without changing
+  the argmax). A one-row batch with the cache on (once wrong: its opening was placed as if shared):
+  test_prefix_cache."""
   from memagent_jax.agent import MemAgent
-  squad = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
-  paragraphs = [p["context"] for a in json.load(open(squad))["data"] for p in a["paragraphs"]]
-  budgets = dict(chunk_tokens=96, memory_tokens=16, answer_tokens=8)
+  paragraphs = [p["context"] for a in json.load(open(SQUAD))["data"] for p in a["paragraphs"]]
+  documents = [paragraphs[2], paragraphs[1], "\n\n".join(paragraphs[5:7])]  # 150, 278, ~393 tokens
+  budgets = dict(chunk_tokens=80, memory_tokens=16, answer_tokens=8, block_chunks=2)
   assert MemAgent(smollm, **budgets, template_prefix_cache="auto").reuse_prefix  # the default takes this path
   stops = list(smollm.default_stop_tokens())
-  reference = {}  # prompt ids -> (transformers' greedy ids, their log-probs)
 
   def transformers_greedy(prompt, n):
-    if prompt.tobytes() not in reference:
-      with torch.no_grad():  # generate's own raw logits: each new token's distribution, no second forward
-        ref = smollm_reference.generate(torch.tensor(prompt[None].astype(np.int64)), max_new_tokens=n,
-                                        do_sample=False, eos_token_id=stops, pad_token_id=stops[0],
-                                        output_logits=True, return_dict_in_generate=True)
-      ids = ref.sequences[0, len(prompt):].numpy()
-      logp = torch.log_softmax(torch.stack(ref.logits, 1)[0].float(), -1)  # [new tokens, V]
-      assert logp.shape[0] == len(ids)
-      reference[prompt.tobytes()] = ids, logp[torch.arange(len(ids)), torch.tensor(ids)].numpy()
-    return reference[prompt.tobytes()]
+    with torch.no_grad():  # generate's own raw logits: each new token's distribution, no second forward
+      ref = smollm_reference.generate(torch.tensor(prompt[None].astype(np.int64)), max_new_tokens=n,
+                                      do_sample=False, eos_token_id=stops, pad_token_id=stops[0],
+                                      output_logits=True, return_dict_in_generate=True)
+    ids = ref.sequences[0, len(prompt):].numpy()
+    logp = torch.log_softmax(torch.stack(ref.logits, 1)[0].float(), -1)  # [new tokens, V]
+    assert logp.shape[0] == len(ids)
+    return ids, logp[torch.arange(len(ids)), torch.tensor(ids)].numpy()
 
+  reference = [_transformers_loop(smollm, MemAgent(smollm, **budgets), q, d, transformers_greedy)
+               for q, d in zip(QUESTIONS, documents)]
+  assert [len(r) - 1 for r in reference] == [2, 4, 5]  # chunks per document: more than 2 blocks of 2 in the last
   for prefix_cache in ("on", "off"):
     agent = MemAgent(smollm, **budgets, template_prefix_cache=prefix_cache)
     assert agent.reuse_prefix == (prefix_cache == "on")
-    res = agent.answer("How many stories tall is the main library at Notre Dame?", paragraphs[2])
-    assert res.num_chunks >= 2
-    for conv in res.conversations:
-      ids, logp = transformers_greedy(conv.prompt_ids, agent.answer_tokens if conv.is_final else agent.memory_tokens)
-      assert conv.response_ids.tolist() == ids.tolist(), prefix_cache
-      np.testing.assert_allclose(conv.response_logprobs, logp, atol=2e-3, err_msg=prefix_cache)
-  assert len(reference) == len(res.conversations)  # "on" and "off" read the same prompts
+    results = agent.answer_batch(QUESTIONS, documents)
+    for document, res, ref in zip(documents, results, reference, strict=True):
+      assert res.document_tokens == len(smollm.tokenizer.encode(document))
+      assert len(res.conversations) == len(ref) == res.num_chunks + 1
+      assert [c.is_final for c in res.conversations] == [False] * res.num_chunks + [True]
+      for conv, (prompt, ids, logp) in zip(res.conversations, ref):
+        assert conv.prompt_ids.tolist() == prompt, prefix_cache
+        assert conv.response_ids.tolist() == ids.tolist(), prefix_cache
+        np.testing.assert_allclose(conv.response_logprobs, logp, atol=2e-3, err_msg=prefix_cache)
+  _prompts_are_the_chat_wrapped_templates(smollm.tokenizer, agent.chunk_tokens, QUESTIONS[2], documents[2], results[2])
+
+
+def _prompts_are_the_chat_wrapped_templates(tok, chunk_tokens: int, question: str, document: str, res):
+  """Decoded prompts are the chat template applied to the released template text with the question, the
+  previous memory (first: 'No previous memory') and the chunk's text."""
+  doc_ids, memory = tok.encode(document), NO_MEMORY
+  for k, conv in enumerate(res.conversations[:-1]):
+    chunk = tok.decode(doc_ids[k * chunk_tokens:(k + 1) * chunk_tokens], skip_special_tokens=False)
+    want = tok.chat_text(MEMORY_TEMPLATE.format(prompt=question, memory=memory, chunk=chunk))
+    assert tok.decode(conv.prompt_ids, skip_special_tokens=False) == want
+    memory = res.memories[k]
+  want = tok.chat_text(FINAL_TEMPLATE_BOXED.format(prompt=question, memory=memory))
+  assert tok.decode(res.conversations[-1].prompt_ids, skip_special_tokens=False) == want
+  assert "<problem> \n" in want and want.endswith("Your answer:\n<|im_end|>\n<|im_start|>assistant\n")
+  assert "put the answer in \\boxed{}." in want

@@ -42,6 +42,22 @@ def test_reused_prefix_gives_the_same_trajectories(shifted_toy_policy):
       np.testing.assert_allclose(cg.response_logprobs, cw.response_logprobs, atol=1e-4)
 
 
+def test_reused_prefix_on_one_row(shifted_toy_policy):
+  """A batch of one row (its per-row opening was once placed as if it were the shared prefix, and every
+  key after its first slot was wrong): the same trajectory with the cache on and off."""
+  off, on = _agents(shifted_toy_policy, chunk_tokens=32, memory_tokens=8, answer_tokens=4, block_chunks=3)
+  questions, documents = _toy_batch(shifted_toy_policy.tokenizer, n=1)
+  question = questions[-1] + " lima ?"  # 10 tokens in a 16-wide bucket: the row's opening is left-padded
+  width = len(shifted_toy_policy.tokenizer.encode(question))
+  assert width < question_bucket(width), width
+  want = off.answer(question, documents[-1], temperature=1.0, seed=3)  # 11 chunks
+  got = on.answer(question, documents[-1], temperature=1.0, seed=3)
+  assert got.num_chunks > 3 and got.memories == want.memories and got.answer == want.answer
+  for cw, cg in zip(want.conversations, got.conversations, strict=True):
+    np.testing.assert_array_equal(cg.prompt_ids, cw.prompt_ids)
+    np.testing.assert_allclose(cg.response_logprobs, cw.response_logprobs, atol=1e-4)
+
+
 def test_reused_prefix_on_a_grouped_query_model():
   policy = mj.load_policy("random:tiny-smollm2", seed=1)  # 4 query heads share 2 key heads; SmolLM2 chat template
   off, on = _agents(policy, chunk_tokens=24, memory_tokens=6, answer_tokens=4, block_chunks=2)

@@ -135,13 +135,17 @@ def test_chunked_logprobs_hold_no_full_logits_and_give_the_same_update():
   assert not big, big  # only [r, 2, V] chunks
 
 
+def _accumulation_case(agg):
+  rows = _rows()
+  rows["loss_mask"][1] = False  # micro-batch 0 of 4 holds an empty row (as padding rows are)
+  return _model(), rows, _spec(agg=agg, kl_coef=0.01, entropy_coef=0.01, clip_c=3.0)
+
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                  "seq-mean-token-sum-norm"])
 def test_gradient_accumulation_1_vs_4_micro_batches(agg):
-  """4 micro-batches give the update of the whole mini-batch at once (<= 1e-6 relative)."""
-  model, rows = _model(), _rows()
-  rows["loss_mask"][1] = False  # micro-batch 0 of 4 holds an empty row (as padding rows are)
-  spec = _spec(agg=agg, kl_coef=0.01, entropy_coef=0.01, clip_c=3.0)
+  """4 micro-batches give the gradient of the whole mini-batch at once (<= 1e-6 relative)."""
+  model, rows, spec = _accumulation_case(agg)
   tx = optax.sgd(1.0)  # the update IS the gradient: compares gradients directly
   p0, one, m1 = _step(model, rows, spec, micro=1, tx=tx)
   _, four, m4 = _step(model, rows, spec, micro=4, tx=tx)
@@ -150,7 +154,12 @@ def test_gradient_accumulation_1_vs_4_micro_batches(agg):
   assert _rel(grads4, grads1) <= 1e-6
   assert abs(m1.loss - m4.loss) <= 1e-6 * max(1.0, abs(m1.loss))
   assert m1.tokens == m4.tokens == rows["loss_mask"].sum()
-  _, a1, _ = _step(model, rows, spec, micro=1)
+
+
+def test_adamw_update_of_4_micro_batches():
+  """AdamW applied to the accumulated gradient: the same optimizer path whatever the aggregation (above)."""
+  model, rows, spec = _accumulation_case("token-mean")
+  p0, a1, _ = _step(model, rows, spec, micro=1)
   _, a4, _ = _step(model, rows, spec, micro=4)
   # AdamW's updates: its first step divides each gradient element by its own size, so elements at
   # rounding-noise level (|g| << 1e-6 of the norm) differ fully between the two summation orders. Measured
