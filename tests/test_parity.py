@@ -119,9 +119,6 @@ def test_gguf_rotary_unpermute_inverts_llama_cpp_permute():
 
 
 SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
-QUESTIONS = ["How many stories tall is the main library at Notre Dame?",
-             "What is the Grotto at Notre Dame?",
-             "Which newspaper at Notre Dame is published daily?"]
 
 
 def _transformers_loop(policy, agent, question: str, document: str, greedy):
@@ -144,16 +141,17 @@ def _transformers_loop(policy, agent, question: str, document: str, greedy):
 @pytest.mark.slow
 def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smollm_reference):
   """The compiled recurrence against a plain Python loop around transformers' greedy `generate`, for the
-  embedded model on real SQuAD text: one batch of three documents of 2, 4 and 5 chunks (rows end in
-  different scan blocks of 2 chunks), with the template prefix cache on ("auto" takes it here, asserted)
-  and off. Every prompt is the loop's, every response id transformers', every log-prob transformers'
+  embedded model on real SQuAD text and questions: one batch of three documents of 1, 2 and 3 chunks (rows
+  end in different scan blocks; blocks of several chunks carry as these: test_agent), with the template
+  prefix cache on ("auto" takes it here, asserted) and off. Every prompt is the loop's, every response id transformers', every log-prob transformers'
   within 2e-3 (ids alone can survive a wrong cache: one such error moved logits by 3 without changing
   the argmax). A one-row batch with the cache on (once wrong: its opening was placed as if shared):
   test_prefix_cache."""
   from memagent_jax.agent import MemAgent
-  paragraphs = [p["context"] for a in json.load(open(SQUAD))["data"] for p in a["paragraphs"]]
-  documents = [paragraphs[2], paragraphs[1], "\n\n".join(paragraphs[5:7])]  # 150, 278, ~393 tokens
-  budgets = dict(chunk_tokens=80, memory_tokens=16, answer_tokens=8, block_chunks=2)
+  paragraphs = [p for a in json.load(open(SQUAD))["data"] for p in a["paragraphs"]]
+  picked = [paragraphs[i] for i in (7, 10, 9)]  # 113, 220 and 312 tokens: 1, 2 and 3 chunks of 128
+  documents, questions = [p["context"] for p in picked], [p["qas"][0]["question"] for p in picked]
+  budgets = dict(chunk_tokens=128, memory_tokens=16, answer_tokens=8, block_chunks=1)
   assert MemAgent(smollm, **budgets, template_prefix_cache="auto").reuse_prefix  # the default takes this path
   stops = list(smollm.default_stop_tokens())
 
@@ -168,12 +166,12 @@ def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smo
     return ids, logp[torch.arange(len(ids)), torch.tensor(ids)].numpy()
 
   reference = [_transformers_loop(smollm, MemAgent(smollm, **budgets), q, d, transformers_greedy)
-               for q, d in zip(QUESTIONS, documents)]
-  assert [len(r) - 1 for r in reference] == [2, 4, 5]  # chunks per document: more than 2 blocks of 2 in the last
+               for q, d in zip(questions, documents)]
+  assert [len(r) - 1 for r in reference] == [1, 2, 3]  # chunks per document: each row ends in its own block
   for prefix_cache in ("on", "off"):
     agent = MemAgent(smollm, **budgets, template_prefix_cache=prefix_cache)
     assert agent.reuse_prefix == (prefix_cache == "on")
-    results = agent.answer_batch(QUESTIONS, documents)
+    results = agent.answer_batch(questions, documents)
     for document, res, ref in zip(documents, results, reference, strict=True):
       assert res.document_tokens == len(smollm.tokenizer.encode(document))
       assert len(res.conversations) == len(ref) == res.num_chunks + 1
@@ -182,7 +180,7 @@ def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smo
         assert conv.prompt_ids.tolist() == prompt, prefix_cache
         assert conv.response_ids.tolist() == ids.tolist(), prefix_cache
         np.testing.assert_allclose(conv.response_logprobs, logp, atol=2e-3, err_msg=prefix_cache)
-  _prompts_are_the_chat_wrapped_templates(smollm.tokenizer, agent.chunk_tokens, QUESTIONS[2], documents[2], results[2])
+  _prompts_are_the_chat_wrapped_templates(smollm.tokenizer, agent.chunk_tokens, questions[2], documents[2], results[2])
 
 
 def _prompts_are_the_chat_wrapped_templates(tok, chunk_tokens: int, question: str, document: str, res):

@@ -11,7 +11,8 @@ def _tiny_rl_config():
   cfg = toy_memagent.get_config("rl,lookup")
   cfg.model.source = "random:toy-tiny"
   cfg.data.update(phases="", train_size=16)
-  cfg.rl.update(group_size=2, questions_per_step=2, ppo_mini_batch=1, rollout_batch=4, dynamic_sampling=False)
+  # one mini-batch: one update program (a second would compile again with old log-probs no longer current)
+  cfg.rl.update(group_size=2, questions_per_step=2, ppo_mini_batch=2, rollout_batch=4, dynamic_sampling=False)
   cfg.train.update(steps=3, progress=False)
   cfg.eval.every = 0
   return cfg

@@ -84,7 +84,9 @@ def moving(tmp_path_factory, parity_reward):
 
 
 def test_tiny_run_logs_every_metric_and_saves(tmp_path):
-  t = assembly.build_trainer(tiny(**{"train.steps": 2, "eval.every": 2}), workdir=str(tmp_path))
+  # evaluation in the rollouts' batch and top-p: it runs the programs the rollouts compiled
+  t = assembly.build_trainer(tiny(**{"train.steps": 2, "eval.every": 2, "eval.size": 8, "eval.batch_size": 8,
+                                     "eval.top_p": 1.0}), workdir=str(tmp_path))
   out = t.train()
   assert out.step == 2 and [h.step for h in out.history] == [1, 2]
   assert out.history[0].eval is None and set(out.history[1].eval) >= {"score"}  # held-out scores on step 2 only
