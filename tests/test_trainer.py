@@ -238,11 +238,18 @@ def test_seeds_change_the_run(tmp_path, knob, base2):
   assert any(a.scalars()[k] != b.scalars()[k] for k in keys)
 
 
-@pytest.mark.parametrize("knob,value", [("model.remat", "full"), ("model.remat", "dots"), ("rl.micro_batches", 2)])
-def test_trainer_knobs_reach_the_update(tmp_path, knob, value, moving, parity_reward):
-  """Remat and micro-batching change how, not what, an update computes: after a step that moved the
-  params, they equal the plain run's to float rounding."""
-  other = assembly.build_trainer(tiny(**MOVING, **{knob: value}), workdir=str(tmp_path / "other"))
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_remat_reaches_the_update(tmp_path, remat):
+  """model.remat is the update's (that it changes how, not what, the update computes: test_update's remat
+  and scanned-layer tests, on the update itself)."""
+  trainer = assembly.build_trainer(tiny(**{"model.remat": remat}), workdir=str(tmp_path))
+  assert trainer.update_spec.remat == remat
+
+
+def test_micro_batches_change_how_not_what_the_trainer_updates(tmp_path, moving, parity_reward):
+  """The trainer splits each mini-batch into micro-batches itself: after a step that moved the params,
+  they equal the plain run's to float rounding."""
+  other = assembly.build_trainer(tiny(**MOVING, **{"rl.micro_batches": 2}), workdir=str(tmp_path / "other"))
   update = other.train(until=1).history[0].update
   moved = max(float(np.max(np.abs(x - y))) for x, y in zip(moving["init"], moving["step1"]))
   assert moved > 1e-4  # the step changed the params (lr 5e-3 in the first warm-up step)
