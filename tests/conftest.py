@@ -3,17 +3,12 @@
 import collections
 import os
 import shutil
+import sys
 import tempfile
 
-# One OpenMP thread per process (torch's intra-op pool, numpy's BLAS): the two xdist workers already fill the
-# two cores, and OpenMP threads that spin-wait for a busy core cost more than they give. Measured: transformers'
-# greedy generate of SmolLM2 (250-token prompt, 16 new tokens) beside one busy core, 5.4 s with torch's
-# default 2 threads, 2.1 s with 1. Set before numpy and torch load; processes the tests start inherit it.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import jax  # noqa: E402  (after the thread setting above)
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import numpy as np
+import pytest
 
 import file_seconds  # tests/file_seconds.py: each file's seconds, for the order below
 import memagent_jax as mj
@@ -109,10 +104,22 @@ def shifted_toy_policy():
   return Policy(model, base.tokenizer)
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+  """torch (the references) computes on one thread: the two xdist workers already fill the two cores, and
+  torch's OpenMP threads spin-wait for a busy core. Measured: transformers' greedy generate of SmolLM2
+  (250-token prompt, 16 new tokens) beside one busy core, 5.4 s on torch's default 2 threads, 2.1 s on 1.
+  (Not OMP_NUM_THREADS: libtpu's compile reads it too, and the TPU step test took 9% longer on 1 thread.)"""
+  torch = sys.modules.get("torch")  # imported by a test module, a fixture or transformers
+  if torch is not None and torch.get_num_threads() != 1:
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def smollm_reference():
   """transformers loading the same GGUF file: the reference we did not write."""
   import torch
+  torch.set_num_threads(1)  # as _one_torch_thread: this fixture may be the first to import torch
   from transformers import AutoModelForCausalLM
   from memagent_jax.policy.loading import embedded_gguf_path
   path = embedded_gguf_path()
