@@ -2,6 +2,7 @@
 compacted decode (the agent's memory turns, the sampler's second phase) giving the same tokens as the
 uncompacted one for the same keys, on one device and split over two forced host devices."""
 
+import json
 import textwrap
 
 import jax
@@ -93,11 +94,20 @@ def _read(buckets: int, docs):
   return [(r.gates, r.memories, [[int(t) for t in c.response_ids] for c in r.conversations]) for r in results]
 
 
-def test_compacted_memory_turns_same_conversations(bucket_calls):
-  """A gated agent over documents of 1 to 4 chunks (rows end at different turns: inactive rows) with
-  memory turns compacted into 3 bucket sizes reads exactly as with every row in every turn."""
-  docs = [toy.generate(1, k * toy.CHUNK_TOKENS, seed=10 + k)[0] for k in (1, 4, 2, 4, 3, 1, 4, 2)]
-  plain, compact = _read(1, docs), _read(3, docs)
+def _docs():
+  """Toy documents of 1 to 4 chunks: rows end at different turns (inactive rows)."""
+  return [toy.generate(1, k * toy.CHUNK_TOKENS, seed=10 + k)[0] for k in (1, 4, 2, 4, 3, 1, 4, 2)]
+
+
+@pytest.fixture(scope="module")
+def plain_read():
+  """The gated agent's read of _docs() with every row in every memory turn, on one device."""
+  return _read(1, _docs())
+
+
+def test_compacted_memory_turns_same_conversations(plain_read, bucket_calls):
+  """A gated agent with memory turns compacted into 3 bucket sizes reads exactly as with every row in every turn."""
+  plain, compact = plain_read, _read(3, _docs())
   assert plain == compact
   # the rows before the prefill among (2, 4, 8); then inside each of those buckets, the rows still decoding
   # after the form among that bucket's own halvings (an uncompacted read has one size: no choice)
@@ -118,22 +128,20 @@ MESH_SCRIPT = textwrap.dedent("""
   row_groups = compaction.row_groups
   compaction.row_groups = lambda rows: seen.append(row_groups(rows)) or seen[-1]
   mesh = parallel.make_mesh(parallel.MeshSpec(data=2, fsdp=1, tensor=1))
-  docs = [toy.generate(1, k * toy.CHUNK_TOKENS, seed=10 + k)[0] for k in (1, 4, 2, 4, 3, 1, 4, 2)]
-  out = {}
-  for buckets in (1, 3):
-    policy = mj.load_policy("random:toy-tiny", seed=2)
-    agent = mj.MemAgent(policy, chunk_tokens=toy.CHUNK_TOKENS, memory_tokens=toy.MEMORY_TOKENS,
-                        answer_tokens=toy.ANSWER_TOKENS, question_tokens=16, block_chunks=2, memory="gated",
-                        gate_forms="keep_stop", decode_buckets=buckets, mesh=mesh)
-    results = agent.answer_batch([d["question"] for d in docs], [d["context"] for d in docs], temperature=1.0,
-                                 seed=3)
-    out[buckets] = [[r.gates, r.memories, [[int(t) for t in c.response_ids] for c in r.conversations]]
-                    for r in results]
-  print(json.dumps(dict(same=out[1] == out[3], devices=len(jax.devices()), groups=sorted(set(seen)))))
+  docs = [toy.generate(1, k * toy.CHUNK_TOKENS, seed=10 + k)[0] for k in (1, 4, 2, 4, 3, 1, 4, 2)]  # _docs()
+  policy = mj.load_policy("random:toy-tiny", seed=2)
+  agent = mj.MemAgent(policy, chunk_tokens=toy.CHUNK_TOKENS, memory_tokens=toy.MEMORY_TOKENS,
+                      answer_tokens=toy.ANSWER_TOKENS, question_tokens=16, block_chunks=2, memory="gated",
+                      gate_forms="keep_stop", decode_buckets=3, mesh=mesh)
+  results = agent.answer_batch([d["question"] for d in docs], [d["context"] for d in docs], temperature=1.0, seed=3)
+  read = [[r.gates, r.memories, [[int(t) for t in c.response_ids] for c in r.conversations]] for r in results]
+  print(json.dumps(dict(read=read, devices=len(jax.devices()), groups=sorted(set(seen)))))
 """)
 
 
-def test_compacted_memory_turns_on_two_devices():
-  """The same reads with rows split over a data axis of 2 (each device compacts its own rows)."""
+def test_compacted_memory_turns_on_two_devices(plain_read):
+  """The same reads with rows split over a data axis of 2, each device compacting its own rows, as the
+  uncompacted read on one device (a row's tokens do not depend on the device count: test_rollout_sharding)."""
   result = run_on_emulated_devices(MESH_SCRIPT, n=2, timeout=600)  # the tests' compile flags and cache
-  assert result == dict(same=True, devices=2, groups=[2])
+  assert result["devices"] == 2 and result["groups"] == [2]
+  assert result["read"] == json.loads(json.dumps(plain_read))  # as JSON: tuples -> lists
