@@ -42,7 +42,7 @@ ROWS = {
                                "before: rollouts decode with the FSDP training layout"),
     "14b_v5p-128": (Q14, "v5p-128", [], "released 14B on its mesh (fsdp 16 x tensor 4)"),
     "0.5b_v5p-8": (f"{SMALL}:0.5b", "v5p-8", ["--config.mesh.fsdp=4"], "Qwen2.5-0.5B on one v5p host"),
-    "1.5b_v5p-8": (f"{SMALL}:1.5b", "v5p-8", ["--config.mesh.fsdp=4"], "Qwen2.5-1.5B on one v5p host"),
+    "1.5b_v5p-8": (f"{SMALL}:1.5b", "v5p-8", ["--config.mesh.fsdp=2"], "Qwen2.5-1.5B on one v5p host (tensor 2)"),
     "1.5b_v5e-8_fsdp8": (f"{SMALL}:1.5b", "v5e-8", ["--config.mesh.fsdp=8", "--config.mesh.tensor=1"],
                          "Qwen2.5-1.5B on v5e-8 on its before row's mesh (fsdp 8; the config's is fsdp 4 x tensor 2)"),
     "3b_v5e-8": (f"{SMALL}:3b", "v5e-8", [], "Qwen2.5-3B on one v5e host (tensor 2)"),
