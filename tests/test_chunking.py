@@ -1,15 +1,14 @@
 """Streamed tokenisation equals whole-text tokenisation; chunks, padding and truncation."""
 
 import json
-import os
 
 import numpy as np
 import pytest
 
 from memagent_jax.agent import chunking
 from memagent_jax.policy.loading import load_tokenizer
+from conftest import SQUAD_SAMPLE
 
-SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +18,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def text():
-  data = json.load(open(SQUAD))["data"]
+  data = json.load(open(SQUAD_SAMPLE))["data"]
   paras = [p["context"] for art in data for p in art["paragraphs"]][:40]
   # Mixed separators, runs of spaces/newlines, non-ASCII, digits, a long run without spaces.
   extra = "Caf\u00e9 \u2014 na\u00efve  double  spaces\n\n\n  indented line\ttab 12345678 " + "x" * 3000

@@ -1,14 +1,13 @@
 """Long-document QA: SQuAD/HotpotQA loading, padding, numbering, seeded shuffle, errors."""
 
 import json
-import os
 import re
 
 import pytest
 
 from memagent_jax.data import longqa
+from conftest import SQUAD_SAMPLE
 
-SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
 DOC_RE = re.compile(r"(?:^|\n\n)Document (\d+):\n")
 
 
@@ -21,11 +20,11 @@ def _docs(context: str) -> tuple[list[int], list[str]]:
 
 @pytest.fixture(scope="module")
 def squad():
-  return longqa.load_squad(SQUAD)
+  return longqa.load_squad(SQUAD_SAMPLE)
 
 
 def test_load_squad(squad):
-  raw = json.load(open(SQUAD))
+  raw = json.load(open(SQUAD_SAMPLE))
   paras = [p for a in raw["data"] for p in a["paragraphs"]]
   assert len(squad.examples) == sum(len(p["qas"]) for p in paras)
   assert len(squad) == 269 and len(squad.pool) == 55

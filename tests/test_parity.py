@@ -13,7 +13,7 @@ from flax import nnx
 from transformers import AutoModelForCausalLM
 
 import memagent_jax as mj
-from conftest import make_tiny_hf_dir, torch_logits
+from conftest import SQUAD_SAMPLE, make_tiny_hf_dir, torch_logits
 from memagent_jax.models.attention import AttentionSpec
 from memagent_jax.text.templates import FINAL_TEMPLATE_BOXED, MEMORY_TEMPLATE, NO_MEMORY
 
@@ -118,9 +118,6 @@ def test_gguf_rotary_unpermute_inverts_llama_cpp_permute():
   assert not np.array_equal(permuted, w)
 
 
-SQUAD = os.path.join(os.path.dirname(__file__), "data", "squad_sample", "train-v1.1.json")
-
-
 def _transformers_loop(policy, agent, question: str, document: str, greedy):
   """The reference we did not compile: the whole document tokenised, then per chunk a prompt assembled
   from the template's pieces, the question, the chunk's ids and the previous reference memory, and
@@ -143,12 +140,12 @@ def test_agent_greedy_conversations_are_transformers_greedy_generate(smollm, smo
   """The compiled recurrence against a plain Python loop around transformers' greedy `generate`, for the
   embedded model on real SQuAD text and questions: one batch of three documents of 1, 2 and 3 chunks (rows
   end in different scan blocks; blocks of several chunks carry as these: test_agent), with the template
-  prefix cache on ("auto" takes it here, asserted) and off. Every prompt is the loop's, every response id transformers', every log-prob transformers'
-  within 2e-3 (ids alone can survive a wrong cache: one such error moved logits by 3 without changing
-  the argmax). A one-row batch with the cache on (once wrong: its opening was placed as if shared):
+  prefix cache on ("auto" takes it here, asserted) and off. Every prompt is the loop's, every response id
+  transformers', every log-prob transformers' within 2e-3 (ids alone can survive a wrong cache: one such
+  error moved logits by 3 without changing the argmax). A one-row batch with the cache on (once wrong: its opening was placed as if shared):
   test_prefix_cache."""
   from memagent_jax.agent import MemAgent
-  paragraphs = [p for a in json.load(open(SQUAD))["data"] for p in a["paragraphs"]]
+  paragraphs = [p for a in json.load(open(SQUAD_SAMPLE))["data"] for p in a["paragraphs"]]
   picked = [paragraphs[i] for i in (7, 10, 9)]  # 113, 220 and 312 tokens: 1, 2 and 3 chunks of 128
   documents, questions = [p["context"] for p in picked], [p["qas"][0]["question"] for p in picked]
   budgets = dict(chunk_tokens=128, memory_tokens=16, answer_tokens=8, block_chunks=1)
