@@ -80,10 +80,16 @@ def test_response_logprobs_align_with_full_forward(chunk):
   rows = _rows()
   logp, ent = upd.response_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["valid"]), **LOGP,
                                     logits_chunk=chunk)
+  # the reference: each row unpadded, from position 0, in one causal forward of the rows moved to the left
+  # (what follows a row's tokens cannot reach their logits)
+  unpadded = [rows["tokens"][i][rows["valid"][i]] for i in range(R)]
+  packed = np.zeros((R, max(map(len, unpadded))), np.int32)  # [R, L]
+  for i, ids in enumerate(unpadded):
+    packed[i, :len(ids)] = ids
+  full_rows = np.asarray(jax.nn.log_softmax(forward_logits(model, jnp.asarray(packed))))  # [R, L, V]
   for i in range(R):
-    ids = rows["tokens"][i][rows["valid"][i]]
+    ids, full = unpadded[i], full_rows[i]
     plen = int(rows["valid"][i, :P].sum())
-    full = np.asarray(jax.nn.log_softmax(forward_logits(model, jnp.asarray(ids[None]))[0]))
     n = int(rows["loss_mask"][i].sum())
     want = [full[plen - 1 + j, ids[plen + j]] for j in range(n)]
     np.testing.assert_allclose(np.asarray(logp[i, :n]), want, atol=2e-5)
@@ -141,8 +147,10 @@ def _accumulation_case(agg):
   return _model(), rows, _spec(agg=agg, kl_coef=0.01, entropy_coef=0.01, clip_c=3.0)
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                 "seq-mean-token-sum-norm"])
+# the update's two denominator paths (group_denominator): counts summed over groups (token-mean; the seq-mean
+# modes count rows the same way) and the common horizon (seq-mean-token-sum-norm). That each mode's
+# micro-batch losses over the whole denominator sum to the whole loss: test_losses, for all four.
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum-norm"])
 def test_gradient_accumulation_1_vs_4_micro_batches(agg):
   """4 micro-batches give the gradient of the whole mini-batch at once (<= 1e-6 relative)."""
   model, rows, spec = _accumulation_case(agg)
