@@ -86,8 +86,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       overlong=ml_collections.ConfigDict(dict(enable=False, max_tokens=1024, cache_tokens=256)),
       # gated memory (agent.memory="gated"): weights of the gate terms added to the final reward
       # (rl/gate_signals.py): keep (keeping, signed by the answer), exit (stopping early, signed),
-      # format (invalid replies); 0 = the final reward alone
-      gate_rewards=ml_collections.ConfigDict(dict(keep=0.0, exit=0.0, format=0.0)),
+      # format (invalid replies), evidence (writing where the chunk holds a gold answer, keeping where
+      # not: extractive answers only); 0 = the final reward alone
+      gate_rewards=ml_collections.ConfigDict(dict(keep=0.0, exit=0.0, format=0.0, evidence=0.0)),
       # "trajectory": every turn gets its trajectory's advantage (Multi-Conv DAPO) | "turn_mix":
       # (1 - turn_advantage_weight) x that + turn_advantage_weight x the turn's own (group-centred)
       advantage_mode="trajectory",

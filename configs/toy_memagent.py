@@ -150,4 +150,11 @@ def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
         c.data.options.late_fact_share = 0.0
   if memory == "gated" and stage in ("warm_start", "rl"):
     c.agent.update(memory="gated", gate_forms="keep", decode_buckets=3)
+  if memory == "gated" and stage == "rl":
+    # the gate against each chunk's content (rl/gate_signals.py "evidence": write where the chunk holds the
+    # answer, keep where not), paid to its own turn by the turn-level mix: with the final reward alone, full
+    # RL runs either stopped keeping (seed 0) or kept and wrote distractors' facts (seed 1: 99 of its 102
+    # wrong documents at 256x)
+    c.rl.gate_rewards.evidence = 0.5
+    c.rl.update(advantage_mode="turn_mix", turn_advantage_weight=0.5)
   return c

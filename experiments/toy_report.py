@@ -148,6 +148,11 @@ def _training_documents(world: str, scale: str, get_config=None) -> str:
   return f" Training documents: {'; '.join(told)}; every evaluated document is the world as described."
 
 
+# Settings added after results were recorded, left out of the digest while they hold their no-op value, so
+# that the runs recorded before them stay runs of their recipe: (section, key, subkey, no-op value).
+LATER_SETTINGS = (("rl", "gate_rewards", "evidence", 0.0),)
+
+
 def recipe(run: ToyRun) -> str:
   """12 hex digits naming what the run's trained stages train with (each stage config's steps, data,
   teacher, agent, optimizer and RL settings; not its paths or seed): a result of another recipe is not a
@@ -158,6 +163,10 @@ def recipe(run: ToyRun) -> str:
     cfg = toy_memagent.get_config(f"{stage},{run.scale},{run.world},{run.memory}")
     parts[stage] = {"steps": int(run.steps.get(stage, cfg.train.steps)),
                     **{k: cfg[k].to_dict() for k in ("data", "teacher", "agent", "optim", "rl") if k in cfg}}
+    for section, key, subkey, no_op in LATER_SETTINGS:
+      group = parts[stage].get(section, {}).get(key, {})
+      if group.get(subkey, no_op) == no_op:
+        group.pop(subkey, None)
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:12]
 
 

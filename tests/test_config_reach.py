@@ -87,6 +87,10 @@ class ScriptedAgent:
     slots = slots_from_results(results, self.pad_id, prompt_width=prompt_width, response_width=response_width)
     return dataclasses.replace(slots, doc_chunks=np.full(len(results), 3, np.int32)) if self.gated else slots
 
+  def chunk_texts(self, documents):
+    """One chunk per document (its one memory turn): the whole text, which holds the answer."""
+    return [[doc] for doc in documents]
+
 
 class Run:
   """A built experiment and what it does, each probe from the same data position."""
@@ -297,6 +301,7 @@ KNOBS = [
     ("rl.gate_rewards.keep", 1.0, GATED, probe("rollout", "reward_mean")),
     ("rl.gate_rewards.exit", 1.0, GATED_STOP, probe("rollout", "reward_mean")),
     ("rl.gate_rewards.format", 1.0, GATED, probe("rollout", "reward_mean")),
+    ("rl.gate_rewards.evidence", 1.0, GATED, probe("rollout", "reward_mean")),
     ("rl.advantage_mode", "turn_mix", {**GATED, "rl.gate_rewards.keep": 1.0}, probe("rollout", "advantages")),
     ("rl.turn_advantage_weight", 1.0, TURN_MIX, probe("rollout", "advantages")),
     ("teacher.name", "toy_recall", DIRECT, probe("teacher", "tokens")),

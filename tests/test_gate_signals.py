@@ -1,6 +1,7 @@
 """Gate reward terms, turn-level advantages and their mix, each against numbers worked out by hand,
 and through the rollout collector (rows of a scripted gated reader)."""
 
+import dataclasses
 import types
 
 import numpy as np
@@ -40,6 +41,31 @@ def test_each_term_by_hand():
   traj, turn = gate_signals.GATE_TERMS.get("format")(o)
   np.testing.assert_allclose(traj, [0.0, -0.5])
   np.testing.assert_allclose(turn, [[0, 0, 0, 0], [0, -1, 0, 0]])
+
+
+def test_evidence_term_by_hand():
+  """Evidence (the chunk holds a gold answer) at trajectory 0's turn 1 and trajectory 1's turn 0."""
+  o = outcome()
+  evidence = np.asarray([[0, 1, 1, 0], [1, 0, 0, 0]], bool)
+  traj, turn = gate_signals.GATE_TERMS.get("evidence")(dataclasses.replace(o, evidence=evidence))
+  # 0: kept past no evidence +1, wrote from evidence +1, stopped 0: 2 over 3 memory turns
+  # 1: kept past evidence -1, invalid 0: -1 over 2 memory turns
+  np.testing.assert_allclose(turn, [[1, 1, 0, 0], [-1, 0, 0, 0]])
+  np.testing.assert_allclose(traj, [2 / 3, -1 / 2])
+  # a write from a chunk without evidence (a distractor's chunk) costs: trajectory 0 writing at turn 0
+  wrote = dataclasses.replace(o, evidence=evidence, gate=np.asarray([[M, M, S, 0], [K, I, 0, 0]]))
+  np.testing.assert_allclose(gate_signals.GATE_TERMS.get("evidence")(wrote)[1][0], [-1, 1, 0, 0])
+  with pytest.raises(ValueError, match="evidence"):
+    gate_signals.GATE_TERMS.get("evidence")(o)
+
+
+def test_answer_in_chunks_reads_whole_normalised_words():
+  chunks = [["the code of oslo is tiger .", "The Tigers sleep", "x"], ["an otter", "Otter!"]]
+  got = gate_signals.answer_in_chunks(chunks, [["tiger"], ["The otter", "seal"]], turns=4)
+  # row 0: "tiger" whole word in chunk 0 only ("Tigers" is another word); past its 3 chunks: False
+  # row 1: both chunks hold "otter" once articles, case and punctuation are dropped
+  np.testing.assert_array_equal(got, [[1, 0, 0, 0], [1, 1, 0, 0]])
+  assert not gate_signals.answer_in_chunks([["a b"]], [[""]], turns=1).any()  # an empty answer matches nothing
 
 
 def test_weighted_terms_by_hand():
@@ -94,6 +120,10 @@ class GatedAgent:
     slots.doc_chunks = np.asarray(docs, np.int32)
     return slots
 
+  def chunk_texts(self, documents):
+    """Trajectory 0's 5 chunks hold the answer "yes" in chunk 1; trajectory 1's 2 chunks in chunk 0."""
+    return [[["a", "yes b", "yes", "d", "e"], ["yes", "f"]][i % 2] for i in range(len(documents))]
+
 
 def _rows(**kw):
   spec = rollout.RolloutSpec(group_size=2, questions_per_step=1, rollout_batch=2, reward="exact_match",
@@ -116,6 +146,15 @@ def test_collector_rewards_and_turn_mix_by_hand():
   m = out.metrics
   assert (m.keep_frac, m.stop_frac, m.invalid_frac) == (0.4, 0.2, 0.2)
   assert m.decoded_tokens_per_doc == 7.0 and m.chunks_per_doc == 2.5  # 8 + 6 tokens; 3 + 2 chunks read
+
+
+def test_collector_evidence_term_reads_each_turns_chunk():
+  """Through the collector: the evidence comes from the reader's chunks and the row's gold answers."""
+  out, rows = _rows(gate_weights=(("evidence", 1.0),), advantage_mode="turn_mix", turn_advantage_weight=1.0)
+  # rewards: 1 + 2/3 (keep past "a" +1, write from "yes b" +1, stop 0) and 0 - 1/2 (keep past "yes" -1)
+  assert out.metrics.reward_mean == pytest.approx((1 + 2 / 3 - 1 / 2) / 2)
+  # turn-level only (weight 1): turn rewards [2, 2, 1, 1 (answer)] and [-1, 0, 0 (answer)], centred per position
+  np.testing.assert_allclose(rows.advantages, [1.5, 1.0, 0.0, 0.5, -1.5, -1.0, -0.5], rtol=1e-6)
 
 
 def test_collector_defaults_are_the_final_reward_broadcast():

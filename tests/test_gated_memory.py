@@ -16,6 +16,7 @@ from memagent_jax.data import toy
 from memagent_jax.data import toy_tokenizer
 from memagent_jax.policy.decode_spec import DecodeSpec
 from memagent_jax.policy.policy import Policy
+from memagent_jax.rl import gate_signals
 from memagent_jax.rl.toy_teacher import TEACHERS
 from memagent_jax.text import templates
 from memagent_jax.text.tokenizer import Tokenizer
@@ -237,3 +238,19 @@ def test_gated_config_reads_a_committed_toy_checkpoint_with_the_gated_words():
   assert spec.keep == ((gated.tokenizer.hf.get_vocab()["<keep>"],),)
   other = Tokenizer(toy_tokenizer.build_hf_tokenizer(["<pad>", "<unk>", "a"]))
   assert toy_tokenizer.with_gated_words(other) is other and toy_tokenizer.with_gated_words(None) is None
+
+
+def test_chunk_texts_are_the_chunks_the_reader_reads(docs):
+  """The evidence gate term's view of a document: its chunks of chunk_tokens toy words in order, centre-truncated
+  as training truncates; the answer (the asked key's last value) stands in exactly one of them."""
+  policy = mj.load_policy("random:toy-tiny", seed=0)
+  contexts = [d["context"] for d in docs]
+  texts = mj.MemAgent(policy, **TOY).chunk_texts(contexts)
+  for context, chunks in zip(contexts, texts):
+    words = context.split()
+    assert [c.split() for c in chunks] == [words[i:i + toy.CHUNK_TOKENS] for i in range(0, len(words), toy.CHUNK_TOKENS)]
+  evidence = gate_signals.answer_in_chunks(texts, [d["answers"] for d in docs], turns=5)
+  assert (evidence.sum(1) == 1).all() and not evidence[:, 4].any()  # 4 chunks each; the answer turn: none
+  short = mj.MemAgent(policy, **TOY, max_chunks=2).chunk_texts(contexts)
+  words, half = contexts[0].split(), toy.CHUNK_TOKENS  # max_chunks=2: the first and the last 64 words
+  assert " ".join(short[0]).split() == words[:half] + words[-half:] and [len(c) for c in short] == [2] * len(docs)

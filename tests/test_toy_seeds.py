@@ -11,7 +11,7 @@ import pytest
 
 from memagent_jax.evaluation.length_sweep import SweepRow
 from memagent_jax.models import safetensors_io
-from test_toy_reproduction import BASE
+from test_toy_reproduction import BASE, REPO
 
 
 def _rows(accs, lengths=(128, 256, 512)):
@@ -203,3 +203,20 @@ def test_gated_page_says_where_gating_loses(tmp_path):
           "distractor overwrite, 1 at a missed update; seed 1: 6 of its 9") in text
   assert toy_gated.errors_markdown({(0, "gated"): None}) == []
   assert toy_gated.first_errors(str(tmp_path)) is None  # no eval/rl_<length>.jsonl there
+
+
+def test_a_later_setting_at_its_no_op_value_leaves_the_recipe(monkeypatch):
+  """toy_report.LATER_SETTINGS: the overwrite recipe's digest is the one its committed results carry (made
+  before rl.gate_rewards.evidence existed); the same setting at any other value is another recipe."""
+  from configs import toy_memagent
+  from experiments import toy_report
+  committed = json.load(open(os.path.join(REPO, "docs", "results", "toy_reproduction_lookup.json")))["recipe"]
+  assert toy_report.reproduce_recipe() == committed
+  make = toy_memagent.get_config
+
+  def weighted(variant):
+    c = make(variant)
+    c.rl.gate_rewards.evidence = 0.5
+    return c
+  monkeypatch.setattr(toy_memagent, "get_config", weighted)
+  assert toy_report.reproduce_recipe() != committed

@@ -207,6 +207,11 @@ class MemAgent:
       return streams
     return [self._centre_truncated(s) for s in streams]
 
+  def chunk_texts(self, documents: Sequence[str]) -> list[list[str]]:
+    """Each document's chunks as text, exactly as the reader reads them (its chunking and truncation):
+    what a per-turn signal that looks at a chunk's content (the gate terms' evidence) reads."""
+    return [[self.tokenizer.decode(ids) for ids in stream] for stream in self._chunk_streams(documents, False)]
+
   def _centre_truncated(self, stream):
     ids = np.concatenate(list(stream))  # training only: centre-truncate to max_chunks chunks
     ids = chunking.centre_truncate(ids, self.max_chunks * self.chunk_tokens)

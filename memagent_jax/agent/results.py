@@ -123,6 +123,8 @@ class RolloutSlots:
   num_chunks: np.ndarray  # [b] memory updates of each row (chunks read)
   gate: np.ndarray | None = None  # [b, T] int32 gates.MEMORY / KEEP / STOP / INVALID per turn; None: no gate
   doc_chunks: np.ndarray | None = None  # [b] chunks of each document, read or not (None: num_chunks)
+  evidence: np.ndarray | None = None  # [b, T] bool: turn t's chunk holds a gold answer (set by RL's collector
+  #   when a gate term reads it; gate_signals.answer_in_chunks)
 
   @property
   def turns(self) -> int:

@@ -70,6 +70,7 @@ RANGES: dict[str, Range] = {
     "rl.gate_rewards.keep": Range(False, 0),
     "rl.gate_rewards.exit": Range(False, 0),
     "rl.gate_rewards.format": Range(False, 0),
+    "rl.gate_rewards.evidence": Range(False, 0),
     "rl.turn_advantage_weight": Range(False, 0, high=1),
     "optim.lr": Range(False, 0, low_open=True),
     "optim.warmup_steps": Range(True, 0),

@@ -7,7 +7,11 @@ answer's raw score in [0, 1] and sign = 2 s - 1 (right: +1, wrong: -1):
     so keeping is paid when the answer is still right and blamed when it is wrong;
   * "exit": sign x the share of the document's chunks left unread after a stop (per turn: on the
     stop turn), so stopping early is paid only when the memory sufficed;
-  * "format": minus the share of invalid replies (per turn: -1 on an invalid reply).
+  * "format": minus the share of invalid replies (per turn: -1 on an invalid reply);
+  * "evidence": the gate against the chunk's content, not the answer: +1 on a turn that wrote a new
+    memory from a chunk holding a gold answer (its evidence, `answer_in_chunks`) or kept the memory
+    past a chunk without one, -1 on the other two (a write from a chunk without evidence is where a
+    distractor's fact replaces the asked one); the mean over memory turns. Needs extractive answers.
 Advantage modes (`ADVANTAGE_MODES`): "trajectory" gives every turn its trajectory's advantage
 (Multi-Conv DAPO); "turn_mix" gives turn t of trajectory j (1 - w) A_j + w T_jt, where T_jt is the
 turn's reward (final reward + its turn terms) minus the mean over its group's trajectories at the
@@ -22,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from memagent_jax.agent import gates
+from memagent_jax.rl import rewards
 from memagent_jax.runtime.registry import Registry
 
 
@@ -32,6 +37,7 @@ class GateOutcome:
   gate: np.ndarray  # [N, T] int gates.MEMORY / KEEP / STOP / INVALID (memory turns; 0 elsewhere)
   memory_turn: np.ndarray  # [N, T] bool: a memory update the row ran (active and not the final answer)
   doc_chunks: np.ndarray  # [N] chunks of each document (read or not)
+  evidence: np.ndarray | None = None  # [N, T] bool: turn t's chunk holds a gold answer (the "evidence" term's)
 
   @property
   def sign(self) -> np.ndarray:
@@ -71,6 +77,32 @@ def exit_term(o: GateOutcome):
 def format_term(o: GateOutcome):
   """Invalid replies (a form with more text around it) cost their share."""
   return -o.share(gates.INVALID), -o.turns(gates.INVALID)
+
+
+@GATE_TERMS.register("evidence")
+def evidence_term(o: GateOutcome):
+  """Writing where the chunk holds the answer and keeping where it does not: +1 per turn, -1 otherwise."""
+  if o.evidence is None:
+    raise ValueError("the 'evidence' gate term needs each turn's evidence (answer_in_chunks); this reader's "
+                     "rollouts carry none")
+  evidence = np.asarray(o.evidence, bool)
+  agree = np.where(evidence, o.turns(gates.MEMORY), o.turns(gates.KEEP))  # [N, T]
+  disagree = np.where(evidence, o.turns(gates.KEEP), o.turns(gates.MEMORY))
+  turn = agree - disagree
+  return turn.sum(1) / np.maximum(1, o.memory_turn.sum(1)), turn
+
+
+def answer_in_chunks(chunk_texts: list[list[str]], answers: list[list[str]], turns: int) -> np.ndarray:
+  """[N, turns] bool: chunk t of row i holds one of row i's gold answers as whole words (SQuAD-normalised
+  text, as the rewards compare). An answer cut by a chunk boundary is in neither chunk; turns past a
+  row's chunks (its final answer) are False."""
+  out = np.zeros((len(chunk_texts), turns), bool)
+  for i, (chunks, gold) in enumerate(zip(chunk_texts, answers, strict=True)):
+    needles = [f" {g} " for g in map(rewards.normalize_answer, gold) if g]
+    for t, text in enumerate(chunks[:turns]):
+      hay = f" {rewards.normalize_answer(text)} "
+      out[i, t] = any(n in hay for n in needles)
+  return out
 
 
 def weighted_terms(o: GateOutcome, weights: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:

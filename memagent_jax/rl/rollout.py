@@ -157,10 +157,12 @@ class _Call:
   num_chunks: np.ndarray  # [B]
   gate: np.ndarray | None = None  # [B, T] gated readers' gates
   doc_chunks: np.ndarray | None = None  # [B] chunks of each document (read or not)
+  evidence: np.ndarray | None = None  # [B, T] turn t's chunk holds a gold answer (the "evidence" gate term's)
 
   @classmethod
   def gather(cls, slots: RolloutSlots) -> "_Call":
-    optional = {k: gather_rows(getattr(slots, k)) for k in ("gate", "doc_chunks") if getattr(slots, k) is not None}
+    optional = {k: gather_rows(getattr(slots, k)) for k in ("gate", "doc_chunks", "evidence")
+                if getattr(slots, k) is not None}
     return cls(slots=slots, **optional, **{k: gather_rows(getattr(slots, k)) for k in
                                            ("active", "prompt_len", "response_len", "truncated", "is_final",
                                             "num_chunks")})
@@ -187,9 +189,14 @@ class RolloutCollector:
     calls, decode = [], DecodeSpec(temperature=self.spec.temperature, top_p=self.spec.top_p)
     for start in range(0, len(questions), self._call_rows()):
       part = slice(start, start + self._call_rows())
-      calls.append(_Call.gather(self.agent.rollout_slots(
+      slots = self.agent.rollout_slots(
           questions[part], documents[part], decode=decode, seed=seed, row_ids=row_ids[part],
-          prompt_width=self.prompt_width, response_width=self.response_width)))
+          prompt_width=self.prompt_width, response_width=self.response_width)
+      if slots.gate is not None and dict(self.spec.gate_weights).get("evidence"):
+        gold = [list(samples.answers[q]) for q in range(mine.start, mine.stop) for _ in range(g)][part]
+        slots = dataclasses.replace(slots, evidence=gate_signals.answer_in_chunks(
+            self.agent.chunk_texts(documents[part]), gold, slots.turns))
+      calls.append(_Call.gather(slots))
     return calls, mine
 
   def _call_rows(self) -> int:
@@ -333,7 +340,9 @@ class RolloutCollector:
       gate = np.stack([pad(c.gate[r]) if c.gate is not None else np.zeros(t, np.int32) for c, r in rows])
       base, score = (finals[gen][0][q * g:(q + 1) * g], finals[gen][1][q * g:(q + 1) * g])
       doc = np.asarray([c.doc_chunks[r] if c.doc_chunks is not None else c.num_chunks[r] for c, r in rows])
-      outcome = gate_signals.GateOutcome(score=score, gate=gate, memory_turn=active & ~final, doc_chunks=doc)
+      evidence = np.stack([pad(c.evidence[r]) for c, r in rows]) if rows[0][0].evidence is not None else None
+      outcome = gate_signals.GateOutcome(score=score, gate=gate, memory_turn=active & ~final, doc_chunks=doc,
+                                         evidence=evidence)
       turn_terms = gate_signals.weighted_terms(outcome, weights)[1] if weights and rows[0][0].gate is not None \
           else np.zeros((g, t))
       turn_rewards = np.asarray(base, np.float64)[:, None] + turn_terms  # [G, T]
@@ -346,7 +355,7 @@ def _outcome(slots: RolloutSlots, scores) -> gate_signals.GateOutcome:
   """The gate terms' view of one call's trajectories (this process's rows)."""
   doc = slots.doc_chunks if slots.doc_chunks is not None else slots.num_chunks
   return gate_signals.GateOutcome(score=np.asarray(scores), gate=slots.gate, memory_turn=slots.active & ~slots.is_final,
-                                  doc_chunks=np.asarray(doc))
+                                  doc_chunks=np.asarray(doc), evidence=slots.evidence)
 
 
 def _call_metrics(calls: list[_Call]) -> dict[str, float]:
