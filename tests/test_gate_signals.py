@@ -155,6 +155,8 @@ def test_collector_evidence_term_reads_each_turns_chunk():
   assert out.metrics.reward_mean == pytest.approx((1 + 2 / 3 - 1 / 2) / 2)
   # turn-level only (weight 1): turn rewards [2, 2, 1, 1 (answer)] and [-1, 0, 0 (answer)], centred per position
   np.testing.assert_allclose(rows.advantages, [1.5, 1.0, 0.0, 0.5, -1.5, -1.0, -0.5], rtol=1e-6)
+  assert out.metrics.evidence_agree_frac == 0.4  # 2 of the 5 memory turns (stop and invalid agree with nothing)
+  assert _rows()[0].metrics.evidence_agree_frac is None  # logged only where the term is weighed
 
 
 def test_collector_defaults_are_the_final_reward_broadcast():

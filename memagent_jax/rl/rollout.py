@@ -128,6 +128,7 @@ class RolloutMetrics:
   keep_frac: float | None = None  # gated readers: shares of memory turns that kept / stopped / were invalid
   stop_frac: float | None = None
   invalid_frac: float | None = None
+  evidence_agree_frac: float | None = None  # the "evidence" term's rollouts: memory turns whose gate agrees with it
 
   def scalars(self) -> dict[str, float]:
     """The logged names (a field that is None is not logged)."""
@@ -377,4 +378,8 @@ def _call_metrics(calls: list[_Call]) -> dict[str, float]:
     gate = np.concatenate([c.gate.ravel() for c in calls])[memory]
     for name, code in (("keep_frac", gates.KEEP), ("stop_frac", gates.STOP), ("invalid_frac", gates.INVALID)):
       out[name] = float((gate == code).sum()) / max(1, gate.size)
+    if all(c.evidence is not None for c in calls):  # writes from evidence, keeps past none
+      evidence = np.concatenate([c.evidence.ravel() for c in calls])[memory]
+      agree = np.where(evidence, gate == gates.MEMORY, gate == gates.KEEP)
+      out["evidence_agree_frac"] = float(agree.sum()) / max(1, gate.size)
   return out
