@@ -121,8 +121,8 @@ class GatedAgent:
     return slots
 
   def chunk_texts(self, documents):
-    """Trajectory 0's 5 chunks hold the answer "yes" in chunk 1; trajectory 1's 2 chunks in chunk 0."""
-    return [[["a", "yes b", "yes", "d", "e"], ["yes", "f"]][i % 2] for i in range(len(documents))]
+    """The document's 5 chunks: the answer "yes" in chunks 1 and 2."""
+    return [["a", "yes b", "yes", "d", "e"] for _ in documents]
 
 
 def _rows(**kw):
@@ -151,11 +151,11 @@ def test_collector_rewards_and_turn_mix_by_hand():
 def test_collector_evidence_term_reads_each_turns_chunk():
   """Through the collector: the evidence comes from the reader's chunks and the row's gold answers."""
   out, rows = _rows(gate_weights=(("evidence", 1.0),), advantage_mode="turn_mix", turn_advantage_weight=1.0)
-  # rewards: 1 + 2/3 (keep past "a" +1, write from "yes b" +1, stop 0) and 0 - 1/2 (keep past "yes" -1)
-  assert out.metrics.reward_mean == pytest.approx((1 + 2 / 3 - 1 / 2) / 2)
-  # turn-level only (weight 1): turn rewards [2, 2, 1, 1 (answer)] and [-1, 0, 0 (answer)], centred per position
-  np.testing.assert_allclose(rows.advantages, [1.5, 1.0, 0.0, 0.5, -1.5, -1.0, -0.5], rtol=1e-6)
-  assert out.metrics.evidence_agree_frac == 0.4  # 2 of the 5 memory turns (stop and invalid agree with nothing)
+  # rewards: 1 + 2/3 (keep past "a" +1, write from "yes b" +1, stop 0) and 0 + 1/2 (keep past "a" +1, invalid 0)
+  assert out.metrics.reward_mean == pytest.approx((1 + 2 / 3 + 1 / 2) / 2)
+  # turn-level only (weight 1): turn rewards [2, 2, 1, 1 (answer)] and [1, 0, 0 (answer)], centred per position
+  np.testing.assert_allclose(rows.advantages, [0.5, 1.0, 0.0, 0.5, -0.5, -1.0, -0.5], rtol=1e-6)
+  assert out.metrics.evidence_agree_frac == 0.6  # 3 of the 5 memory turns (stop and invalid agree with nothing)
   assert _rows()[0].metrics.evidence_agree_frac is None  # logged only where the term is weighed
 
 

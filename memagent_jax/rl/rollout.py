@@ -186,6 +186,7 @@ class RolloutCollector:
     mine = this_process_share(len(samples), "questions of a rollout batch")
     questions = [samples.question[q] for q in range(mine.start, mine.stop) for _ in range(g)]
     documents = [samples.context[q] for q in range(mine.start, mine.stop) for _ in range(g)]
+    gold = [samples.answers[q] for q in range(mine.start, mine.stop) for _ in range(g)]
     row_ids = [q * g + k for q in range(mine.start, mine.stop) for k in range(g)]
     calls, decode = [], DecodeSpec(temperature=self.spec.temperature, top_p=self.spec.top_p)
     for start in range(0, len(questions), self._call_rows()):
@@ -194,11 +195,16 @@ class RolloutCollector:
           questions[part], documents[part], decode=decode, seed=seed, row_ids=row_ids[part],
           prompt_width=self.prompt_width, response_width=self.response_width)
       if slots.gate is not None and dict(self.spec.gate_weights).get("evidence"):
-        gold = [list(samples.answers[q]) for q in range(mine.start, mine.stop) for _ in range(g)][part]
-        slots = dataclasses.replace(slots, evidence=gate_signals.answer_in_chunks(
-            self.agent.chunk_texts(documents[part]), gold, slots.turns))
+        slots = dataclasses.replace(slots, evidence=self._evidence(documents[part], gold[part], slots.turns))
       calls.append(_Call.gather(slots))
     return calls, mine
+
+  def _evidence(self, documents: list[str], gold: list[tuple[str, ...]], turns: int) -> np.ndarray:
+    """[b, turns] the "evidence" gate term's labels: each row's chunks (each distinct document chunked once)
+    against its gold answers."""
+    distinct = list(dict.fromkeys(documents))
+    chunks = dict(zip(distinct, self.agent.chunk_texts(distinct)))
+    return gate_signals.answer_in_chunks([chunks[d] for d in documents], [list(a) for a in gold], turns)
 
   def _call_rows(self) -> int:
     """Trajectories per reader call on each process."""
