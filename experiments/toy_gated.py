@@ -185,6 +185,19 @@ def loss_sentence(errors: dict[tuple[int, str], dict[str, dict] | None]) -> str:
   return f"At the longest length ({longest} tokens), gated " + "; ".join(said) + "." if said else ""
 
 
+def gated_rl_signals(scale: str) -> str:
+  """The gated RL stage's training signals, as its config sets them (configs/toy_memagent.py)."""
+  from configs import toy_memagent
+  rl = toy_memagent.get_config(f"rl,{scale},lookup,gated").rl
+  terms = ", ".join(f"{name} x {w:g}" + (" (+1 on a turn that writes from a chunk holding the answer or keeps past "
+                                          "a chunk without it, -1 on the other two)" if name == "evidence" else "")
+                    for name, w in sorted(rl.gate_rewards.items()) if w)
+  mode = (f"advantages {rl.advantage_mode}, turn weight {rl.turn_advantage_weight:g}"
+          if rl.advantage_mode == "turn_mix" else f"advantages {rl.advantage_mode}")
+  return (f"Its RL adds gate terms to the final reward (rl/gate_signals.py): {terms}; {mode}." if terms
+          else f"Its RL has the final reward alone; {mode}.")
+
+
 def markdown(results: list[tuple[dict, list[SweepRow], float | None]], commands: list[str], scale: str,
              plot_name: str, errors: dict[tuple[int, str], dict[str, dict] | None] | None = None) -> str:
   """The finished runs side by side: per seed and length, overwrite against gated."""
@@ -211,7 +224,8 @@ def markdown(results: list[tuple[dict, list[SweepRow], float | None]], commands:
       "then RL-MemAgent swept at n documents per length (evaluation seed 1000, temperature 0.7, top-p 0.95; "
       "accuracy in % with a 95% Wilson interval). Gated: a memory turn may reply `<keep>` (the memory stays); "
       "its warm start's teacher does so on chunks without the asked key, and its memory turns run only the rows "
-      "still decoding (agent.decode_buckets = 3). Decoded tokens: memory turns and the answer. Seconds: wall "
+      f"still decoding (agent.decode_buckets = 3). {gated_rl_signals(scale)} Decoded tokens: memory turns and the "
+      "answer. Seconds: wall "
       "time of the batched evaluation / n on 2 CPU cores, which two sweeps and other work may share (a run's "
       "seconds are not comparable across runs; docs/results/bench_compaction.md times row compaction alone, side by "
       "side in one process).",

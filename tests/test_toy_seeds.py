@@ -220,3 +220,21 @@ def test_a_later_setting_at_its_no_op_value_leaves_the_recipe(monkeypatch):
     return c
   monkeypatch.setattr(toy_memagent, "get_config", weighted)
   assert toy_report.reproduce_recipe() != committed
+
+
+def test_gated_page_names_the_rl_signals_its_config_sets(monkeypatch):
+  from configs import toy_memagent
+  from experiments import toy_gated
+  assert toy_gated.gated_rl_signals("full") == (
+      "Its RL adds gate terms to the final reward (rl/gate_signals.py): evidence x 0.5 (+1 on a turn that writes "
+      "from a chunk holding the answer or keeps past a chunk without it, -1 on the other two); advantages turn_mix, "
+      "turn weight 0.5.")
+  make = toy_memagent.get_config
+
+  def final_reward_only(variant):
+    c = make(variant)
+    c.rl.gate_rewards.evidence = 0.0
+    c.rl.advantage_mode = "trajectory"
+    return c
+  monkeypatch.setattr(toy_memagent, "get_config", final_reward_only)
+  assert toy_gated.gated_rl_signals("demo") == "Its RL has the final reward alone; advantages trajectory."
