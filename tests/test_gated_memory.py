@@ -246,9 +246,10 @@ def test_chunk_texts_are_the_chunks_the_reader_reads(docs):
   policy = mj.load_policy("random:toy-tiny", seed=0)
   contexts = [d["context"] for d in docs]
   texts = mj.MemAgent(policy, **TOY).chunk_texts(contexts)
+  step = toy.CHUNK_TOKENS
   for context, chunks in zip(contexts, texts):
     words = context.split()
-    assert [c.split() for c in chunks] == [words[i:i + toy.CHUNK_TOKENS] for i in range(0, len(words), toy.CHUNK_TOKENS)]
+    assert [c.split() for c in chunks] == [words[i:i + step] for i in range(0, len(words), step)]
   evidence = gate_signals.answer_in_chunks(texts, [d["answers"] for d in docs], turns=5)
   assert (evidence.sum(1) == 1).all() and not evidence[:, 4].any()  # 4 chunks each; the answer turn: none
   short = mj.MemAgent(policy, **TOY, max_chunks=2).chunk_texts(contexts)
