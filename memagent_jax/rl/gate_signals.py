@@ -85,11 +85,16 @@ def evidence_term(o: GateOutcome):
   if o.evidence is None:
     raise ValueError("the 'evidence' gate term needs each turn's evidence (answer_in_chunks); this reader's "
                      "rollouts carry none")
-  evidence = np.asarray(o.evidence, bool)
-  agree = np.where(evidence, o.turns(gates.MEMORY), o.turns(gates.KEEP))  # [N, T]
-  disagree = np.where(evidence, o.turns(gates.KEEP), o.turns(gates.MEMORY))
-  turn = agree - disagree
+  agree = agrees_with_evidence(o.gate, o.evidence) & o.memory_turn  # [N, T]
+  disagrees = agrees_with_evidence(o.gate, ~np.asarray(o.evidence, bool)) & o.memory_turn  # a keep/write swapped
+  turn = agree.astype(np.float64) - disagrees
   return turn.sum(1) / np.maximum(1, o.memory_turn.sum(1)), turn
+
+
+def agrees_with_evidence(gate, evidence) -> np.ndarray:
+  """Elementwise: a write (MEMORY) on an evidence chunk or a keep on a chunk without; stop, invalid: False."""
+  evidence = np.asarray(evidence, bool)
+  return np.where(evidence, gate == gates.MEMORY, gate == gates.KEEP)
 
 
 def answer_in_chunks(chunk_texts: list[list[str]], answers: list[list[str]], turns: int) -> np.ndarray:

@@ -386,6 +386,5 @@ def _call_metrics(calls: list[_Call]) -> dict[str, float]:
       out[name] = float((gate == code).sum()) / max(1, gate.size)
     if all(c.evidence is not None for c in calls):  # writes from evidence, keeps past none
       evidence = np.concatenate([c.evidence.ravel() for c in calls])[memory]
-      agree = np.where(evidence, gate == gates.MEMORY, gate == gates.KEEP)
-      out["evidence_agree_frac"] = float(agree.sum()) / max(1, gate.size)
+      out["evidence_agree_frac"] = float(gate_signals.agrees_with_evidence(gate, evidence).sum()) / max(1, gate.size)
   return out
