@@ -125,13 +125,13 @@ class GatedAgent:
     return [["a", "yes b", "yes", "d", "e"] for _ in documents]
 
 
-def _rows(**kw):
+def _rows(question="q:yes,no", **kw):
   spec = rollout.RolloutSpec(group_size=2, questions_per_step=1, rollout_batch=2, reward="exact_match",
                              advantage="mean_centred", **kw)
   col = rollout.RolloutCollector(GatedAgent(), spec, prompt_width=8, response_width=8)
-  batches = iter([QuestionBatch(question=("q:yes,no",), context=("doc",), answers=(("yes",),))])
+  batches = iter([QuestionBatch(question=(question,), context=("doc",), answers=(("yes",),))] * 2)
   out = col.collect(batches, lambda gen, sub: 0)
-  return out, host_rows(out.rows)
+  return out, host_rows(out.rows) if out.rows is not None else None
 
 
 def test_collector_rewards_and_turn_mix_by_hand():
@@ -157,6 +157,26 @@ def test_collector_evidence_term_reads_each_turns_chunk():
   np.testing.assert_allclose(rows.advantages, [0.5, 1.0, 0.0, 0.5, -0.5, -1.0, -0.5], rtol=1e-6)
   assert out.metrics.evidence_agree_frac == 0.6  # 3 of the 5 memory turns (stop and invalid agree with nothing)
   assert _rows()[0].metrics.evidence_agree_frac is None  # logged only where the term is weighed
+
+
+def test_dynamic_sampling_keeps_a_group_for_its_gate_terms():
+  """Both trajectories answer "yes" (scores agree): DAPO's filter drops the group, but weighed gate terms that
+  differ between the trajectories are an advantage of their own, and keep it."""
+  sampling = dict(dynamic_sampling=True, max_extra_gen_batches=1, on_insufficient="proceed")
+  dropped, _ = _rows("q:yes,yes", **sampling)
+  assert dropped.rows is None and dropped.metrics.kept_group_frac == 0.0 and dropped.metrics.gen_batches == 2
+  assert dropped.metrics.gate_signal_groups is None  # no gate term weighed
+  for mode, weight in (("trajectory", 0.0), ("turn_mix", 1.0)):
+    out, rows = _rows("q:yes,yes", gate_weights=(("evidence", 1.0),), advantage_mode=mode, turn_advantage_weight=weight,
+                      **sampling)
+    assert out.metrics.gate_signal_groups == 1 and out.metrics.kept_group_frac == 1.0 and out.metrics.gen_batches == 1
+    if mode == "trajectory":  # rewards 1 + 2/3 and 1 + 1/2, mean-centred on every turn
+      np.testing.assert_allclose(rows.advantages, [1 / 12] * 4 + [-1 / 12] * 3, rtol=1e-5)
+    else:  # turn rewards [2, 2, 1, 1 (answer)] and [2, 1, 1 (answer)], centred per position
+      np.testing.assert_allclose(rows.advantages, [0.0, 0.5, 0.0, 0.0, 0.0, -0.5, 0.0], atol=1e-6)
+  out, _ = _rows("q:yes,yes", gate_weights=(("evidence", 0.0),), advantage_mode="turn_mix", turn_advantage_weight=1.0,
+                 **sampling)
+  assert out.rows is None and out.metrics.gate_signal_groups is None  # a weight of 0 is no term
 
 
 def test_collector_defaults_are_the_final_reward_broadcast():

@@ -73,7 +73,7 @@ class RolloutSpec:
   reward: str = "memagent_verifier"  # a REWARD_FNS name
   advantage: str = "mean_centred"  # an advantages.ADVANTAGES name
   eps: float = 1e-6
-  dynamic_sampling: bool = False  # keep only groups whose scores differ (DAPO)
+  dynamic_sampling: bool = False  # keep only groups whose scores differ (DAPO) or, when weighed, gate terms
   max_extra_gen_batches: int = 0
   on_insufficient: str = "fail"  # ON_INSUFFICIENT: when dynamic sampling runs out of batches
   mask_truncated: bool = False  # drop conversations that hit their token cap from the loss
@@ -112,7 +112,7 @@ class RolloutMetrics:
   """What one step's rollouts report, over every trajectory generated (kept or not)."""
   reward_mean: float  # the shaped reward (what the advantages see)
   accuracy: float  # the reward function's raw score
-  kept_group_frac: float  # groups with a reward signal / groups generated (1 without dynamic sampling)
+  kept_group_frac: float  # groups with a reward or gate signal / groups generated (1 without dynamic sampling)
   memory_tokens: float  # mean tokens of a memory update, stop token excluded
   chunks_per_doc: float
   rollout_tokens: float  # prompt + response tokens of every conversation
@@ -129,6 +129,7 @@ class RolloutMetrics:
   stop_frac: float | None = None
   invalid_frac: float | None = None
   evidence_agree_frac: float | None = None  # the "evidence" term's rollouts: memory turns whose gate agrees with it
+  gate_signal_groups: int | None = None  # dynamic sampling with gate terms: groups kept for those alone (equal scores)
 
   def scalars(self) -> dict[str, float]:
     """The logged names (a field that is None is not logged)."""
@@ -247,7 +248,7 @@ class RolloutCollector:
     t0 = time.perf_counter()
     kept, kept_rewards, gens = [], [], []  # kept (gen, q); rewards [G] each; per gen: (calls, share)
     all_scores, all_rewards, all_lengths, finals = [], [], [], []  # finals: per gen (shaped final reward, score)
-    groups_seen = gen = 0
+    groups_seen = gen = gate_only = 0  # gate_only: groups kept for their gate terms alone (equal scores)
     while True:
       samples = next(batches)
       calls, mine = self._generate(samples, seed_of(gen, 0))
@@ -261,7 +262,10 @@ class RolloutCollector:
       for q in range(nq):
         acc = scores[q * g:(q + 1) * g]
         if spec.dynamic_sampling and np.all(acc == acc[0]):
-          continue  # no signal: every trajectory got the same score (DAPO filters on accuracy)
+          # DAPO filters on accuracy; weighed gate terms are a signal of their own where the scores agree
+          if not self._gate_signal(gen, q, gens, finals, shaped - final):
+            continue
+          gate_only += 1
         kept.append((gen, q))
         kept_rewards.append(shaped[q * g:(q + 1) * g])
       gen += 1
@@ -276,7 +280,7 @@ class RolloutCollector:
               " every other group had equal rewards; raise max_extra_gen_batches, or set "
               "rl.on_insufficient='proceed' to train on the kept groups")
         break
-    informative = len(kept)  # groups with a reward signal, before trimming to the step size
+    informative = len(kept)  # groups with a reward or gate signal, before trimming to the step size
     kept, kept_rewards = kept[:spec.questions_per_step], kept_rewards[:spec.questions_per_step]
     scores, shaped, lengths = map(np.concatenate, (all_scores, all_rewards, all_lengths))
     calls = [c for cs, _ in gens for c in cs]
@@ -284,6 +288,7 @@ class RolloutCollector:
         reward_mean=float(shaped.mean()), accuracy=float(scores.mean()),
         kept_group_frac=informative / max(1, groups_seen), gen_batches=gen, kept_groups=len(kept),
         answer_tokens=float(lengths.mean()), **_call_metrics(calls),
+        gate_signal_groups=gate_only if spec.dynamic_sampling and self._gate_weights(calls) else None,
         rows_per_process=float(len(scores) / jax.process_count()), rollout_seconds=time.perf_counter() - t0,
         seconds_per_doc=(time.perf_counter() - t0) / max(1, len(scores)))
     rows = self._rows(kept, kept_rewards, gens, finals) if kept else None
@@ -331,31 +336,44 @@ class RolloutCollector:
     c = calls[call]
     return c, process * (len(c.active) // jax.process_count()) + row
 
+  def _gate_signal(self, gen: int, q: int, gens, finals, terms: np.ndarray) -> bool:
+    """Whether group q of generation batch gen has an advantage from its weighed gate terms alone (its
+    scores agree): its trajectories' terms [N] differ, or (turn-level modes) its turns' at one position."""
+    if not self._gate_weights(gens[gen][0]):
+      return False
+    g = self.spec.group_size
+    if np.ptp(terms[q * g:(q + 1) * g]) > self.spec.eps:
+      return True
+    return (self.spec.advantage_mode != "trajectory"
+            and bool(np.any(np.abs(self._group_turn_advantages(gen, q, gens, finals)) > self.spec.eps)))
+
   def _turn_advantages(self, kept, traj_adv, gens, finals) -> list[np.ndarray]:
-    """Per kept group, the advantage mode's [G, T] advantages: the trajectory advantages mixed with
-    turn-level ones (each turn's final reward + weighted gate terms, centred over the group's turns at
-    the same position)."""
+    """Per kept group, the advantage mode's [G, T] advantages: the trajectory advantages mixed with the
+    turn-level ones."""
     g, mode = self.spec.group_size, gate_signals.ADVANTAGE_MODES.get(self.spec.advantage_mode)
+    return [mode(traj_adv[k * g:(k + 1) * g], self._group_turn_advantages(gen, q, gens, finals),
+                 weight=self.spec.turn_advantage_weight) for k, (gen, q) in enumerate(kept)]
+
+  def _group_turn_advantages(self, gen: int, q: int, gens, finals) -> np.ndarray:
+    """[G, T] turn-level advantages of group q of generation batch gen: each turn's final reward + weighted
+    gate terms, centred over the group's turns at the same position."""
+    g = self.spec.group_size
     weights = {k: w for k, w in self.spec.gate_weights if w}
-    out = []
-    for k, (gen, q) in enumerate(kept):
-      rows = [self._locate(gen, q, j, gens) for j in range(g)]
-      t = max(c.active.shape[1] for c, _ in rows)
-      pad = lambda x: np.pad(x, (0, t - len(x)))
-      active = np.stack([pad(c.active[r]) for c, r in rows])  # [G, T]
-      final = np.stack([pad(c.is_final[r]) for c, r in rows])
-      gate = np.stack([pad(c.gate[r]) if c.gate is not None else np.zeros(t, np.int32) for c, r in rows])
-      base, score = (finals[gen][0][q * g:(q + 1) * g], finals[gen][1][q * g:(q + 1) * g])
-      doc = np.asarray([c.doc_chunks[r] if c.doc_chunks is not None else c.num_chunks[r] for c, r in rows])
-      evidence = np.stack([pad(c.evidence[r]) for c, r in rows]) if rows[0][0].evidence is not None else None
-      outcome = gate_signals.GateOutcome(score=score, gate=gate, memory_turn=active & ~final, doc_chunks=doc,
-                                         evidence=evidence)
-      turn_terms = gate_signals.weighted_terms(outcome, weights)[1] if weights and rows[0][0].gate is not None \
-          else np.zeros((g, t))
-      turn_rewards = np.asarray(base, np.float64)[:, None] + turn_terms  # [G, T]
-      turn = gate_signals.turn_advantages(turn_rewards, active, final, np.zeros(g, np.int64))
-      out.append(mode(traj_adv[k * g:(k + 1) * g], turn, weight=self.spec.turn_advantage_weight))
-    return out
+    rows = [self._locate(gen, q, j, gens) for j in range(g)]
+    t = max(c.active.shape[1] for c, _ in rows)
+    pad = lambda x: np.pad(x, (0, t - len(x)))
+    active = np.stack([pad(c.active[r]) for c, r in rows])  # [G, T]
+    final = np.stack([pad(c.is_final[r]) for c, r in rows])
+    gate = np.stack([pad(c.gate[r]) if c.gate is not None else np.zeros(t, np.int32) for c, r in rows])
+    base, score = (finals[gen][0][q * g:(q + 1) * g], finals[gen][1][q * g:(q + 1) * g])
+    doc = np.asarray([c.doc_chunks[r] if c.doc_chunks is not None else c.num_chunks[r] for c, r in rows])
+    evidence = np.stack([pad(c.evidence[r]) for c, r in rows]) if rows[0][0].evidence is not None else None
+    outcome = gate_signals.GateOutcome(score=score, gate=gate, memory_turn=active & ~final, doc_chunks=doc,
+                                       evidence=evidence)
+    turn_terms = gate_signals.weighted_terms(outcome, weights)[1] if weights and rows[0][0].gate is not None \
+        else np.zeros((g, t))
+    turn_rewards = np.asarray(base, np.float64)[:, None] + turn_terms  # [G, T]
+    return gate_signals.turn_advantages(turn_rewards, active, final, np.zeros(g, np.int64))
 
 
 def _outcome(slots: RolloutSlots, scores) -> gate_signals.GateOutcome:
