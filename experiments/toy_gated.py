@@ -194,7 +194,9 @@ def gated_rl_signals(scale: str) -> str:
                     for name, w in sorted(rl.gate_rewards.items()) if w)
   mode = (f"advantages {rl.advantage_mode}, turn weight {rl.turn_advantage_weight:g}"
           if rl.advantage_mode == "turn_mix" else f"advantages {rl.advantage_mode}")
-  return (f"Its RL adds gate terms to the final reward (rl/gate_signals.py): {terms}; {mode}." if terms
+  sampling = (" Dynamic sampling keeps a group whose answers all scored the same when its gate terms differ."
+              if terms and rl.dynamic_sampling else "")
+  return (f"Its RL adds gate terms to the final reward (rl/gate_signals.py): {terms}; {mode}.{sampling}" if terms
           else f"Its RL has the final reward alone; {mode}.")
 
 

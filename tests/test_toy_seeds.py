@@ -228,7 +228,8 @@ def test_gated_page_names_the_rl_signals_its_config_sets(monkeypatch):
   assert toy_gated.gated_rl_signals("full") == (
       "Its RL adds gate terms to the final reward (rl/gate_signals.py): evidence x 0.5 (+1 on a turn that writes "
       "from a chunk holding the answer or keeps past a chunk without it, -1 on the other two); advantages turn_mix, "
-      "turn weight 0.5.")
+      "turn weight 0.5. Dynamic sampling keeps a group whose answers all scored the same when its gate terms "
+      "differ.")
   make = toy_memagent.get_config
 
   def final_reward_only(variant):
