@@ -82,6 +82,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
       recompute_old_logprobs=True,  # old log-probs from the training forward (as verl), not the sampler
       dynamic_sampling=False, max_extra_gen_batches=0,
       on_insufficient="fail",  # when dynamic sampling runs out: "fail" or "proceed" with fewer groups
+      # what a group must show to be kept: "score" (DAPO: its answers' scores differ) | "score_or_gates"
+      # (or, with gate terms weighed, its gate terms differ: rl/rollout.py DYNAMIC_SAMPLING_FILTERS)
+      dynamic_sampling_filter="score",
       mask_truncated=False,  # drop conversations that hit their token cap from the loss
       overlong=ml_collections.ConfigDict(dict(enable=False, max_tokens=1024, cache_tokens=256)),
       # gated memory (agent.memory="gated"): weights of the gate terms added to the final reward

@@ -195,7 +195,7 @@ def gated_rl_signals(scale: str) -> str:
   mode = (f"advantages {rl.advantage_mode}, turn weight {rl.turn_advantage_weight:g}"
           if rl.advantage_mode == "turn_mix" else f"advantages {rl.advantage_mode}")
   sampling = (" Dynamic sampling keeps a group whose answers all scored the same when its gate terms differ."
-              if terms and rl.dynamic_sampling else "")
+              if terms and rl.dynamic_sampling and rl.dynamic_sampling_filter == "score_or_gates" else "")
   return (f"Its RL adds gate terms to the final reward (rl/gate_signals.py): {terms}; {mode}.{sampling}" if terms
           else f"Its RL has the final reward alone; {mode}.")
 

@@ -149,8 +149,8 @@ def _training_documents(world: str, scale: str, get_config=None) -> str:
 
 
 # Settings added after results were recorded, left out of the digest while they hold their no-op value, so
-# that the runs recorded before them stay runs of their recipe: (section, key, subkey, no-op value).
-LATER_SETTINGS = (("rl", "gate_rewards", "evidence", 0.0),)
+# that the runs recorded before them stay runs of their recipe: (the setting's keys, its no-op value).
+LATER_SETTINGS = ((("rl", "gate_rewards", "evidence"), 0.0), (("rl", "dynamic_sampling_filter"), "score"))
 
 
 def recipe(run: ToyRun) -> str:
@@ -163,10 +163,12 @@ def recipe(run: ToyRun) -> str:
     cfg = toy_memagent.get_config(f"{stage},{run.scale},{run.world},{run.memory}")
     parts[stage] = {"steps": int(run.steps.get(stage, cfg.train.steps)),
                     **{k: cfg[k].to_dict() for k in ("data", "teacher", "agent", "optim", "rl") if k in cfg}}
-    for section, key, subkey, no_op in LATER_SETTINGS:
-      group = parts[stage].get(section, {}).get(key, {})
-      if group.get(subkey, no_op) == no_op:
-        group.pop(subkey, None)
+    for (*keys, name), no_op in LATER_SETTINGS:
+      group = parts[stage]
+      for key in keys:
+        group = group.get(key, {})
+      if group.get(name, no_op) == no_op:
+        group.pop(name, None)
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:12]
 
 

@@ -294,6 +294,8 @@ KNOBS = [
     ("rl.dynamic_sampling", True, {}, probe("rollout", "outcome")),
     ("rl.max_extra_gen_batches", 1, DYNAMIC, probe("rollout", "gen_batches")),
     ("rl.on_insufficient", "proceed", {"rl.dynamic_sampling": True}, probe("rollout", "outcome")),
+    ("rl.dynamic_sampling_filter", "score_or_gates", {**DYNAMIC, **GATED, "rl.gate_rewards.keep": 1.0},
+     probe("rollout", "outcome")),
     ("rl.mask_truncated", True, {}, probe("rollout", "loss_tokens")),
     ("rl.overlong.enable", True, {}, probe("rollout", "reward_mean")),
     ("rl.overlong.max_tokens", 7, OVERLONG, probe("rollout", "reward_mean")),

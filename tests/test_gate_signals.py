@@ -160,12 +160,15 @@ def test_collector_evidence_term_reads_each_turns_chunk():
 
 
 def test_dynamic_sampling_keeps_a_group_for_its_gate_terms():
-  """Both trajectories answer "yes" (scores agree): DAPO's filter drops the group, but weighed gate terms that
-  differ between the trajectories are an advantage of their own, and keep it."""
-  sampling = dict(dynamic_sampling=True, max_extra_gen_batches=1, on_insufficient="proceed")
+  """Both trajectories answer "yes" (scores agree): DAPO's filter drops the group; with "score_or_gates" weighed
+  gate terms that differ between the trajectories are an advantage of their own, and keep it."""
+  sampling = dict(dynamic_sampling=True, max_extra_gen_batches=1, on_insufficient="proceed",
+                  dynamic_sampling_filter="score_or_gates")
   dropped, _ = _rows("q:yes,yes", **sampling)
   assert dropped.rows is None and dropped.metrics.kept_group_frac == 0.0 and dropped.metrics.gen_batches == 2
   assert dropped.metrics.gate_signal_groups is None  # no gate term weighed
+  dapo, _ = _rows("q:yes,yes", gate_weights=(("evidence", 1.0),), **dict(sampling, dynamic_sampling_filter="score"))
+  assert dapo.rows is None and dapo.metrics.gate_signal_groups is None  # DAPO's filter: the scores alone
   for mode, weight in (("trajectory", 0.0), ("turn_mix", 1.0)):
     out, rows = _rows("q:yes,yes", gate_weights=(("evidence", 1.0),), advantage_mode=mode, turn_advantage_weight=weight,
                       **sampling)

@@ -228,8 +228,7 @@ def test_gated_page_names_the_rl_signals_its_config_sets(monkeypatch):
   assert toy_gated.gated_rl_signals("full") == (
       "Its RL adds gate terms to the final reward (rl/gate_signals.py): evidence x 0.5 (+1 on a turn that writes "
       "from a chunk holding the answer or keeps past a chunk without it, -1 on the other two); advantages turn_mix, "
-      "turn weight 0.5. Dynamic sampling keeps a group whose answers all scored the same when its gate terms "
-      "differ.")
+      "turn weight 0.5.")
   make = toy_memagent.get_config
 
   def final_reward_only(variant):
@@ -237,5 +236,12 @@ def test_gated_page_names_the_rl_signals_its_config_sets(monkeypatch):
     c.rl.gate_rewards.evidence = 0.0
     c.rl.advantage_mode = "trajectory"
     return c
+  def gate_groups(variant):
+    c = make(variant)
+    c.rl.dynamic_sampling_filter = "score_or_gates"
+    return c
+  monkeypatch.setattr(toy_memagent, "get_config", gate_groups)
+  assert toy_gated.gated_rl_signals("full").endswith(
+      "turn weight 0.5. Dynamic sampling keeps a group whose answers all scored the same when its gate terms differ.")
   monkeypatch.setattr(toy_memagent, "get_config", final_reward_only)
   assert toy_gated.gated_rl_signals("demo") == "Its RL has the final reward alone; advantages trajectory."

@@ -238,6 +238,9 @@ def validate_config(cfg):
     _fail(f"rl.reward={rl.reward!r}; known: {sorted(rollout.REWARD_FNS)}")
   if rl.on_insufficient not in ("fail", "proceed"):
     _fail(f"rl.on_insufficient={rl.on_insufficient!r}; choose 'fail' or 'proceed'")
+  if rl.dynamic_sampling_filter not in rollout.DYNAMIC_SAMPLING_FILTERS:
+    _fail(f"rl.dynamic_sampling_filter={rl.dynamic_sampling_filter!r}; choose one of "
+          f"{rollout.DYNAMIC_SAMPLING_FILTERS}")
   if rl.overlong.enable and not 0 < rl.overlong.cache_tokens <= rl.overlong.max_tokens:
     _fail(f"rl.overlong needs 0 < cache_tokens <= max_tokens; got {rl.overlong.cache_tokens}, "
           f"{rl.overlong.max_tokens}")

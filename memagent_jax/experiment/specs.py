@@ -44,6 +44,7 @@ def rollout_spec(cfg) -> RolloutSpec:
                      rollout_batch=r.rollout_batch, temperature=r.temperature, top_p=r.top_p, reward=r.reward,
                      advantage=r.advantage, eps=r.eps, dynamic_sampling=bool(r.dynamic_sampling),
                      max_extra_gen_batches=r.max_extra_gen_batches, on_insufficient=r.on_insufficient,
+                     dynamic_sampling_filter=r.dynamic_sampling_filter,
                      mask_truncated=bool(r.mask_truncated),
                      overlong=OverlongSpec(max_tokens=ov.max_tokens, cache_tokens=ov.cache_tokens) if ov.enable else None,
                      gate_weights=tuple(sorted(dict(r.gate_rewards).items())), advantage_mode=r.advantage_mode,

@@ -60,6 +60,10 @@ class OverlongSpec:
 
 
 ON_INSUFFICIENT = ("fail", "proceed")
+# What dynamic sampling keeps a group for: "score", DAPO's (its trajectories' scores differ: a group of equal
+# scores has no advantage); "score_or_gates" also keeps one of equal scores whose weighed gate terms differ
+# (per trajectory, or in a turn-level advantage mode per turn position): those terms are an advantage of their own
+DYNAMIC_SAMPLING_FILTERS = ("score", "score_or_gates")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,7 +77,8 @@ class RolloutSpec:
   reward: str = "memagent_verifier"  # a REWARD_FNS name
   advantage: str = "mean_centred"  # an advantages.ADVANTAGES name
   eps: float = 1e-6
-  dynamic_sampling: bool = False  # keep only groups whose scores differ (DAPO) or, when weighed, gate terms
+  dynamic_sampling: bool = False  # keep only groups with a signal, as dynamic_sampling_filter says
+  dynamic_sampling_filter: str = "score"  # DYNAMIC_SAMPLING_FILTERS
   max_extra_gen_batches: int = 0
   on_insufficient: str = "fail"  # ON_INSUFFICIENT: when dynamic sampling runs out of batches
   mask_truncated: bool = False  # drop conversations that hit their token cap from the loss
@@ -94,6 +99,9 @@ class RolloutSpec:
                        f"max_extra_gen_batches >= 0; got {self}")
     if self.on_insufficient not in ON_INSUFFICIENT:
       raise ValueError(f"RolloutSpec.on_insufficient={self.on_insufficient!r}; choose one of {ON_INSUFFICIENT}")
+    if self.dynamic_sampling_filter not in DYNAMIC_SAMPLING_FILTERS:
+      raise ValueError(f"RolloutSpec.dynamic_sampling_filter={self.dynamic_sampling_filter!r}; choose one of "
+                       f"{DYNAMIC_SAMPLING_FILTERS}")
     REWARD_FNS.get(self.reward)  # an unknown name raises, listing the known ones
     adv_lib.get_advantage(self.advantage)
     gate_signals.ADVANTAGE_MODES.get(self.advantage_mode)
@@ -129,7 +137,7 @@ class RolloutMetrics:
   stop_frac: float | None = None
   invalid_frac: float | None = None
   evidence_agree_frac: float | None = None  # the "evidence" term's rollouts: memory turns whose gate agrees with it
-  gate_signal_groups: int | None = None  # dynamic sampling with gate terms: groups kept for those alone (equal scores)
+  gate_signal_groups: int | None = None  # "score_or_gates" with gate terms: groups kept for those alone (equal scores)
 
   def scalars(self) -> dict[str, float]:
     """The logged names (a field that is None is not logged)."""
@@ -262,8 +270,8 @@ class RolloutCollector:
       for q in range(nq):
         acc = scores[q * g:(q + 1) * g]
         if spec.dynamic_sampling and np.all(acc == acc[0]):
-          # DAPO filters on accuracy; weighed gate terms are a signal of their own where the scores agree
-          if not self._gate_signal(gen, q, gens, finals, shaped - final):
+          # DAPO filters on accuracy; "score_or_gates": weighed gate terms are a signal of their own
+          if spec.dynamic_sampling_filter == "score" or not self._gate_signal(gen, q, gens, finals, shaped - final):
             continue
           gate_only += 1
         kept.append((gen, q))
@@ -288,7 +296,8 @@ class RolloutCollector:
         reward_mean=float(shaped.mean()), accuracy=float(scores.mean()),
         kept_group_frac=informative / max(1, groups_seen), gen_batches=gen, kept_groups=len(kept),
         answer_tokens=float(lengths.mean()), **_call_metrics(calls),
-        gate_signal_groups=gate_only if spec.dynamic_sampling and self._gate_weights(calls) else None,
+        gate_signal_groups=(gate_only if spec.dynamic_sampling and spec.dynamic_sampling_filter == "score_or_gates"
+                            and self._gate_weights(calls) else None),
         rows_per_process=float(len(scores) / jax.process_count()), rollout_seconds=time.perf_counter() - t0,
         seconds_per_doc=(time.perf_counter() - t0) / max(1, len(scores)))
     rows = self._rows(kept, kept_rewards, gens, finals) if kept else None
