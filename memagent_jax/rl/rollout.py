@@ -64,6 +64,7 @@ ON_INSUFFICIENT = ("fail", "proceed")
 # scores has no advantage); "score_or_gates" also keeps one of equal scores whose weighed gate terms differ
 # (per trajectory, or in a turn-level advantage mode per turn position): those terms are an advantage of their own
 DYNAMIC_SAMPLING_FILTERS = ("score", "score_or_gates")
+GATE_SIGNAL_TOL = 1e-6  # gate terms (and turn advantages) closer than this are equal: float32 rounding is not a signal
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -351,10 +352,10 @@ class RolloutCollector:
     if not self._gate_weights(gens[gen][0]):
       return False
     g = self.spec.group_size
-    if np.ptp(terms[q * g:(q + 1) * g]) > self.spec.eps:
+    if np.ptp(terms[q * g:(q + 1) * g]) > GATE_SIGNAL_TOL:
       return True
     return (self.spec.advantage_mode != "trajectory"
-            and bool(np.any(np.abs(self._group_turn_advantages(gen, q, gens, finals)) > self.spec.eps)))
+            and bool(np.any(np.abs(self._group_turn_advantages(gen, q, gens, finals)) > GATE_SIGNAL_TOL)))
 
   def _turn_advantages(self, kept, traj_adv, gens, finals) -> list[np.ndarray]:
     """Per kept group, the advantage mode's [G, T] advantages: the trajectory advantages mixed with the
