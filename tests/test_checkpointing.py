@@ -12,7 +12,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
-from orbax.checkpoint._src.path import atomicity
+from orbax.checkpoint.path import atomicity
 
 from conftest import torch_logits
 from memagent_jax.runtime import checkpointing as ck
