@@ -265,6 +265,7 @@ class RolloutCollector:
       shaped, scores, lengths, final = map(gather_rows, self._rewards(calls, answers))  # every process's
       gens.append((calls, mine.stop - mine.start))
       finals.append((final, scores))
+      gate_filter = spec.dynamic_sampling_filter == "score_or_gates" and bool(self._gate_weights(calls))
       all_scores.append(scores), all_rewards.append(shaped), all_lengths.append(lengths)
       nq = len(samples)
       groups_seen += nq
@@ -272,7 +273,7 @@ class RolloutCollector:
         acc = scores[q * g:(q + 1) * g]
         if spec.dynamic_sampling and np.all(acc == acc[0]):
           # DAPO filters on accuracy; "score_or_gates": weighed gate terms are a signal of their own
-          if spec.dynamic_sampling_filter == "score" or not self._gate_signal(gen, q, gens, finals, shaped - final):
+          if not (gate_filter and self._gate_signal(gen, q, gens, finals, shaped - final)):
             continue
           gate_only += 1
         kept.append((gen, q))
@@ -349,8 +350,6 @@ class RolloutCollector:
   def _gate_signal(self, gen: int, q: int, gens, finals, terms: np.ndarray) -> bool:
     """Whether group q of generation batch gen has an advantage from its weighed gate terms alone (its
     scores agree): its trajectories' terms [N] differ, or (turn-level modes) its turns' at one position."""
-    if not self._gate_weights(gens[gen][0]):
-      return False
     g = self.spec.group_size
     if np.ptp(terms[q * g:(q + 1) * g]) > GATE_SIGNAL_TOL:
       return True
